@@ -1,0 +1,32 @@
+//! The replicated heart of lockd: the lock state machine every node applies from the Raft log,
+//! and the durable openraft storage (log, vote, snapshots) it lives in.
+//!
+//! # Layout
+//!
+//! - [`command`]: what the log carries and what applying it answers. Types only.
+//! - [`TypeConfig`]: the openraft type configuration of the lock cluster.
+
+#![forbid(unsafe_code)]
+
+pub mod command;
+
+pub use command::{Command, Event, FreeCause, Grant, Rejection, Request, Response, Revocation};
+
+/// A node's id in the cluster.
+pub type NodeId = u64;
+
+/// A node's address as Raft membership records it: `host:port` of the one port that serves the
+/// client API, the admin API and Raft.
+pub type Node = openraft::BasicNode;
+
+openraft::declare_raft_types!(
+    /// The openraft type configuration of the lock cluster.
+    pub TypeConfig:
+        D = Request,
+        R = Response,
+        NodeId = NodeId,
+        Node = Node,
+        Entry = openraft::Entry<TypeConfig>,
+        SnapshotData = std::io::Cursor<Vec<u8>>,
+        AsyncRuntime = openraft::TokioRuntime,
+);
