@@ -258,6 +258,9 @@ pub enum Response {
     Batch(Vec<Response>),
     /// The command was refused and changed nothing.
     Rejected(Rejection),
+    /// An entry without a command (a leader's blank entry, a membership change) was applied;
+    /// nobody waits for this answer.
+    NoCommand,
 }
 
 /// Why a grant stopped existing.
