@@ -4,13 +4,18 @@
 //! # Layout
 //!
 //! - [`command`]: what the log carries and what applying it answers. Types only.
+//! - [`table`]: [`LockTable`], the pure state machine that applies commands.
+//! - [`limits`]: the bounds the state machine puts on the replicated state.
 //! - [`TypeConfig`]: the openraft type configuration of the lock cluster.
 
 #![forbid(unsafe_code)]
 
 pub mod command;
+pub mod limits;
+pub mod table;
 
 pub use command::{Command, Event, FreeCause, Grant, Rejection, Request, Response, Revocation};
+pub use table::{InvariantViolation, LockTable, Session, Waiter};
 
 /// A node's id in the cluster.
 pub type NodeId = u64;

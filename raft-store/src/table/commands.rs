@@ -1,0 +1,731 @@
+//! What each command does to the lock table. Owns the command semantics (validation, limits,
+//! idempotent replay, hand-off); must not do IO or read a clock — every time comes from the
+//! stamp passed in.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use lock_api::{LockError, validate};
+
+use super::session::{Session, WindowCheck};
+use super::{LockTable, Waiter};
+use crate::command::{Command, Event, FreeCause, Grant, Rejection, Response, Revocation};
+use crate::limits::{
+    AUDIT_LOG_MAX, BATCH_MAX, LOCKS_PER_SESSION_MAX, SESSIONS_MAX, WAITERS_PER_KEY_MAX,
+    WAITS_PER_SESSION_MAX,
+};
+
+/// A short name of a command for assertion messages (a batch's contents may be huge).
+#[cfg(debug_assertions)]
+pub(super) fn describe(command: &Command) -> String {
+    match command {
+        Command::Batch(commands) => format!("a Batch of {} commands", commands.len()),
+        other => format!("{other:?}"),
+    }
+}
+
+fn invalid(error: LockError) -> Response {
+    let message = match error {
+        LockError::InvalidArgument { message } => message,
+        other => other.to_string(),
+    };
+    Response::Rejected(Rejection::InvalidArgument { message })
+}
+
+fn invalid_msg(message: String) -> Response {
+    Response::Rejected(Rejection::InvalidArgument { message })
+}
+
+fn limit(message: String) -> Response {
+    Response::Rejected(Rejection::LimitExceeded { message })
+}
+
+fn unknown_session(session_id: &str) -> Response {
+    Response::Rejected(Rejection::UnknownSession {
+        session_id: session_id.to_owned(),
+    })
+}
+
+fn stale(session_id: &str, request_id: u64) -> Response {
+    Response::Rejected(Rejection::StaleRequest {
+        session_id: session_id.to_owned(),
+        request_id,
+    })
+}
+
+/// Runs the listed checks in order and turns the first failure into `Rejected(InvalidArgument)`.
+macro_rules! check {
+    ($($e:expr),+ $(,)?) => {
+        $( if let Err(e) = $e { return invalid(e); } )+
+    };
+}
+
+fn lease_ms(ttl_ms: u64) -> Result<u64, LockError> {
+    validate::ttl(Duration::from_millis(ttl_ms))
+}
+
+fn wait_ms_ok(wait_ms: u64) -> Result<u64, LockError> {
+    validate::max_wait(Duration::from_millis(wait_ms))
+}
+
+impl LockTable {
+    /// A batch: each command in order with the batch's stamp (D-batch).
+    pub(super) fn apply_batch(
+        &mut self,
+        stamp_ms: u64,
+        commands: Vec<Command>,
+        events: &mut Vec<Event>,
+    ) -> Response {
+        if commands.len() > BATCH_MAX {
+            // Refusing the whole batch (rather than applying a prefix) keeps "a batch changes
+            // the state exactly as its commands proposed one by one would" true: a proposer bug
+            // is answered on every element and nothing happens.
+            let message = format!(
+                "a batch holds {} commands; the limit BATCH_MAX is {BATCH_MAX}",
+                commands.len()
+            );
+            return Response::Batch(vec![limit(message); commands.len()]);
+        }
+        Response::Batch(
+            commands
+                .into_iter()
+                .map(|command| self.apply_one(stamp_ms, command, events))
+                .collect(),
+        )
+    }
+
+    /// One command that is not a batch (a nested batch is rejected).
+    pub(super) fn apply_one(
+        &mut self,
+        stamp_ms: u64,
+        command: Command,
+        events: &mut Vec<Event>,
+    ) -> Response {
+        self.drop_lapsed_waiters(stamp_ms, events);
+        match command {
+            Command::OpenSession {
+                session_id,
+                owner_id,
+                ttl_ms,
+            } => self.open_session(stamp_ms, session_id, owner_id, ttl_ms, events),
+            Command::CloseSession { session_id } | Command::ExpireSession { session_id } => {
+                self.end_session(stamp_ms, &session_id, events)
+            }
+            Command::Acquire {
+                session_id,
+                request_id,
+                key,
+                ttl_ms,
+                wait_ms,
+            } => self.acquire(
+                stamp_ms,
+                &session_id,
+                request_id,
+                key,
+                ttl_ms,
+                wait_ms,
+                events,
+            ),
+            Command::Release {
+                session_id,
+                request_id,
+                key,
+                token,
+            } => self.release(stamp_ms, &session_id, request_id, &key, token, events),
+            Command::Renew {
+                session_id,
+                request_id,
+                key,
+                token,
+                ttl_ms,
+            } => self.renew(stamp_ms, &session_id, request_id, &key, token, ttl_ms),
+            Command::CancelWait {
+                session_id,
+                request_id,
+                key,
+                release_if_granted,
+            } => self.cancel_wait(
+                stamp_ms,
+                &session_id,
+                request_id,
+                &key,
+                release_if_granted,
+                events,
+            ),
+            Command::ForceRevoke {
+                key,
+                operator,
+                reason,
+            } => self.force_revoke(stamp_ms, key, operator, reason, events),
+            Command::ExpireLock { key, token } => {
+                let expired = self.grants.get(&key).is_some_and(|g| g.token == token);
+                if expired {
+                    self.free(stamp_ms, &key, FreeCause::Expired, events);
+                }
+                Response::LockExpired { expired }
+            }
+            Command::Promote => self.promote(stamp_ms, events),
+            Command::Batch(_) => invalid_msg("a Batch must not contain a Batch".to_owned()),
+        }
+    }
+
+    fn open_session(
+        &mut self,
+        stamp_ms: u64,
+        session_id: String,
+        owner_id: String,
+        ttl_ms: u64,
+        events: &mut Vec<Event>,
+    ) -> Response {
+        check!(
+            validate::session_id(&session_id),
+            validate::owner_id(&owner_id),
+            lease_ms(ttl_ms)
+        );
+        if let Some(existing) = self.sessions.get(&session_id) {
+            // A retried open (the leader re-proposing after a lost answer) gets the same
+            // answer. The same id for another owner is a leader bug, never a reuse.
+            if existing.owner_id != owner_id {
+                return invalid_msg(format!(
+                    "session id {session_id} is already open for another owner"
+                ));
+            }
+            return Response::SessionOpened {
+                session_id,
+                ttl_ms: existing.ttl_ms,
+            };
+        }
+        if self.sessions.len() >= SESSIONS_MAX {
+            return limit(format!(
+                "{} sessions are open; the limit SESSIONS_MAX is {SESSIONS_MAX}",
+                self.sessions.len()
+            ));
+        }
+        self.sessions
+            .insert(session_id.clone(), Session::new(owner_id, ttl_ms, stamp_ms));
+        events.push(Event::SessionOpened {
+            session_id: session_id.clone(),
+            ttl_ms,
+        });
+        Response::SessionOpened { session_id, ttl_ms }
+    }
+
+    /// `CloseSession` and `ExpireSession`: drop the session's waiters (key order), then release
+    /// its grants (key order, each handed off), then report the session ended.
+    fn end_session(
+        &mut self,
+        stamp_ms: u64,
+        session_id: &str,
+        events: &mut Vec<Event>,
+    ) -> Response {
+        // Removed first, so no hand-off below can pick one of its waiters.
+        let Some(session) = self.sessions.remove(session_id) else {
+            return Response::SessionClosed { locks_released: 0 };
+        };
+        for (key, request_id) in &session.waits {
+            self.unqueue(key, session_id);
+            events.push(Event::WaiterDropped {
+                session_id: session_id.to_owned(),
+                request_id: *request_id,
+                key: key.clone(),
+            });
+        }
+        for key in &session.locks {
+            self.free(stamp_ms, key, FreeCause::SessionEnded, events);
+        }
+        events.push(Event::SessionEnded {
+            session_id: session_id.to_owned(),
+        });
+        Response::SessionClosed {
+            locks_released: session.locks.len() as u32,
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn acquire(
+        &mut self,
+        stamp_ms: u64,
+        session_id: &str,
+        request_id: u64,
+        key: String,
+        ttl_ms: u64,
+        wait_ms: u64,
+        events: &mut Vec<Event>,
+    ) -> Response {
+        check!(validate::key(&key), lease_ms(ttl_ms), wait_ms_ok(wait_ms));
+        let Some(session) = self.sessions.get(session_id) else {
+            return unknown_session(session_id);
+        };
+        match session.check_window(request_id) {
+            WindowCheck::Seen(r) => {
+                // A retry. A queued acquire is answered with its position now, which is what
+                // the retrying client wants to know; granted or dropped ones were settled.
+                if let Response::Queued { .. } = r.answer
+                    && let Some(position) = self.position_of(session_id, session, request_id)
+                {
+                    return Response::Queued { position };
+                }
+                return r.answer.clone();
+            }
+            WindowCheck::Stale => return stale(session_id, request_id),
+            WindowCheck::New => {}
+        }
+        if let Some(&waiting) = session.waits.get(&key) {
+            return invalid_msg(format!(
+                "session {session_id} already waits on key {key} (request id {waiting}); \
+                 cancel that wait before queueing another"
+            ));
+        }
+        let slots_used = session.locks.len() + session.waits.len();
+        let waits = session.waits.len();
+        // `Some(true)`: held by this session; `Some(false)`: held by another; `None`: free.
+        let held_by_self = self.grants.get(&key).map(|g| g.session_id == session_id);
+        let answer = match held_by_self {
+            Some(true) => Response::NotGranted,
+            Some(false) if wait_ms == 0 => Response::NotGranted,
+            _ if slots_used >= LOCKS_PER_SESSION_MAX => {
+                return limit(format!(
+                    "session {session_id} holds or waits for {slots_used} locks; the limit \
+                     LOCKS_PER_SESSION_MAX is {LOCKS_PER_SESSION_MAX}"
+                ));
+            }
+            None => {
+                let grant = self.grant_to(
+                    stamp_ms, &key, session_id, request_id, ttl_ms, false, events,
+                );
+                Response::Granted(grant)
+            }
+            Some(false) => {
+                if waits >= WAITS_PER_SESSION_MAX {
+                    return limit(format!(
+                        "session {session_id} waits on {waits} keys; the limit \
+                         WAITS_PER_SESSION_MAX is {WAITS_PER_SESSION_MAX}"
+                    ));
+                }
+                let queued = self.waiter_count(&key) as usize;
+                if queued >= WAITERS_PER_KEY_MAX {
+                    return limit(format!(
+                        "key {key} has {queued} waiters; the limit WAITERS_PER_KEY_MAX is \
+                         {WAITERS_PER_KEY_MAX}"
+                    ));
+                }
+                let deadline_ms = stamp_ms.saturating_add(wait_ms);
+                self.wait_deadlines
+                    .insert((deadline_ms, session_id.to_owned(), key.clone()));
+                if let Some(s) = self.sessions.get_mut(session_id) {
+                    s.waits.insert(key.clone(), request_id);
+                }
+                let queue = self.queues.entry(key).or_default();
+                queue.push_back(Waiter {
+                    session_id: session_id.to_owned(),
+                    request_id,
+                    ttl_ms,
+                    deadline_ms,
+                    queued_at_ms: stamp_ms,
+                });
+                Response::Queued {
+                    position: queue.len() as u32,
+                }
+            }
+        };
+        self.remember(session_id, request_id, answer.clone());
+        answer
+    }
+
+    fn release(
+        &mut self,
+        stamp_ms: u64,
+        session_id: &str,
+        request_id: u64,
+        key: &str,
+        token: u64,
+        events: &mut Vec<Event>,
+    ) -> Response {
+        check!(validate::key(key), validate::fencing_token(token));
+        if let Some(early) = self.replay(session_id, request_id) {
+            return early;
+        }
+        // Compare-and-delete on (key, token) and nothing else (C2 §2.5): the token proves the
+        // grant, whichever live session presents it.
+        let released = self.grants.get(key).is_some_and(|g| g.token == token);
+        if released {
+            self.free(stamp_ms, key, FreeCause::Released, events);
+        }
+        let answer = Response::Released { released };
+        self.remember(session_id, request_id, answer.clone());
+        answer
+    }
+
+    fn renew(
+        &mut self,
+        stamp_ms: u64,
+        session_id: &str,
+        request_id: u64,
+        key: &str,
+        token: u64,
+        ttl_ms: u64,
+    ) -> Response {
+        check!(
+            validate::key(key),
+            validate::fencing_token(token),
+            lease_ms(ttl_ms)
+        );
+        if let Some(early) = self.replay(session_id, request_id) {
+            return early;
+        }
+        let answer = match self.grants.get_mut(key) {
+            Some(grant) if grant.token == token => {
+                grant.ttl_ms = ttl_ms;
+                grant.expires_at_ms = stamp_ms.saturating_add(ttl_ms);
+                Response::Renewed(grant.clone())
+            }
+            _ => Response::Lost,
+        };
+        self.remember(session_id, request_id, answer.clone());
+        answer
+    }
+
+    /// `CancelWait`: withdraws the waiter of acquire `request_id`, or reports (and optionally
+    /// releases) the grant it already got.
+    ///
+    /// The acquire is found by `(session_id, request_id)` on any key; `key` must name the key it
+    /// waits on or holds, else the call is `InvalidArgument`. If the acquire is unknown and its
+    /// id is new, the cancel is recorded as a tombstone: the acquire's remembered answer becomes
+    /// `NotGranted`, so an `Acquire` with that id that reaches the log after its cancel (a
+    /// proposal delayed behind it) is answered `NotGranted` and does nothing.
+    fn cancel_wait(
+        &mut self,
+        stamp_ms: u64,
+        session_id: &str,
+        request_id: u64,
+        key: &str,
+        release_if_granted: bool,
+        events: &mut Vec<Event>,
+    ) -> Response {
+        check!(validate::key(key));
+        let Some(session) = self.sessions.get(session_id) else {
+            return unknown_session(session_id);
+        };
+        if let Some(cancelled) = session
+            .answers
+            .get(&request_id)
+            .and_then(|r| r.cancel.clone())
+        {
+            return cancelled;
+        }
+        let waiting_on = session
+            .waits
+            .iter()
+            .find(|(_, id)| **id == request_id)
+            .map(|(k, _)| k.clone());
+        let granted_on = session
+            .locks
+            .iter()
+            .find(|k| {
+                self.grants
+                    .get(*k)
+                    .is_some_and(|g| g.request_id == request_id)
+            })
+            .cloned();
+        let mismatch = |other: &str, what: &str| {
+            invalid_msg(format!(
+                "acquire {request_id} of session {session_id} {what} key {other}, not {key}"
+            ))
+        };
+        let (acquire_answer, answer) = if let Some(waited) = waiting_on {
+            if waited != key {
+                return mismatch(&waited, "waits on");
+            }
+            self.unqueue(key, session_id);
+            if let Some(s) = self.sessions.get_mut(session_id) {
+                s.waits.remove(key);
+            }
+            events.push(Event::WaiterDropped {
+                session_id: session_id.to_owned(),
+                request_id,
+                key: key.to_owned(),
+            });
+            let answer = Response::WaitCancelled {
+                removed: true,
+                grant: None,
+                released: false,
+            };
+            (Response::NotGranted, answer)
+        } else if let Some(held) = granted_on {
+            if held != key {
+                return mismatch(&held, "holds");
+            }
+            let Some(grant) = self.grants.get(key).cloned() else {
+                return mismatch(&held, "holds");
+            };
+            if release_if_granted {
+                self.free(stamp_ms, key, FreeCause::Released, events);
+            }
+            let answer = Response::WaitCancelled {
+                removed: false,
+                grant: Some(grant.clone()),
+                released: release_if_granted,
+            };
+            (Response::Granted(grant), answer)
+        } else {
+            let nothing = Response::WaitCancelled {
+                removed: false,
+                grant: None,
+                released: false,
+            };
+            match session.check_window(request_id) {
+                // The acquire already ended (its grant is gone, or it was never granted).
+                WindowCheck::Seen(r) => (r.answer.clone(), nothing),
+                WindowCheck::Stale => return stale(session_id, request_id),
+                WindowCheck::New => (Response::NotGranted, nothing),
+            }
+        };
+        if let Some(s) = self.sessions.get_mut(session_id) {
+            s.remember_cancel(request_id, acquire_answer, answer.clone());
+        }
+        answer
+    }
+
+    fn force_revoke(
+        &mut self,
+        stamp_ms: u64,
+        key: String,
+        operator: String,
+        reason: String,
+        events: &mut Vec<Event>,
+    ) -> Response {
+        check!(
+            validate::key(&key),
+            validate::operator(&operator),
+            validate::reason(&reason)
+        );
+        let previous = self.take_grant(&key);
+        if let Some(grant) = &previous {
+            events.push(Event::Freed {
+                key: key.clone(),
+                token: grant.token,
+                cause: FreeCause::Revoked,
+            });
+        }
+        // Burn one token even when the key was free: the floor the operator is told about is
+        // then always a fresh value, greater than anything a displaced holder may present.
+        self.last_token += 1;
+        let revocation = Revocation {
+            key: key.clone(),
+            operator,
+            reason,
+            previous_owner_id: previous.as_ref().map(|g| g.owner_id.clone()),
+            previous_token: previous.as_ref().map(|g| g.token),
+            new_token_floor: self.last_token,
+            at_ms: stamp_ms,
+        };
+        self.revocations.push_back(revocation.clone());
+        while self.revocations.len() > AUDIT_LOG_MAX {
+            self.revocations.pop_front();
+        }
+        self.hand_off(stamp_ms, &key, events);
+        Response::Revoked(revocation)
+    }
+
+    fn promote(&mut self, stamp_ms: u64, events: &mut Vec<Event>) -> Response {
+        for grant in self.grants.values_mut() {
+            grant.expires_at_ms = stamp_ms.saturating_add(grant.ttl_ms);
+        }
+        for session in self.sessions.values_mut() {
+            session.expires_at_ms = stamp_ms.saturating_add(session.ttl_ms);
+        }
+        events.push(Event::Promoted { stamp_ms });
+        Response::Promoted {
+            grants: self.grants.len() as u32,
+            sessions: self.sessions.len() as u32,
+        }
+    }
+
+    // ----- helpers -----------------------------------------------------------------------
+
+    /// The idempotency gate of `Release` and `Renew`: an unknown session, a retry (answered
+    /// from the window) or a stale id end the command here.
+    fn replay(&self, session_id: &str, request_id: u64) -> Option<Response> {
+        let Some(session) = self.sessions.get(session_id) else {
+            return Some(unknown_session(session_id));
+        };
+        match session.check_window(request_id) {
+            WindowCheck::Seen(r) => Some(r.answer.clone()),
+            WindowCheck::Stale => Some(stale(session_id, request_id)),
+            WindowCheck::New => None,
+        }
+    }
+
+    fn remember(&mut self, session_id: &str, request_id: u64, answer: Response) {
+        if let Some(s) = self.sessions.get_mut(session_id) {
+            s.remember(request_id, answer);
+        }
+    }
+
+    /// 1-based queue position of the session's waiter for acquire `request_id`.
+    fn position_of(&self, session_id: &str, session: &Session, request_id: u64) -> Option<u32> {
+        let (key, _) = session.waits.iter().find(|(_, id)| **id == request_id)?;
+        let index = self
+            .queues
+            .get(key)?
+            .iter()
+            .position(|w| w.session_id == session_id)?;
+        Some(index as u32 + 1)
+    }
+
+    /// Issues the next token to `session_id` for `key` (which must be free).
+    #[allow(clippy::too_many_arguments)]
+    fn grant_to(
+        &mut self,
+        stamp_ms: u64,
+        key: &str,
+        session_id: &str,
+        request_id: u64,
+        ttl_ms: u64,
+        handed_off: bool,
+        events: &mut Vec<Event>,
+    ) -> Grant {
+        self.last_token += 1;
+        let owner_id = self
+            .sessions
+            .get(session_id)
+            .map(|s| s.owner_id.clone())
+            .unwrap_or_default();
+        let grant = Grant {
+            key: key.to_owned(),
+            owner_id,
+            session_id: session_id.to_owned(),
+            request_id,
+            token: self.last_token,
+            ttl_ms,
+            acquired_at_ms: stamp_ms,
+            expires_at_ms: stamp_ms.saturating_add(ttl_ms),
+        };
+        if let Some(s) = self.sessions.get_mut(session_id) {
+            s.locks.insert(key.to_owned());
+        }
+        self.grants.insert(key.to_owned(), grant.clone());
+        events.push(Event::Granted {
+            grant: grant.clone(),
+            handed_off,
+        });
+        grant
+    }
+
+    /// Removes the grant on `key` and detaches it from its holder's session.
+    fn take_grant(&mut self, key: &str) -> Option<Grant> {
+        let grant = self.grants.remove(key)?;
+        if let Some(s) = self.sessions.get_mut(&grant.session_id) {
+            s.locks.remove(key);
+        }
+        Some(grant)
+    }
+
+    /// Ends the grant on `key` for `cause` and hands the key to its next waiter.
+    fn free(&mut self, stamp_ms: u64, key: &str, cause: FreeCause, events: &mut Vec<Event>) {
+        if let Some(grant) = self.take_grant(key) {
+            events.push(Event::Freed {
+                key: key.to_owned(),
+                token: grant.token,
+                cause,
+            });
+        }
+        self.hand_off(stamp_ms, key, events);
+    }
+
+    /// Grants the free `key` to the first live waiter of its queue, dropping the dead ones met
+    /// on the way. Waiters past their deadline were already dropped at the start of the
+    /// command and a session's waiters leave with it, so the skips below are defence in depth:
+    /// a waiter that cannot be granted is dropped, never granted.
+    fn hand_off(&mut self, stamp_ms: u64, key: &str, events: &mut Vec<Event>) {
+        if self.grants.contains_key(key) {
+            return;
+        }
+        while let Some(waiter) = self.queues.get_mut(key).and_then(VecDeque::pop_front) {
+            self.wait_deadlines.remove(&(
+                waiter.deadline_ms,
+                waiter.session_id.clone(),
+                key.to_owned(),
+            ));
+            let live = match self.sessions.get_mut(&waiter.session_id) {
+                Some(session) => {
+                    session.waits.remove(key);
+                    if waiter.deadline_ms < stamp_ms {
+                        session.settle(waiter.request_id, Response::NotGranted);
+                        false
+                    } else {
+                        true
+                    }
+                }
+                None => false,
+            };
+            if !live {
+                events.push(Event::WaiterDropped {
+                    session_id: waiter.session_id,
+                    request_id: waiter.request_id,
+                    key: key.to_owned(),
+                });
+                continue;
+            }
+            let grant = self.grant_to(
+                stamp_ms,
+                key,
+                &waiter.session_id,
+                waiter.request_id,
+                waiter.ttl_ms,
+                true,
+                events,
+            );
+            if let Some(s) = self.sessions.get_mut(&waiter.session_id) {
+                s.settle(waiter.request_id, Response::Granted(grant));
+            }
+            break;
+        }
+        if self.queues.get(key).is_some_and(VecDeque::is_empty) {
+            self.queues.remove(key);
+        }
+    }
+
+    /// Removes `session_id`'s waiter from `key`'s queue and the deadline index (not from the
+    /// session's own wait set: callers own that).
+    fn unqueue(&mut self, key: &str, session_id: &str) {
+        let Some(queue) = self.queues.get_mut(key) else {
+            return;
+        };
+        if let Some(index) = queue.iter().position(|w| w.session_id == session_id)
+            && let Some(w) = queue.remove(index)
+        {
+            self.wait_deadlines
+                .remove(&(w.deadline_ms, w.session_id, key.to_owned()));
+        }
+        if queue.is_empty() {
+            self.queues.remove(key);
+        }
+    }
+
+    /// Drops every waiter whose deadline is before `stamp_ms`, in (deadline, session, key)
+    /// order, and settles their acquires as `NotGranted`.
+    fn drop_lapsed_waiters(&mut self, stamp_ms: u64, events: &mut Vec<Event>) {
+        while let Some((deadline_ms, session_id, key)) = self.wait_deadlines.first().cloned() {
+            if deadline_ms >= stamp_ms {
+                break;
+            }
+            // Also removes the index entry, so the loop advances.
+            self.unqueue(&key, &session_id);
+            self.wait_deadlines
+                .remove(&(deadline_ms, session_id.clone(), key.clone()));
+            let request_id = self.sessions.get_mut(&session_id).and_then(|s| {
+                let id = s.waits.remove(&key)?;
+                s.settle(id, Response::NotGranted);
+                Some(id)
+            });
+            if let Some(request_id) = request_id {
+                events.push(Event::WaiterDropped {
+                    session_id,
+                    request_id,
+                    key,
+                });
+            }
+        }
+    }
+}

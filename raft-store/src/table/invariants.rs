@@ -1,0 +1,250 @@
+//! `LockTable::check_invariants`: the rules the lock table must keep after every apply, checked
+//! from scratch (openraft's `Validate` for `RaftState` is the model). Reads the table only;
+//! never repairs anything — a violation is a bug in `apply`, reported with the key or session.
+
+use std::collections::BTreeSet;
+use std::fmt;
+
+use super::LockTable;
+use crate::limits::{
+    AUDIT_LOG_MAX, LOCKS_PER_SESSION_MAX, REQUEST_WINDOW, SESSIONS_MAX, WAITERS_PER_KEY_MAX,
+    WAITS_PER_SESSION_MAX,
+};
+
+/// A broken lock-table invariant: which rule, and the key or session that breaks it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InvariantViolation {
+    /// The rule, e.g. `"one holder per key"`.
+    pub invariant: &'static str,
+    /// What breaks it, naming the key, session or token.
+    pub detail: String,
+}
+
+impl fmt::Display for InvariantViolation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "invariant \"{}\" broken: {}",
+            self.invariant, self.detail
+        )
+    }
+}
+
+impl std::error::Error for InvariantViolation {}
+
+fn broken(invariant: &'static str, detail: String) -> Result<(), InvariantViolation> {
+    Err(InvariantViolation { invariant, detail })
+}
+
+macro_rules! ensure {
+    ($cond:expr, $invariant:literal, $($detail:tt)+) => {
+        if !$cond {
+            return broken($invariant, format!($($detail)+));
+        }
+    };
+}
+
+impl LockTable {
+    /// Checks every invariant of the table and returns the first one broken:
+    ///
+    /// - one holder per key, filed under its own key, with the owner of its session;
+    /// - every holder's and every waiter's session is live;
+    /// - each session's lock and wait sets agree exactly with the grants and queues;
+    /// - no waiter queued twice (same session and key, or same session and request id), none
+    ///   on a free key or on a key its own session holds, and the deadline index lists exactly
+    ///   the queued waiters;
+    /// - every token is at most `last_token` and no two grants share one; the audit log's
+    ///   floors increase and are at most `last_token`;
+    /// - every limit of `crate::limits` holds.
+    ///
+    /// Costs `O(state · log state)`; `apply` runs it after every command in debug builds.
+    pub fn check_invariants(&self) -> Result<(), InvariantViolation> {
+        ensure!(
+            self.sessions.len() <= SESSIONS_MAX,
+            "sessions within SESSIONS_MAX",
+            "{} sessions",
+            self.sessions.len()
+        );
+        let mut tokens = BTreeSet::new();
+        for (key, grant) in &self.grants {
+            ensure!(
+                grant.key == *key,
+                "one holder per key",
+                "grant of key {} filed under key {key}",
+                grant.key
+            );
+            ensure!(
+                grant.token >= 1 && grant.token <= self.last_token,
+                "every token is issued",
+                "key {key} holds token {} but last_token is {}",
+                grant.token,
+                self.last_token
+            );
+            ensure!(
+                tokens.insert(grant.token),
+                "no two grants share a token",
+                "token {} is held twice (key {key})",
+                grant.token
+            );
+            let Some(session) = self.sessions.get(&grant.session_id) else {
+                return broken(
+                    "every holder's session is live",
+                    format!("key {key} is held by unknown session {}", grant.session_id),
+                );
+            };
+            ensure!(
+                session.locks.contains(key),
+                "session lock sets agree with grants",
+                "key {key} is held by session {} whose lock set lacks it",
+                grant.session_id
+            );
+            ensure!(
+                session.owner_id == grant.owner_id,
+                "grants carry their session's owner",
+                "key {key} names owner {} but session {} is owner {}",
+                grant.owner_id,
+                grant.session_id,
+                session.owner_id
+            );
+        }
+
+        let mut waiter_total = 0usize;
+        for (key, queue) in &self.queues {
+            ensure!(
+                !queue.is_empty(),
+                "no empty queue is kept",
+                "key {key} has an empty queue"
+            );
+            let Some(grant) = self.grants.get(key) else {
+                return broken(
+                    "waiters only queue on held keys",
+                    format!("key {key} is free but has {} waiters", queue.len()),
+                );
+            };
+            ensure!(
+                queue.len() <= WAITERS_PER_KEY_MAX,
+                "waiters per key within WAITERS_PER_KEY_MAX",
+                "key {key} has {} waiters",
+                queue.len()
+            );
+            let mut seen = BTreeSet::new();
+            for waiter in queue {
+                waiter_total += 1;
+                ensure!(
+                    seen.insert(waiter.session_id.as_str()),
+                    "no waiter queued twice",
+                    "session {} waits twice on key {key}",
+                    waiter.session_id
+                );
+                ensure!(
+                    waiter.session_id != grant.session_id,
+                    "a holder does not wait on its own key",
+                    "session {} holds key {key} and waits on it",
+                    waiter.session_id
+                );
+                let Some(session) = self.sessions.get(&waiter.session_id) else {
+                    return broken(
+                        "every waiter's session is live",
+                        format!("unknown session {} waits on key {key}", waiter.session_id),
+                    );
+                };
+                ensure!(
+                    session.waits.get(key) == Some(&waiter.request_id),
+                    "session wait sets agree with queues",
+                    "session {} waits on key {key} with request {} but its wait set says {:?}",
+                    waiter.session_id,
+                    waiter.request_id,
+                    session.waits.get(key)
+                );
+                ensure!(
+                    self.wait_deadlines.contains(&(
+                        waiter.deadline_ms,
+                        waiter.session_id.clone(),
+                        key.clone()
+                    )),
+                    "the deadline index lists every waiter",
+                    "waiter of session {} on key {key} (deadline {}) is not indexed",
+                    waiter.session_id,
+                    waiter.deadline_ms
+                );
+            }
+        }
+        ensure!(
+            self.wait_deadlines.len() == waiter_total,
+            "the deadline index lists every waiter",
+            "{} index entries for {waiter_total} waiters",
+            self.wait_deadlines.len()
+        );
+
+        for (id, session) in &self.sessions {
+            let mut request_ids = BTreeSet::new();
+            for key in &session.locks {
+                let Some(grant) = self.grants.get(key).filter(|g| g.session_id == *id) else {
+                    return broken(
+                        "session lock sets agree with grants",
+                        format!("session {id} lists key {key} which it does not hold"),
+                    );
+                };
+                ensure!(
+                    request_ids.insert(grant.request_id),
+                    "no waiter queued twice",
+                    "session {id} has two acquires with request id {}",
+                    grant.request_id
+                );
+            }
+            for (key, request_id) in &session.waits {
+                ensure!(
+                    self.queues
+                        .get(key)
+                        .is_some_and(|q| q.iter().any(|w| w.session_id == *id)),
+                    "session wait sets agree with queues",
+                    "session {id} lists a wait on key {key} that is not queued"
+                );
+                ensure!(
+                    request_ids.insert(*request_id),
+                    "no waiter queued twice",
+                    "session {id} has two acquires with request id {request_id}"
+                );
+            }
+            ensure!(
+                session.locks.len() + session.waits.len() <= LOCKS_PER_SESSION_MAX,
+                "locks per session within LOCKS_PER_SESSION_MAX",
+                "session {id} holds {} and waits for {}",
+                session.locks.len(),
+                session.waits.len()
+            );
+            ensure!(
+                session.waits.len() <= WAITS_PER_SESSION_MAX,
+                "waits per session within WAITS_PER_SESSION_MAX",
+                "session {id} waits on {} keys",
+                session.waits.len()
+            );
+            ensure!(
+                session.answers.len() <= REQUEST_WINDOW,
+                "request window within REQUEST_WINDOW",
+                "session {id} remembers {} answers",
+                session.answers.len()
+            );
+        }
+
+        ensure!(
+            self.revocations.len() <= AUDIT_LOG_MAX,
+            "audit log within AUDIT_LOG_MAX",
+            "{} revocations",
+            self.revocations.len()
+        );
+        let mut floor = 0;
+        for rev in &self.revocations {
+            ensure!(
+                rev.new_token_floor > floor && rev.new_token_floor <= self.last_token,
+                "token floors only grow",
+                "revocation of key {} has floor {} after floor {floor} (last_token {})",
+                rev.key,
+                rev.new_token_floor,
+                self.last_token
+            );
+            floor = rev.new_token_floor;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,165 @@
+//! The pure lock table: every grant, waiter queue, session, the fencing-token counter and the
+//! revocation audit log, and `apply`, the one function that changes them.
+//!
+//! Pure lock table. Owns grants, sessions, waiters. Never does IO, reads no clock, draws no
+//! random number: `apply` is a function of (state, command, the command's stamp), so every
+//! replica that applies the same log holds the same table (DESIGN.md D-time). Side effects that
+//! others must learn about (a lease to track, a waiting RPC to answer) are appended to an
+//! `Event` list in apply order; acting on them is the caller's business.
+//!
+//! All collections are ordered (`BTreeMap`, `BTreeSet`, `VecDeque`) so iteration, and thus every
+//! answer and event list, is deterministic; the whole table is serde-serializable for snapshots.
+//!
+//! # Rules this module decides (beyond `command.rs`)
+//!
+//! - **Grants never expire by time here.** A grant's `expires_at_ms` is informational; only
+//!   `ExpireLock`, `ExpireSession`, `Release`, `ForceRevoke`, `CloseSession` and
+//!   `CancelWait { release_if_granted }` free a key (D-lease: leases are leader-local).
+//! - **Waiter deadlines are replicated state and are compared with the stamp.** Before any
+//!   command acts, every waiter whose deadline is before the stamp is dropped
+//!   (`Event::WaiterDropped`, its acquire's remembered answer becomes `NotGranted`). That is
+//!   time passing, not the command acting, so it happens even if the command is then rejected.
+//!   Doing it up front, in deadline order, means a lapsed waiter never blocks its session from
+//!   waiting again, never fills a queue, and is never handed a key.
+//! - **Hand-off in the same apply.** Whatever frees a key grants it to the first waiter of the
+//!   key's FIFO queue, with the waiter's TTL and request id.
+//! - **Not re-entrant.** An `Acquire` of a key the session already holds answers `NotGranted`,
+//!   even with a wait: waiting on oneself would only end when one's own lease does.
+//! - **Rejections are not remembered.** A `Rejected` answer changed nothing, so a retry with the
+//!   same request id is simply tried again.
+
+mod commands;
+mod invariants;
+mod session;
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use serde::{Deserialize, Serialize};
+
+use crate::command::{Command, Event, Grant, Response, Revocation};
+
+pub use invariants::InvariantViolation;
+pub use session::Session;
+
+/// One queued `Acquire`, waiting for its key to be freed (D-wait).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Waiter {
+    /// Waiting session.
+    pub session_id: String,
+    /// The `Acquire`'s request id; the hand-off grant carries it.
+    pub request_id: u64,
+    /// Lease length the grant will get.
+    pub ttl_ms: u64,
+    /// Stamp after which the waiter is dropped instead of granted (`stamp + wait_ms` of the
+    /// acquire). A waiter whose deadline equals the stamp is still live.
+    pub deadline_ms: u64,
+    /// Stamp of the acquire that queued it.
+    pub queued_at_ms: u64,
+}
+
+/// The replicated lock state. See the module docs for the rules it applies.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LockTable {
+    /// The one grant of each held key.
+    grants: BTreeMap<String, Grant>,
+    /// Waiters per key, oldest first. A key appears only while its queue is non-empty, and a
+    /// queue exists only on a held key (a free key is granted at once).
+    queues: BTreeMap<String, VecDeque<Waiter>>,
+    /// Every waiter as `(deadline_ms, session_id, key)`, so lapsed waiters are found in
+    /// `O(lapsed · log n)` at the start of each command instead of by scanning every queue.
+    /// A session waits at most once per key, so the triple is unique.
+    wait_deadlines: BTreeSet<(u64, String, String)>,
+    /// Live sessions by id.
+    sessions: BTreeMap<String, Session>,
+    /// The force-revoke audit log, oldest first, at most `AUDIT_LOG_MAX`.
+    revocations: VecDeque<Revocation>,
+    /// Highest token ever issued or burned. The next grant takes `last_token + 1`.
+    last_token: u64,
+}
+
+impl LockTable {
+    /// An empty table: no grants, no sessions, no token issued yet (the first grant gets 1).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Applies one command stamped `stamp_ms` and returns its answer.
+    ///
+    /// Pure: no IO, no clock, no randomness. Appends the side-effect events to `events` in the
+    /// order they happened. A `Rejected` answer means the command changed nothing (lapsed
+    /// waiters may still have been dropped, see the module docs). In debug builds the table's
+    /// invariants are checked after every apply and a violation panics naming the command.
+    pub fn apply(&mut self, stamp_ms: u64, command: Command, events: &mut Vec<Event>) -> Response {
+        #[cfg(debug_assertions)]
+        let what = commands::describe(&command);
+        let response = match command {
+            Command::Batch(commands) => self.apply_batch(stamp_ms, commands, events),
+            command => self.apply_one(stamp_ms, command, events),
+        };
+        #[cfg(debug_assertions)]
+        {
+            let checked = self.check_invariants();
+            debug_assert!(
+                checked.is_ok(),
+                "lock table invariant broken after applying {what} at stamp {stamp_ms}: {}",
+                checked.err().map(|e| e.to_string()).unwrap_or_default()
+            );
+        }
+        response
+    }
+
+    /// The grant on `key`, if it is held.
+    pub fn grant(&self, key: &str) -> Option<&Grant> {
+        self.grants.get(key)
+    }
+
+    /// Every grant, in key order.
+    pub fn grants(&self) -> impl Iterator<Item = &Grant> {
+        self.grants.values()
+    }
+
+    /// Number of waiters queued on `key` (C2 `LockInfo::waiter_count`).
+    pub fn waiter_count(&self, key: &str) -> u32 {
+        self.queues.get(key).map_or(0, |q| q.len() as u32)
+    }
+
+    /// The waiters queued on `key`, next to be granted first.
+    pub fn waiters(&self, key: &str) -> impl Iterator<Item = &Waiter> {
+        self.queues.get(key).into_iter().flatten()
+    }
+
+    /// The live session `session_id`, if any.
+    pub fn session(&self, session_id: &str) -> Option<&Session> {
+        self.sessions.get(session_id)
+    }
+
+    /// Every live session, in id order.
+    pub fn sessions(&self) -> impl Iterator<Item = (&str, &Session)> {
+        self.sessions.iter().map(|(id, s)| (id.as_str(), s))
+    }
+
+    /// Number of live sessions.
+    pub fn session_count(&self) -> usize {
+        self.sessions.len()
+    }
+
+    /// Keys the session holds (C2 `SessionRegistry::locksOf`); empty for an unknown session.
+    pub fn locks_of(&self, session_id: &str) -> BTreeSet<String> {
+        self.sessions
+            .get(session_id)
+            .map(|s| s.locks.clone())
+            .unwrap_or_default()
+    }
+
+    /// The force-revoke audit log, oldest first; at most `AUDIT_LOG_MAX` records (older ones
+    /// are evicted).
+    pub fn revocations(&self) -> impl Iterator<Item = &Revocation> {
+        self.revocations.iter()
+    }
+
+    /// The token floor: the highest token ever issued or burned by a revoke. Every later grant
+    /// gets a greater token; 0 before the first grant.
+    pub fn last_token(&self) -> u64 {
+        self.last_token
+    }
+}
