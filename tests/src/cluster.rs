@@ -1,0 +1,658 @@
+//! [`Cluster`]: a real multi-process lockd cluster on 127.0.0.1 for one test.
+//!
+//! Owns the node processes, their ports, data directories and log files (all in one temporary
+//! directory), process control (kill, stop, restart, pause) and the readiness checks. It never
+//! interprets lock semantics; tests do that through [`crate::NodeClient`] and
+//! [`crate::ClusterClient`].
+//!
+//! No process outlives its `Cluster`: `Drop` SIGKILLs and reaps every node, and when the thread
+//! is panicking (a failed assertion) it first prints the tail of every node's logs.
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::ExitStatus;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use lock_proto::v1::{Role, StatusResponse};
+use tempfile::TempDir;
+
+use crate::process::{NodeProcess, NotReady};
+use crate::wait::poll_until;
+use crate::{ClusterClient, ClusterConfig, HarnessError, NodeClient, config, lockd_binary, ports};
+
+/// Set this environment variable (to anything) to keep a cluster's temporary directory (data
+/// and logs) after the test; its path is printed when the cluster drops.
+pub const KEEP_DIR_ENV: &str = "LOCKD_TEST_KEEP_DIR";
+
+/// How many times a cluster start is retried with fresh ports when a node finds its port taken
+/// (another process grabbed it between the harness's probe and the node's bind).
+const SPAWN_ATTEMPTS: usize = 4;
+
+/// Log lines per file printed when a test fails.
+const TAIL_LINES: usize = 60;
+
+/// How long one `Status` probe may take while waiting for a leader; short, so one paused or
+/// dying node does not stall the polling of the others.
+const STATUS_PROBE_TIMEOUT: Duration = Duration::from_millis(800);
+
+static CLUSTER_SEQ: AtomicU64 = AtomicU64::new(1);
+
+/// A running test cluster of `lockd` processes.
+///
+/// ```no_run
+/// # async fn example() {
+/// use std::time::Duration;
+/// let mut cluster = lock_tests::Cluster::start(3).await; // panics (with logs) if it cannot
+/// let leader = cluster.leader().await;
+/// let client = cluster.cluster_client();                // follows the leader
+/// let session = client.open_session("me", Duration::from_secs(10)).await.unwrap();
+/// let grant = client
+///     .try_acquire(&session.id, "k", Duration::from_secs(10))
+///     .await
+///     .unwrap()
+///     .expect("k is free");
+/// cluster.kill(leader);                                  // SIGKILL
+/// let new_leader = cluster.wait_for_leader(Duration::from_secs(10)).await.unwrap();
+/// assert_ne!(new_leader, leader);
+/// # let _ = grant;
+/// # }
+/// ```
+#[derive(Debug)]
+pub struct Cluster {
+    name: String,
+    binary: PathBuf,
+    config: ClusterConfig,
+    /// `None` only after `Drop` decided to keep the directory.
+    dir: Option<TempDir>,
+    dir_path: PathBuf,
+    nodes: BTreeMap<u64, NodeProcess>,
+}
+
+impl Cluster {
+    /// Starts `nodes` voters with the default timing and waits until they agree on a leader.
+    ///
+    /// # Panics
+    /// If the binary is missing, a node does not start, or no leader is agreed within
+    /// [`config::LEADER_TIMEOUT`]; the message carries every node's log tail.
+    pub async fn start(nodes: usize) -> Self {
+        Self::start_with(ClusterConfig::with_nodes(nodes)).await
+    }
+
+    /// [`Cluster::start`] with a custom configuration.
+    ///
+    /// # Panics
+    /// As [`Cluster::start`].
+    pub async fn start_with(config: ClusterConfig) -> Self {
+        match Self::try_start(config).await {
+            Ok(cluster) => cluster,
+            Err(e) => panic!("cannot start the test cluster: {e}"),
+        }
+    }
+
+    /// Starts a cluster, returning an error (with log tails) instead of panicking.
+    pub async fn try_start(config: ClusterConfig) -> Result<Self, HarnessError> {
+        if config.nodes == 0 {
+            return Err(HarnessError::new("a cluster needs at least one node"));
+        }
+        let binary = lockd_binary()?;
+        let dir = tempfile::Builder::new()
+            .prefix("lockd-test-")
+            .tempdir()
+            .map_err(|e| HarnessError::new(format!("cannot create a temporary directory: {e}")))?;
+        let name = format!(
+            "lock-tests-{}-{}",
+            std::process::id(),
+            CLUSTER_SEQ.fetch_add(1, Ordering::Relaxed)
+        );
+        let mut cluster = Self {
+            name,
+            binary,
+            dir_path: dir.path().to_owned(),
+            dir: Some(dir),
+            config,
+            nodes: BTreeMap::new(),
+        };
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let ports = ports::free_ports(cluster.config.nodes)?;
+            cluster.nodes = (1u64..)
+                .zip(ports)
+                .map(|(id, port)| (id, NodeProcess::new(id, port, &cluster.dir_path)))
+                .collect();
+            match cluster.spawn_all_fresh().await {
+                Ok(()) => break,
+                Err((true, e)) if attempt < SPAWN_ATTEMPTS => {
+                    eprintln!("lock-tests: {e}; retrying with other ports");
+                    cluster.kill_all();
+                    for node in cluster.nodes.values() {
+                        // A fresh attempt must not find a half-initialised data dir.
+                        let _ = std::fs::remove_dir_all(&node.data_dir);
+                    }
+                }
+                Err((_, e)) => {
+                    return Err(HarnessError::new(format!("{e}\n{}", cluster.log_tails())));
+                }
+            }
+        }
+        let timeout = cluster.config.leader_timeout;
+        if let Err(e) = cluster.wait_for_leader(timeout).await {
+            return Err(HarnessError::new(format!("{e}\n{}", cluster.log_tails())));
+        }
+        Ok(cluster)
+    }
+
+    /// Spawns every node of a fresh cluster and waits for all ready lines. The error says
+    /// whether a port conflict caused it (worth a retry with other ports).
+    async fn spawn_all_fresh(&mut self) -> Result<(), (bool, HarnessError)> {
+        let ids: Vec<u64> = self.nodes.keys().copied().collect();
+        for &id in &ids {
+            self.spawn_node(id).map_err(|e| (false, e))?;
+        }
+        for id in ids {
+            self.wait_node_ready(id).await?;
+        }
+        Ok(())
+    }
+
+    /// The `lockd run` arguments of node `id`.
+    fn args(&self, id: u64) -> Vec<OsString> {
+        let node = &self.nodes[&id];
+        let peers = self
+            .nodes
+            .values()
+            .map(|n| format!("{}={}", n.id, n.addr()))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut args: Vec<OsString> = vec![
+            "run".into(),
+            "--node-id".into(),
+            id.to_string().into(),
+            "--listen".into(),
+            node.addr().into(),
+            "--data-dir".into(),
+            node.data_dir.clone().into(),
+            "--peers".into(),
+            peers.into(),
+            "--cluster-name".into(),
+            self.name.clone().into(),
+            "--heartbeat-interval-ms".into(),
+            self.config.heartbeat_interval_ms.to_string().into(),
+            "--election-timeout-min-ms".into(),
+            self.config.election_timeout_min_ms.to_string().into(),
+            "--election-timeout-max-ms".into(),
+            self.config.election_timeout_max_ms.to_string().into(),
+        ];
+        // Node 1 always carries --bootstrap, as an operator's unit file would: the contract is
+        // that a node with existing data never re-initialises, which restarts exercise.
+        if id == 1 {
+            args.push("--bootstrap".into());
+        }
+        args.extend(self.config.extra_args.iter().map(OsString::from));
+        if let Some(extra) = self.config.node_args.get(&id) {
+            args.extend(extra.iter().map(OsString::from));
+        }
+        args
+    }
+
+    fn spawn_node(&mut self, id: u64) -> Result<(), HarnessError> {
+        let args = self.args(id);
+        let binary = self.binary.clone();
+        let env = self.config.env.clone();
+        self.node_mut(id).spawn(&binary, &args, &env)
+    }
+
+    async fn wait_node_ready(&mut self, id: u64) -> Result<(), (bool, HarnessError)> {
+        let timeout = self.config.ready_timeout;
+        let node = self.node_mut(id);
+        match node.wait_ready(timeout).await {
+            Ok(()) => Ok(()),
+            Err(NotReady::Exited {
+                status,
+                addr_in_use,
+            }) => Err((
+                addr_in_use,
+                HarnessError::new(format!(
+                    "node {id} ({}) exited with {status} before printing its ready line{}",
+                    node.addr(),
+                    if addr_in_use {
+                        " (its port was taken)"
+                    } else {
+                        ""
+                    }
+                )),
+            )),
+            Err(NotReady::Timeout) => Err((
+                false,
+                HarnessError::new(format!(
+                    "node {id} ({}) printed no ready line within {timeout:?}",
+                    node.addr()
+                )),
+            )),
+            Err(NotReady::Harness(e)) => Err((false, e)),
+        }
+    }
+
+    fn node(&self, id: u64) -> &NodeProcess {
+        self.nodes
+            .get(&id)
+            .unwrap_or_else(|| panic!("no node {id} in this cluster (nodes: {:?})", self.ids()))
+    }
+
+    fn node_mut(&mut self, id: u64) -> &mut NodeProcess {
+        let ids = self.ids();
+        self.nodes
+            .get_mut(&id)
+            .unwrap_or_else(|| panic!("no node {id} in this cluster (nodes: {ids:?})"))
+    }
+
+    // ---- identity and addresses -------------------------------------------------------
+
+    /// The `--cluster-name` given to every node (unique per cluster).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The configuration the cluster was started with.
+    pub fn config(&self) -> &ClusterConfig {
+        &self.config
+    }
+
+    /// The temporary directory holding every node's data dir and logs.
+    pub fn dir(&self) -> &Path {
+        &self.dir_path
+    }
+
+    /// Every node id, ascending, whatever its state.
+    pub fn ids(&self) -> Vec<u64> {
+        self.nodes.keys().copied().collect()
+    }
+
+    /// Ids of nodes whose process runs and is not paused.
+    pub fn live_ids(&mut self) -> Vec<u64> {
+        self.nodes
+            .values_mut()
+            .filter_map(|n| (n.is_running() && !n.is_paused()).then_some(n.id))
+            .collect()
+    }
+
+    /// Whether node `id`'s process is running (paused counts as running).
+    pub fn is_running(&mut self, id: u64) -> bool {
+        self.node_mut(id).is_running()
+    }
+
+    /// Node `id`'s listen address, `127.0.0.1:port` — what `NotLeader` hints and `Status`
+    /// members carry.
+    pub fn addr(&self, id: u64) -> String {
+        self.node(id).addr()
+    }
+
+    /// Node `id`'s gRPC endpoint, `http://127.0.0.1:port`.
+    pub fn endpoint(&self, id: u64) -> String {
+        format!("http://{}", self.node(id).addr())
+    }
+
+    /// Every node's endpoint, by ascending id.
+    pub fn endpoints(&self) -> Vec<String> {
+        self.ids().into_iter().map(|id| self.endpoint(id)).collect()
+    }
+
+    /// The id of the node listening on `addr` (`host:port`, with or without `http://`).
+    pub fn id_of_addr(&self, addr: &str) -> Option<u64> {
+        let addr = addr.strip_prefix("http://").unwrap_or(addr);
+        self.nodes.values().find(|n| n.addr() == addr).map(|n| n.id)
+    }
+
+    /// Node `id`'s stderr log (where lockd logs).
+    pub fn log_path(&self, id: u64) -> PathBuf {
+        self.node(id).stderr_path.clone()
+    }
+
+    /// Node `id`'s stdout log (the ready line).
+    pub fn stdout_path(&self, id: u64) -> PathBuf {
+        self.node(id).stdout_path.clone()
+    }
+
+    /// Node `id`'s data directory.
+    pub fn data_dir(&self, id: u64) -> PathBuf {
+        self.node(id).data_dir.clone()
+    }
+
+    // ---- clients ------------------------------------------------------------------------
+
+    /// A client of node `id` alone (answers exactly what that node says).
+    pub fn client(&self, id: u64) -> NodeClient {
+        NodeClient::new(&self.endpoint(id))
+    }
+
+    /// A leader-following client over every node (see [`ClusterClient`]).
+    pub fn cluster_client(&self) -> ClusterClient {
+        ClusterClient::new(self.nodes.values().map(|n| (n.id, n.addr())))
+    }
+
+    /// A client of the current leader (waits for one, see [`Cluster::leader`]).
+    pub async fn leader_client(&mut self) -> NodeClient {
+        let leader = self.leader().await;
+        self.client(leader)
+    }
+
+    // ---- leadership ---------------------------------------------------------------------
+
+    /// Waits until every live node (running, not paused) answers `Status`, all name the same
+    /// leader, and that leader is live and reports itself `Leader`. Returns its id, or an error
+    /// listing each node's last view.
+    pub async fn wait_for_leader(&mut self, timeout: Duration) -> Result<u64, HarnessError> {
+        let live = self.live_ids();
+        if live.is_empty() {
+            return Err(HarnessError::new("no live node to ask for a leader"));
+        }
+        let clients: Vec<(u64, NodeClient)> =
+            live.iter().map(|&id| (id, self.client(id))).collect();
+        poll_until(
+            &format!("nodes {live:?} to agree on a live leader"),
+            timeout,
+            || {
+                let clients = clients.clone();
+                async move { agreed_leader(&clients).await }
+            },
+        )
+        .await
+    }
+
+    /// The agreed leader, waiting up to the configured `leader_timeout`.
+    ///
+    /// # Panics
+    /// If there is none by then (the message lists every node's view).
+    pub async fn leader(&mut self) -> u64 {
+        let timeout = self.config.leader_timeout;
+        match self.wait_for_leader(timeout).await {
+            Ok(id) => id,
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    /// The live nodes other than the agreed leader.
+    ///
+    /// # Panics
+    /// As [`Cluster::leader`].
+    pub async fn followers(&mut self) -> Vec<u64> {
+        let leader = self.leader().await;
+        self.live_ids()
+            .into_iter()
+            .filter(|&id| id != leader)
+            .collect()
+    }
+
+    /// Node `id`'s `Status`, answered by that node.
+    pub async fn status(&self, id: u64) -> Result<StatusResponse, lock_api::LockError> {
+        self.client(id).status().await
+    }
+
+    /// Waits until every live node has applied at least the leader's commit index as it was
+    /// when this was called — after it, a follower read (`Inspect` without
+    /// `leader_confirmed`) sees every write acknowledged before the call.
+    pub async fn wait_caught_up(&mut self, timeout: Duration) -> Result<(), HarnessError> {
+        let leader = self.wait_for_leader(timeout).await?;
+        let target = self
+            .status(leader)
+            .await
+            .map_err(|e| HarnessError::new(format!("Status of leader {leader}: {e}")))?
+            .commit_index;
+        let clients: Vec<(u64, NodeClient)> = self
+            .live_ids()
+            .into_iter()
+            .map(|id| (id, self.client(id)))
+            .collect();
+        poll_until(
+            &format!("every live node to apply index {target}"),
+            timeout,
+            || {
+                let clients = clients.clone();
+                async move {
+                    let mut behind = Vec::new();
+                    for (id, client) in &clients {
+                        match client.status().await {
+                            Ok(s) if s.applied_index >= target => {}
+                            Ok(s) => behind.push(format!("node {id} applied {}", s.applied_index)),
+                            Err(e) => behind.push(format!("node {id}: {e}")),
+                        }
+                    }
+                    if behind.is_empty() {
+                        Ok(())
+                    } else {
+                        Err(behind.join("; "))
+                    }
+                }
+            },
+        )
+        .await
+    }
+
+    // ---- process control ----------------------------------------------------------------
+
+    /// SIGKILLs node `id` and reaps it: a crash, no shutdown code runs.
+    ///
+    /// # Panics
+    /// If the node is not running.
+    pub fn kill(&mut self, id: u64) {
+        assert!(self.is_running(id), "kill({id}): node {id} is not running");
+        self.node_mut(id).kill();
+    }
+
+    /// SIGTERMs node `id` and waits for it to exit (a graceful shutdown); returns its exit
+    /// status (lockd promises 0).
+    ///
+    /// # Panics
+    /// If the node is not running, or does not exit within [`config::STOP_TIMEOUT`] (it is
+    /// then SIGKILLed).
+    pub async fn stop(&mut self, id: u64) -> ExitStatus {
+        assert!(self.is_running(id), "stop({id}): node {id} is not running");
+        match self.node_mut(id).terminate(config::STOP_TIMEOUT).await {
+            Ok(status) => status,
+            Err(e) => panic!("{e}\n{}", self.node(id).log_tail(TAIL_LINES)),
+        }
+    }
+
+    /// Starts node `id` again (it must be down) with the same port, data dir and arguments,
+    /// and waits for its ready line. Does not wait for a leader.
+    ///
+    /// # Panics
+    /// If the node is running or does not become ready (e.g. its port was taken meanwhile).
+    pub async fn start_node(&mut self, id: u64) {
+        assert!(
+            !self.is_running(id),
+            "start_node({id}): node {id} is still running"
+        );
+        let started = match self.spawn_node(id) {
+            Ok(()) => self.wait_node_ready(id).await.map_err(|(_, e)| e),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = started {
+            panic!("{e}\n{}", self.node(id).log_tail(TAIL_LINES));
+        }
+    }
+
+    /// Stops node `id` gracefully if it runs, then starts it again ([`Cluster::start_node`]).
+    /// Returns the exit status of the stop, if there was one.
+    pub async fn restart(&mut self, id: u64) -> Option<ExitStatus> {
+        let status = if self.is_running(id) {
+            Some(self.stop(id).await)
+        } else {
+            None
+        };
+        self.start_node(id).await;
+        status
+    }
+
+    /// SIGTERMs every running node at once, then waits for each; returns `(id, exit status)`.
+    ///
+    /// # Panics
+    /// As [`Cluster::stop`].
+    pub async fn stop_all(&mut self) -> Vec<(u64, ExitStatus)> {
+        let running: Vec<u64> = self
+            .ids()
+            .into_iter()
+            .filter(|&id| self.is_running(id))
+            .collect();
+        for &id in &running {
+            if let Err(e) = self.node_mut(id).signal(rustix::process::Signal::TERM) {
+                panic!("{e}");
+            }
+        }
+        let mut statuses = Vec::new();
+        for id in running {
+            // `terminate` re-sends SIGTERM, which a shutting-down node must tolerate, and
+            // continues a paused node.
+            match self.node_mut(id).terminate(config::STOP_TIMEOUT).await {
+                Ok(status) => statuses.push((id, status)),
+                Err(e) => panic!("{e}\n{}", self.node(id).log_tail(TAIL_LINES)),
+            }
+        }
+        statuses
+    }
+
+    /// Starts every node that is down, all at once (so a majority forms quickly), and waits for
+    /// each ready line. Does not wait for a leader; call [`Cluster::wait_for_leader`].
+    ///
+    /// # Panics
+    /// As [`Cluster::start_node`].
+    pub async fn start_all(&mut self) {
+        let down: Vec<u64> = self
+            .ids()
+            .into_iter()
+            .filter(|&id| !self.is_running(id))
+            .collect();
+        for &id in &down {
+            if let Err(e) = self.spawn_node(id) {
+                panic!("{e}\n{}", self.log_tails());
+            }
+        }
+        for id in down {
+            if let Err((_, e)) = self.wait_node_ready(id).await {
+                panic!("{e}\n{}", self.log_tails());
+            }
+        }
+    }
+
+    /// SIGSTOPs node `id`: it freezes with its sockets open (a long GC pause, a hung VM).
+    ///
+    /// # Panics
+    /// If the node is not running.
+    pub fn pause(&mut self, id: u64) {
+        assert!(self.is_running(id), "pause({id}): node {id} is not running");
+        if let Err(e) = self.node_mut(id).pause() {
+            panic!("{e}");
+        }
+    }
+
+    /// SIGCONTs a node paused with [`Cluster::pause`].
+    ///
+    /// # Panics
+    /// If the node is not running.
+    pub fn resume(&mut self, id: u64) {
+        assert!(
+            self.is_running(id),
+            "resume({id}): node {id} is not running"
+        );
+        if let Err(e) = self.node_mut(id).resume() {
+            panic!("{e}");
+        }
+    }
+
+    /// Node `id`'s OS process id while it runs.
+    pub fn pid(&self, id: u64) -> Option<u32> {
+        self.node(id).pid()
+    }
+
+    fn kill_all(&mut self) {
+        for node in self.nodes.values_mut() {
+            node.kill();
+        }
+    }
+
+    // ---- logs ---------------------------------------------------------------------------
+
+    /// The last lines of every node's stdout and stderr, labelled by node.
+    pub fn log_tails(&self) -> String {
+        let mut out = format!(
+            "==== logs of cluster {} in {} ====\n",
+            self.name,
+            self.dir_path.display()
+        );
+        for node in self.nodes.values() {
+            out.push_str(&node.log_tail(TAIL_LINES));
+        }
+        out
+    }
+
+    /// Prints [`Cluster::log_tails`] to stderr (captured by the test runner, shown on failure).
+    pub fn dump_logs(&self) {
+        eprintln!("{}", self.log_tails());
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.dump_logs();
+        }
+        self.kill_all();
+        if std::env::var_os(KEEP_DIR_ENV).is_some()
+            && let Some(dir) = self.dir.take()
+        {
+            eprintln!(
+                "lock-tests: kept cluster directory {}",
+                dir.keep().display()
+            );
+        }
+    }
+}
+
+/// One round of leader agreement over `clients`: `Ok(leader)` if all answered, all name the
+/// same leader, and that leader is among them and reports itself `Leader`; otherwise every
+/// node's view, for the timeout message.
+async fn agreed_leader(clients: &[(u64, NodeClient)]) -> Result<u64, String> {
+    let mut views = Vec::new();
+    for (id, client) in clients {
+        let answer = tokio::time::timeout(STATUS_PROBE_TIMEOUT, client.status()).await;
+        views.push((*id, answer));
+    }
+    let describe = |views: &[(u64, Result<Result<StatusResponse, lock_api::LockError>, _>)]| {
+        views
+            .iter()
+            .map(|(id, view)| match view {
+                Ok(Ok(s)) => format!(
+                    "node {id}: role={:?} term={} leader={:?} commit={} applied={}",
+                    s.role(),
+                    s.current_term,
+                    s.leader_id,
+                    s.commit_index,
+                    s.applied_index
+                ),
+                Ok(Err(e)) => format!("node {id}: Status failed: {e}"),
+                Err(_) => format!("node {id}: no Status answer within {STATUS_PROBE_TIMEOUT:?}"),
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
+    };
+    let mut leader = None;
+    for (_, view) in &views {
+        match view {
+            Ok(Ok(StatusResponse {
+                leader_id: Some(l), ..
+            })) if leader.is_none() || leader == Some(*l) => leader = Some(*l),
+            _ => return Err(describe(&views)),
+        }
+    }
+    let leader = leader.ok_or_else(|| describe(&views))?;
+    let leader_says_leader = views
+        .iter()
+        .any(|(id, view)| *id == leader && matches!(view, Ok(Ok(s)) if s.role() == Role::Leader));
+    if leader_says_leader {
+        Ok(leader)
+    } else {
+        Err(describe(&views))
+    }
+}
