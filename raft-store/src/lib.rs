@@ -6,12 +6,14 @@
 //! - [`command`]: what the log carries and what applying it answers. Types only.
 //! - [`table`]: [`LockTable`], the pure state machine that applies commands.
 //! - [`limits`]: the bounds the state machine puts on the replicated state.
+//! - [`storage`]: the durable openraft storage: log and vote in sled, snapshots as files.
 //! - [`TypeConfig`]: the openraft type configuration of the lock cluster.
 
 #![forbid(unsafe_code)]
 
 pub mod command;
 pub mod limits;
+pub mod storage;
 pub mod table;
 
 pub use command::{Command, Event, FreeCause, Grant, Rejection, Request, Response, Revocation};

@@ -1,0 +1,474 @@
+//! The one seam over sled: where the Raft log and its metadata live on disk, how their keys are
+//! encoded, and how a write is made durable.
+//!
+//! Owns the sled database in `<dir>/log/`, its single tree [`TREE_NAME`], the key layout, and
+//! [`Engine::sync`] (sled flush, then `fdatasync` of sled's data file). It stores opaque bytes
+//! (already framed by `codec`) and must not know what an entry or a vote is. Nothing outside this
+//! file names sled: if the crash tests ever show sled losing an acknowledged write, replacing it
+//! touches this file only (DESIGN.md D-deps).
+//!
+//! # Why the extra `fdatasync`
+//!
+//! sled 0.34's `flush` writes its log buffers with `pwrite` followed by `sync_file_range`, which
+//! starts and waits for the data write-back of that byte range but neither flushes the disk's
+//! volatile cache nor persists the file's size or allocation metadata. A write acknowledged after
+//! that alone can be lost by a power failure. So after every sled flush [`Engine::sync`] calls
+//! `File::sync_data` (`fdatasync`) on sled's data file `<dir>/log/db`, through one handle kept
+//! open for the life of the engine.
+//!
+//! # Why large segments
+//!
+//! sled writes any page image larger than a quarter of a segment to a separate "blob" file, and
+//! sled 0.34 never fsyncs blob files. A leaf node holds up to 17 values before it splits, so with
+//! [`SEGMENT_BYTES`] = 16 MiB (the largest sled accepts) and records bounded by
+//! [`RECORD_BYTES_MAX`], a leaf never reaches the blob threshold. As a second line of defence,
+//! [`Engine::sync`] also fsyncs any blob file it has not synced before (and the blob directory).
+
+use std::collections::HashSet;
+use std::ffi::OsString;
+use std::fmt;
+use std::fs::File;
+use std::io;
+use std::ops::Bound;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, PoisonError};
+
+use super::StorageError;
+
+/// The sled tree holding the log and its metadata. Versioned so that a future incompatible
+/// layout can live beside this one during a migration.
+pub const TREE_NAME: &str = "lockd.raft.v1";
+
+/// Sub-directory of the storage directory that sled owns.
+pub const LOG_DIR_NAME: &str = "log";
+
+/// sled 0.34's data file inside its directory (`Config::db_path`: `<path>/db`). It is the file
+/// whose writes sled only `sync_file_range`s, so it is the one [`Engine::sync`] `fdatasync`s.
+pub const SLED_DATA_FILE_NAME: &str = "db";
+
+/// sled 0.34's directory of oversized page images (`Config::blob_path`: `<path>/blobs/<lsn>`).
+pub const SLED_BLOB_DIR_NAME: &str = "blobs";
+
+/// sled segment size: the largest sled 0.34 accepts (16 MiB). Page images above a quarter of
+/// it go to blob files, which sled never fsyncs; a large segment keeps our leaves below that.
+pub const SEGMENT_BYTES: usize = 16 * 1024 * 1024;
+
+/// The largest framed record (log entry or metadata) the engine stores. Bounded so that a full
+/// sled leaf (at most 17 values, 20 with headroom for a split in progress) stays below the blob
+/// threshold of a quarter segment.
+pub const RECORD_BYTES_MAX: usize = 128 * 1024;
+
+/// sled's page cache budget. sled defaults to 1 GiB; the log is purged after every snapshot,
+/// so the working set is small, and 64 MiB leaves memory to the lock table.
+pub const CACHE_BYTES: u64 = 64 * 1024 * 1024;
+
+/// sled's background flush interval. Our own writes that need durability call
+/// [`Engine::sync`] themselves; this background flush only bounds how long a write that does
+/// not need it (the committed log id) stays in memory.
+pub const BACKGROUND_FLUSH_MS: u64 = 500;
+
+const _: () = assert!(20 * RECORD_BYTES_MAX < SEGMENT_BYTES / 4 - 1024);
+const _: () = assert!(
+    SEGMENT_BYTES <= 1 << 24,
+    "sled 0.34 refuses segments above 16 MiB"
+);
+
+/// First byte of every log entry key: `[LOG_KEY_PREFIX][index as u64 big-endian]`. Big-endian so
+/// that sled's byte order is index order and a range scan is a log range.
+const LOG_KEY_PREFIX: u8 = b'l';
+/// First byte of every metadata key.
+const META_KEY_PREFIX: u8 = b'm';
+/// Length of a log key.
+const LOG_KEY_LEN: usize = 9;
+
+/// A metadata record kept beside the log, one value each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MetaKey {
+    /// The last saved vote.
+    Vote,
+    /// The last saved committed log id.
+    Committed,
+    /// The log id of the last purged entry.
+    LastPurged,
+}
+
+impl MetaKey {
+    fn key(self) -> &'static [u8] {
+        match self {
+            MetaKey::Vote => b"m/vote",
+            MetaKey::Committed => b"m/committed",
+            MetaKey::LastPurged => b"m/last_purged",
+        }
+    }
+}
+
+const _: () = assert!(b"m/vote"[0] == META_KEY_PREFIX);
+
+fn log_key(index: u64) -> [u8; LOG_KEY_LEN] {
+    let mut key = [0u8; LOG_KEY_LEN];
+    key[0] = LOG_KEY_PREFIX;
+    key[1..].copy_from_slice(&index.to_be_bytes());
+    key
+}
+
+/// Decodes a log key; `None` for a key outside the log key space or of the wrong length.
+fn log_index_of(key: &[u8]) -> Option<u64> {
+    let (&prefix, index) = key.split_first()?;
+    if prefix != LOG_KEY_PREFIX {
+        return None;
+    }
+    let index: [u8; 8] = index.try_into().ok()?;
+    Some(u64::from_be_bytes(index))
+}
+
+/// The error sled reported, kept opaque so that no other module depends on sled's types.
+#[derive(Debug)]
+pub struct EngineError(sled::Error);
+
+impl fmt::Display for EngineError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "sled: {}", self.0)
+    }
+}
+
+impl std::error::Error for EngineError {}
+
+/// Writes to apply together, atomically: after a crash either all of them are present or none.
+#[derive(Debug, Default)]
+pub struct WriteBatch {
+    inner: sled::Batch,
+}
+
+impl WriteBatch {
+    /// Stores `record` as the log entry at `index`.
+    pub fn put_log(&mut self, index: u64, record: &[u8]) {
+        self.inner.insert(&log_key(index), record);
+    }
+
+    /// Removes the log entry at `index` (no effect if absent).
+    pub fn remove_log(&mut self, index: u64) {
+        self.inner.remove(&log_key(index));
+    }
+
+    /// Stores `record` as the metadata record `key`.
+    pub fn put_meta(&mut self, key: MetaKey, record: &[u8]) {
+        self.inner.insert(key.key(), record);
+    }
+}
+
+/// The open sled database plus the handles [`Engine::sync`] needs.
+#[derive(Debug)]
+pub struct Engine {
+    /// `<dir>/log`, for error messages.
+    dir: PathBuf,
+    db: sled::Db,
+    tree: sled::Tree,
+    /// `<dir>/log/db`, opened once: `sync_data` on it is the `fdatasync` that makes sled's
+    /// flushed writes durable. The mutex serialises syncs (a sync is a barrier anyway).
+    data_file: Mutex<File>,
+    /// Blob files already fsynced (by file name); see the module doc.
+    synced_blobs: Mutex<HashSet<OsString>>,
+}
+
+impl Engine {
+    /// Opens (creating if needed) the sled database in `<storage_dir>/log`, and makes its
+    /// directory entries durable.
+    pub fn open(storage_dir: &Path) -> Result<Engine, StorageError> {
+        let dir = storage_dir.join(LOG_DIR_NAME);
+        std::fs::create_dir_all(&dir).map_err(|source| StorageError::Io {
+            op: "create directory",
+            path: dir.clone(),
+            source,
+        })?;
+        let db = sled::Config::new()
+            .path(&dir)
+            .segment_size(SEGMENT_BYTES)
+            .cache_capacity(CACHE_BYTES)
+            .flush_every_ms(Some(BACKGROUND_FLUSH_MS))
+            .open()
+            .map_err(|e| StorageError::Engine {
+                op: "open the database",
+                path: dir.clone(),
+                source: EngineError(e),
+            })?;
+        let tree = db.open_tree(TREE_NAME).map_err(|e| StorageError::Engine {
+            op: "open tree",
+            path: dir.clone(),
+            source: EngineError(e),
+        })?;
+        let data_path = dir.join(SLED_DATA_FILE_NAME);
+        let data_file = File::open(&data_path).map_err(|source| StorageError::Io {
+            op: "open sled's data file",
+            path: data_path.clone(),
+            source,
+        })?;
+        let engine = Engine {
+            dir,
+            db,
+            tree,
+            data_file: Mutex::new(data_file),
+            synced_blobs: Mutex::new(HashSet::new()),
+        };
+        // sled created `db`, `conf` and `blobs/` without syncing their directory entries.
+        engine.sync()?;
+        for path in [engine.dir.clone(), storage_dir.to_path_buf()] {
+            sync_dir(&path)?;
+        }
+        Ok(engine)
+    }
+
+    /// The database directory, `<storage dir>/log`, for error messages.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn engine_error(&self, op: &'static str, e: sled::Error) -> StorageError {
+        StorageError::Engine {
+            op,
+            path: self.dir.clone(),
+            source: EngineError(e),
+        }
+    }
+
+    /// Reads the metadata record `key`.
+    pub fn get_meta(&self, key: MetaKey) -> Result<Option<Vec<u8>>, StorageError> {
+        self.tree
+            .get(key.key())
+            .map(|v| v.map(|v| v.to_vec()))
+            .map_err(|e| self.engine_error("read metadata", e))
+    }
+
+    /// Stores the metadata record `key` (not yet durable: see [`Engine::sync`]).
+    pub fn put_meta(&self, key: MetaKey, record: &[u8]) -> Result<(), StorageError> {
+        self.tree
+            .insert(key.key(), record)
+            .map(|_| ())
+            .map_err(|e| self.engine_error("write metadata", e))
+    }
+
+    /// Reads the log entry record at `index` (openraft reads ranges; tests read one).
+    #[cfg(test)]
+    pub fn get_log(&self, index: u64) -> Result<Option<Vec<u8>>, StorageError> {
+        self.tree
+            .get(log_key(index))
+            .map(|v| v.map(|v| v.to_vec()))
+            .map_err(|e| self.engine_error("read log entry", e))
+    }
+
+    /// Calls `f(index, record)` for each log entry with an index in `(start, end)`, in index
+    /// order, until `f` returns `Ok(false)` or the range ends.
+    pub fn scan_log<E>(
+        &self,
+        start: Bound<u64>,
+        end: Bound<u64>,
+        mut f: impl FnMut(u64, &[u8]) -> Result<bool, E>,
+    ) -> Result<(), E>
+    where
+        E: From<StorageError>,
+    {
+        let start = match start {
+            Bound::Included(i) => Bound::Included(log_key(i)),
+            Bound::Excluded(i) => Bound::Excluded(log_key(i)),
+            Bound::Unbounded => Bound::Included(log_key(0)),
+        };
+        let end = match end {
+            Bound::Included(i) => Bound::Included(log_key(i)),
+            Bound::Excluded(i) => Bound::Excluded(log_key(i)),
+            Bound::Unbounded => Bound::Included(log_key(u64::MAX)),
+        };
+        for item in self.tree.range((start, end)) {
+            let (key, value) = item.map_err(|e| self.engine_error("scan the log", e))?;
+            let index = self.index_of(&key)?;
+            if !f(index, &value)? {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    fn index_of(&self, key: &[u8]) -> Result<u64, StorageError> {
+        log_index_of(key).ok_or_else(|| StorageError::Layout {
+            path: self.dir.clone(),
+            message: format!("key {key:02x?} in the log key space is not a log key"),
+        })
+    }
+
+    /// The last log entry, as `(index, record)`.
+    pub fn last_log(&self) -> Result<Option<(u64, Vec<u8>)>, StorageError> {
+        let last = self
+            .tree
+            .range(log_key(0)..=log_key(u64::MAX))
+            .next_back()
+            .transpose()
+            .map_err(|e| self.engine_error("read the last log entry", e))?;
+        match last {
+            None => Ok(None),
+            Some((key, value)) => Ok(Some((self.index_of(&key)?, value.to_vec()))),
+        }
+    }
+
+    /// Adds to `batch` the removal of every log entry with an index in `(start, end)`.
+    pub fn remove_logs(
+        &self,
+        batch: &mut WriteBatch,
+        start: Bound<u64>,
+        end: Bound<u64>,
+    ) -> Result<(), StorageError> {
+        self.scan_log(start, end, |index, _| {
+            batch.remove_log(index);
+            Ok::<_, StorageError>(true)
+        })
+    }
+
+    /// Applies `batch` atomically (not yet durable: see [`Engine::sync`]).
+    pub fn write(&self, batch: WriteBatch) -> Result<(), StorageError> {
+        self.tree
+            .apply_batch(batch.inner)
+            .map_err(|e| self.engine_error("apply a write batch", e))
+    }
+
+    /// Makes every write applied before the call durable: sled flush, then `fdatasync` of sled's
+    /// data file, then fsync of any blob file not synced before. Blocks for the disk; call it
+    /// off the async runtime's worker threads.
+    pub fn sync(&self) -> Result<(), StorageError> {
+        self.db.flush().map_err(|e| self.engine_error("flush", e))?;
+        let data_file = self
+            .data_file
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        data_file.sync_data().map_err(|source| StorageError::Io {
+            op: "fdatasync",
+            path: self.dir.join(SLED_DATA_FILE_NAME),
+            source,
+        })?;
+        drop(data_file);
+        self.sync_blobs()
+    }
+
+    /// fsyncs blob files created since the last call (normally there are none: see the module
+    /// doc), then the blob directory if any was new.
+    fn sync_blobs(&self) -> Result<(), StorageError> {
+        let blob_dir = self.dir.join(SLED_BLOB_DIR_NAME);
+        let read_dir = |source| StorageError::Io {
+            op: "list blob directory",
+            path: blob_dir.clone(),
+            source,
+        };
+        let mut synced = self
+            .synced_blobs
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let mut present = HashSet::new();
+        let mut new_blob = false;
+        let entries = match std::fs::read_dir(&blob_dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(read_dir(e)),
+        };
+        for entry in entries {
+            let name = entry.map_err(read_dir)?.file_name();
+            if !synced.contains(&name) {
+                let path = blob_dir.join(&name);
+                match File::open(&path).and_then(|f| f.sync_all()) {
+                    Ok(()) => new_blob = true,
+                    // sled garbage-collected it between the listing and the open.
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                    Err(source) => {
+                        return Err(StorageError::Io {
+                            op: "fsync blob file",
+                            path,
+                            source,
+                        });
+                    }
+                }
+            }
+            present.insert(name);
+        }
+        if new_blob {
+            sync_dir(&blob_dir)?;
+        }
+        *synced = present;
+        Ok(())
+    }
+
+    /// Flips one bit of the stored log entry at `index`, for tests that prove corruption is
+    /// reported rather than panicked on. Returns whether the entry existed.
+    #[cfg(test)]
+    pub fn corrupt_log_for_test(&self, index: u64, byte: usize) -> Result<bool, StorageError> {
+        let Some(mut value) = self.get_log(index)? else {
+            return Ok(false);
+        };
+        let at = byte % value.len();
+        value[at] ^= 0x01;
+        let mut batch = WriteBatch::default();
+        batch.put_log(index, &value);
+        self.write(batch)?;
+        Ok(true)
+    }
+}
+
+/// fsyncs a directory, making the creation, rename or removal of its entries durable.
+pub fn sync_dir(dir: &Path) -> Result<(), StorageError> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|source| StorageError::Io {
+            op: "fsync directory",
+            path: dir.to_path_buf(),
+            source,
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_keys_sort_in_index_order_and_round_trip() {
+        let indexes = [0u64, 1, 255, 256, 65_535, 1 << 40, u64::MAX];
+        for pair in indexes.windows(2) {
+            assert!(log_key(pair[0]) < log_key(pair[1]), "{pair:?}");
+        }
+        for index in indexes {
+            assert_eq!(log_index_of(&log_key(index)), Some(index));
+        }
+        assert_eq!(log_index_of(MetaKey::Vote.key()), None);
+        assert_eq!(log_index_of(&[LOG_KEY_PREFIX, 1, 2]), None);
+    }
+
+    #[test]
+    fn meta_keys_sort_outside_the_log_range() {
+        for key in [MetaKey::Vote, MetaKey::Committed, MetaKey::LastPurged] {
+            let key = key.key();
+            assert!(key > &log_key(u64::MAX)[..], "{key:?}");
+        }
+    }
+
+    #[test]
+    fn sync_creates_sleds_data_file_and_survives_reopen() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        {
+            let engine = Engine::open(dir.path()).expect("open");
+            assert!(
+                dir.path()
+                    .join(LOG_DIR_NAME)
+                    .join(SLED_DATA_FILE_NAME)
+                    .is_file()
+            );
+            let mut batch = WriteBatch::default();
+            batch.put_log(7, b"seven");
+            batch.put_meta(MetaKey::Vote, b"vote");
+            engine.write(batch).expect("write");
+            engine.sync().expect("sync");
+        }
+        let engine = Engine::open(dir.path()).expect("reopen");
+        assert_eq!(engine.get_log(7).expect("read"), Some(b"seven".to_vec()));
+        assert_eq!(
+            engine.get_meta(MetaKey::Vote).expect("read"),
+            Some(b"vote".to_vec())
+        );
+        assert_eq!(
+            engine.last_log().expect("last"),
+            Some((7, b"seven".to_vec()))
+        );
+    }
+}

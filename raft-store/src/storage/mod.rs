@@ -1,0 +1,162 @@
+//! Durable openraft storage (storage-v2) for the lock cluster: the Raft log and vote in sled,
+//! the lock state machine in memory, and its snapshots as files.
+//!
+//! # Layout on disk
+//!
+//! ```text
+//! <dir>/log/          sled database (engine.rs): log entries, vote, committed, last purged
+//! <dir>/snapshots/    <snapshot id>.snap, one current snapshot (snapshot.rs)
+//! ```
+//!
+//! # Construction
+//!
+//! [`open`] returns the two halves openraft takes:
+//!
+//! ```no_run
+//! # async fn f(config: std::sync::Arc<openraft::Config>, network: impl openraft::RaftNetworkFactory<lock_raft_store::TypeConfig>) -> Result<(), Box<dyn std::error::Error>> {
+//! use lock_raft_store::storage;
+//! let (log_store, state_machine) = storage::open(std::path::Path::new("/var/lib/lockd"), None)?;
+//! let reader = state_machine.reader(); // keep for serving reads
+//! let raft = openraft::Raft::<lock_raft_store::TypeConfig>::new(1, config, network, log_store, state_machine).await?;
+//! # Ok(()) }
+//! ```
+//!
+//! # Modules
+//!
+//! - `engine`: the one seam over sled (tree, key layout, flush + `fdatasync`).
+//! - `codec`: the `[version][crc32][postcard]` frame of every persisted record.
+//! - [`log_store`]: [`LogStore`] / [`LogReader`], openraft's `RaftLogStorage`.
+//! - [`state_machine`]: [`StateMachineStore`], openraft's `RaftStateMachine`, and [`StateReader`].
+//! - `snapshot`: snapshot files (atomic write, checksum, clean-up).
+//!
+//! Nothing here reads a clock or decides lock semantics: that is the lock table's job.
+
+mod codec;
+mod engine;
+pub mod log_store;
+mod snapshot;
+pub mod state_machine;
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+pub use codec::CodecError;
+pub use engine::{EngineError, RECORD_BYTES_MAX};
+pub use log_store::{LogReader, LogStore};
+pub use snapshot::SNAPSHOT_BYTES_MAX;
+pub use state_machine::{ApplyObserver, StateMachineStore, StateReader};
+
+use crate::NodeId;
+
+/// Sub-directory of the storage directory holding snapshot files.
+pub const SNAPSHOT_DIR_NAME: &str = "snapshots";
+
+/// Opens (creating if needed) the storage in `dir` and returns openraft's two storage halves.
+///
+/// The log store verifies every stored record's format version and checksum before returning,
+/// and the state machine loads the latest snapshot; any mismatch refuses to start with an error
+/// naming the file. `observer`, if given, learns of every applied batch's events
+/// ([`ApplyObserver`]). Blocks on disk IO: call it before starting the Raft node, or from a
+/// blocking task.
+pub fn open(
+    dir: &Path,
+    observer: Option<Arc<dyn ApplyObserver>>,
+) -> Result<(LogStore, StateMachineStore), StorageError> {
+    std::fs::create_dir_all(dir).map_err(|source| StorageError::Io {
+        op: "create directory",
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    let log_store = LogStore::open(dir)?;
+    let state_machine = StateMachineStore::open(&dir.join(SNAPSHOT_DIR_NAME), observer)?;
+    Ok((log_store, state_machine))
+}
+
+/// Why the storage failed. Every variant names the file or directory involved, and the record
+/// when one is.
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    /// A file-system call failed.
+    #[error("cannot {op} {}: {source}", path.display())]
+    Io {
+        /// What was attempted.
+        op: &'static str,
+        /// The file or directory.
+        path: PathBuf,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// The embedded database failed.
+    #[error("cannot {op} in {}: {source}", path.display())]
+    Engine {
+        /// What was attempted.
+        op: &'static str,
+        /// The database directory.
+        path: PathBuf,
+        /// The database's error.
+        source: EngineError,
+    },
+    /// A stored record failed its version or checksum check or did not decode.
+    #[error("{record} in {} is unreadable: {source}", path.display())]
+    Corrupt {
+        /// Which record ("log entry 42", "vote", "snapshot file").
+        record: String,
+        /// The file or directory holding it.
+        path: PathBuf,
+        /// What is wrong with it.
+        source: CodecError,
+    },
+    /// A value could not be encoded (a bug or a value that postcard cannot represent).
+    #[error("cannot encode {record}: {source}")]
+    Encode {
+        /// Which record.
+        record: String,
+        /// postcard's error.
+        source: postcard::Error,
+    },
+    /// A record is larger than its limit.
+    #[error("{record} is {len} bytes, above the limit of {max} bytes")]
+    TooLarge {
+        /// Which record.
+        record: String,
+        /// Its size.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// The files are readable but do not fit together (a hole in the log, a foreign key).
+    #[error("inconsistent storage in {}: {message}", path.display())]
+    Layout {
+        /// The file or directory.
+        path: PathBuf,
+        /// What does not fit.
+        message: String,
+    },
+    /// A flush shared by several callers failed (the first error, as text, since one error
+    /// value cannot be handed to each of them).
+    #[error("flush of the log in {} failed: {message}", path.display())]
+    FlushFailed {
+        /// The database directory.
+        path: PathBuf,
+        /// The flush's error.
+        message: String,
+    },
+    /// The log store's flush thread stopped, so nothing more can be made durable.
+    #[error("the flush thread of the log in {} has stopped", path.display())]
+    FlusherStopped {
+        /// The database directory.
+        path: PathBuf,
+    },
+}
+
+impl StorageError {
+    /// Wraps the error for openraft, which stops the node on any storage error.
+    pub(crate) fn into_raft(
+        self,
+        subject: openraft::ErrorSubject<NodeId>,
+        verb: openraft::ErrorVerb,
+    ) -> openraft::StorageError<NodeId> {
+        openraft::StorageIOError::new(subject, verb, openraft::AnyError::new(&self)).into()
+    }
+}

@@ -1,0 +1,330 @@
+//! The lock state machine as openraft sees it: [`RaftStateMachine`] and
+//! [`RaftSnapshotBuilder`] around the pure [`LockTable`].
+//!
+//! Owns the applied state `{last_applied, last_membership, table}`, its snapshots (through
+//! `snapshot`), the hand-off of each applied batch's events to an [`ApplyObserver`], and the
+//! read view [`StateReader`] the node serves reads from. It decides nothing about locks: every
+//! answer comes from [`LockTable::apply`], which also checks the table's invariants after every
+//! command in debug builds.
+//!
+//! # Durability
+//!
+//! The state machine lives in memory and is **not** written on apply. Durable are the log (in
+//! sled) and the snapshots (files). On restart the state machine is the last snapshot, and
+//! openraft re-applies the log from the snapshot's last applied entry up to the saved committed
+//! log id (`RaftLogStorage::read_committed`) before the node serves anything; since `apply` is
+//! deterministic, that rebuilds the same table. openraft purges log entries only once a
+//! snapshot covering them is durable, so nothing applied can be lost. Observers see replayed
+//! entries again after a restart.
+
+use std::fmt;
+use std::io::Cursor;
+use std::path::Path;
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use openraft::storage::RaftStateMachine;
+use openraft::{
+    Entry, EntryPayload, ErrorSubject, ErrorVerb, LogId, OptionalSend, RaftSnapshotBuilder,
+    Snapshot, SnapshotMeta, StoredMembership,
+};
+
+use super::StorageError;
+use super::snapshot::{self, SnapshotDir};
+use crate::command::{Event, Response};
+use crate::table::LockTable;
+use crate::{Node, NodeId, TypeConfig};
+
+type RaftStorageError = openraft::StorageError<NodeId>;
+
+/// Learns what each applied batch of log entries did. Called on every replica after each
+/// `apply` call with the index of the batch's last entry and the events of all its entries in
+/// apply order (possibly none, e.g. for a blank entry). Called outside the state lock, so it may
+/// read through a [`StateReader`]; it runs on openraft's apply path, so it must not block.
+pub trait ApplyObserver: Send + Sync + 'static {
+    /// Entries up to `log_index` were applied, producing `events`.
+    fn applied(&self, log_index: u64, events: &[Event]);
+}
+
+/// What the state machine holds.
+#[derive(Debug, Default)]
+struct AppliedState {
+    /// The last applied entry's log id; `None` before any.
+    last_applied: Option<LogId<NodeId>>,
+    /// The last applied membership change.
+    last_membership: StoredMembership<NodeId, Node>,
+    /// The lock table.
+    table: LockTable,
+}
+
+type SharedState = Arc<RwLock<AppliedState>>;
+
+fn read_state(state: &RwLock<AppliedState>) -> RwLockReadGuard<'_, AppliedState> {
+    // A poisoned lock means an apply panicked half-way (an invariant broke): the table cannot be
+    // trusted, and the node is already going down with that panic.
+    state
+        .read()
+        .unwrap_or_else(|_| panic!("lock state machine poisoned: an earlier apply panicked"))
+}
+
+fn write_state(state: &RwLock<AppliedState>) -> RwLockWriteGuard<'_, AppliedState> {
+    state
+        .write()
+        .unwrap_or_else(|_| panic!("lock state machine poisoned: an earlier apply panicked"))
+}
+
+/// The lock state machine. Give it to `openraft::Raft::new`; keep a [`StateReader`] from
+/// [`StateMachineStore::reader`] to serve reads.
+pub struct StateMachineStore {
+    state: SharedState,
+    snapshots: Arc<SnapshotDir>,
+    observer: Option<Arc<dyn ApplyObserver>>,
+}
+
+impl fmt::Debug for StateMachineStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StateMachineStore")
+            .field("snapshots", &self.snapshots.dir())
+            .field("observer", &self.observer.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl StateMachineStore {
+    /// Opens the snapshot directory and starts from its newest snapshot (or an empty table).
+    /// A corrupt snapshot file refuses to open, naming the file.
+    pub fn open(
+        snapshot_dir: &Path,
+        observer: Option<Arc<dyn ApplyObserver>>,
+    ) -> Result<StateMachineStore, StorageError> {
+        let (snapshots, current) = SnapshotDir::open(snapshot_dir)?;
+        let state = match current {
+            None => AppliedState::default(),
+            Some(file) => AppliedState {
+                last_applied: file.meta.last_log_id,
+                last_membership: file.meta.last_membership,
+                table: snapshot::decode_table(&file.data, snapshot_dir)?,
+            },
+        };
+        Ok(StateMachineStore {
+            state: Arc::new(RwLock::new(state)),
+            snapshots: Arc::new(snapshots),
+            observer,
+        })
+    }
+
+    /// A read view of the applied state, for serving reads.
+    pub fn reader(&self) -> StateReader {
+        StateReader {
+            state: self.state.clone(),
+        }
+    }
+}
+
+/// A read view of the applied state. Cheap to clone; every read takes the state's read lock for
+/// the duration of the closure only.
+#[derive(Clone)]
+pub struct StateReader {
+    state: SharedState,
+}
+
+impl fmt::Debug for StateReader {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StateReader")
+            .field("last_applied", &self.last_applied())
+            .finish_non_exhaustive()
+    }
+}
+
+impl StateReader {
+    /// Runs `f` on the lock table as of the last applied entry. Keep `f` short: applies wait
+    /// for it.
+    pub fn read<R>(&self, f: impl FnOnce(&LockTable) -> R) -> R {
+        f(&read_state(&self.state).table)
+    }
+
+    /// The last applied entry's log id; `None` before any.
+    pub fn last_applied(&self) -> Option<LogId<NodeId>> {
+        read_state(&self.state).last_applied
+    }
+
+    /// The last applied membership.
+    pub fn membership(&self) -> StoredMembership<NodeId, Node> {
+        read_state(&self.state).last_membership.clone()
+    }
+}
+
+fn snapshot_id(last_applied: Option<LogId<NodeId>>) -> String {
+    match last_applied {
+        // Term, leader, index: unique per log position, and the same state always gets the
+        // same id, so rebuilding a snapshot at one position overwrites one file.
+        Some(id) => format!(
+            "{}-{}-{}",
+            id.leader_id.term, id.leader_id.node_id, id.index
+        ),
+        None => "empty".to_string(),
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachineStore {
+    type SnapshotBuilder = SnapshotBuilder;
+
+    async fn applied_state(
+        &mut self,
+    ) -> Result<(Option<LogId<NodeId>>, StoredMembership<NodeId, Node>), RaftStorageError> {
+        let state = read_state(&self.state);
+        Ok((state.last_applied, state.last_membership.clone()))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Response>, RaftStorageError>
+    where
+        I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let entries = entries.into_iter();
+        let mut responses = Vec::with_capacity(entries.size_hint().0);
+        let mut events = Vec::new();
+        let mut last_index = None;
+        {
+            let mut state = write_state(&self.state);
+            for entry in entries {
+                state.last_applied = Some(entry.log_id);
+                last_index = Some(entry.log_id.index);
+                let response = match entry.payload {
+                    EntryPayload::Normal(request) => {
+                        state
+                            .table
+                            .apply(request.stamp_ms, request.command, &mut events)
+                    }
+                    EntryPayload::Blank => Response::NoCommand,
+                    EntryPayload::Membership(membership) => {
+                        state.last_membership =
+                            StoredMembership::new(Some(entry.log_id), membership);
+                        Response::NoCommand
+                    }
+                };
+                responses.push(response);
+            }
+        }
+        if let (Some(observer), Some(log_index)) = (&self.observer, last_index) {
+            observer.applied(log_index, &events);
+        }
+        Ok(responses)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        SnapshotBuilder {
+            state: self.state.clone(),
+            snapshots: self.snapshots.clone(),
+        }
+    }
+
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, RaftStorageError> {
+        Ok(Box::new(Cursor::new(Vec::new())))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta<NodeId, Node>,
+        snapshot: Box<Cursor<Vec<u8>>>,
+    ) -> Result<(), RaftStorageError> {
+        let to_raft = |e: StorageError| {
+            e.into_raft(
+                ErrorSubject::Snapshot(Some(meta.signature())),
+                ErrorVerb::Write,
+            )
+        };
+        let data = snapshot.into_inner();
+        let table = snapshot::decode_table(&data, self.snapshots.dir()).map_err(to_raft)?;
+        // Durable first: once the table is replaced, the log before it may be purged.
+        let snapshots = self.snapshots.clone();
+        let file_meta = meta.clone();
+        tokio::task::spawn_blocking(move || snapshots.write(&file_meta, &data))
+            .await
+            .map_err(|join| {
+                to_raft(StorageError::Io {
+                    op: "write snapshot into",
+                    path: self.snapshots.dir().to_path_buf(),
+                    source: std::io::Error::other(join.to_string()),
+                })
+            })?
+            .map_err(to_raft)?;
+        let mut state = write_state(&self.state);
+        *state = AppliedState {
+            last_applied: meta.last_log_id,
+            last_membership: meta.last_membership.clone(),
+            table,
+        };
+        Ok(())
+    }
+
+    async fn get_current_snapshot(
+        &mut self,
+    ) -> Result<Option<Snapshot<TypeConfig>>, RaftStorageError> {
+        let to_raft = |e: StorageError| e.into_raft(ErrorSubject::Snapshot(None), ErrorVerb::Read);
+        let snapshots = self.snapshots.clone();
+        let file = tokio::task::spawn_blocking(move || snapshots.read_current())
+            .await
+            .map_err(|join| {
+                to_raft(StorageError::Io {
+                    op: "read snapshot from",
+                    path: self.snapshots.dir().to_path_buf(),
+                    source: std::io::Error::other(join.to_string()),
+                })
+            })?
+            .map_err(to_raft)?;
+        Ok(file.map(|file| Snapshot {
+            meta: file.meta,
+            snapshot: Box::new(Cursor::new(file.data)),
+        }))
+    }
+}
+
+/// Builds a snapshot of the state machine as it is when [`RaftSnapshotBuilder::build_snapshot`]
+/// runs, writes it durably, and makes it the current snapshot.
+pub struct SnapshotBuilder {
+    state: SharedState,
+    snapshots: Arc<SnapshotDir>,
+}
+
+impl fmt::Debug for SnapshotBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SnapshotBuilder")
+            .field("snapshots", &self.snapshots.dir())
+            .finish_non_exhaustive()
+    }
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
+    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, RaftStorageError> {
+        let to_raft = |e: StorageError| e.into_raft(ErrorSubject::Snapshot(None), ErrorVerb::Write);
+        // Encode under the read lock rather than clone the table: one pass over the table
+        // either way, and encoding allocates only the output.
+        let (meta, data) = {
+            let state = read_state(&self.state);
+            let data = snapshot::encode_table(&state.table).map_err(to_raft)?;
+            let meta = SnapshotMeta {
+                last_log_id: state.last_applied,
+                last_membership: state.last_membership.clone(),
+                snapshot_id: snapshot_id(state.last_applied),
+            };
+            (meta, data)
+        };
+        let snapshots = self.snapshots.clone();
+        let file_meta = meta.clone();
+        let data =
+            tokio::task::spawn_blocking(move || snapshots.write(&file_meta, &data).map(|()| data))
+                .await
+                .map_err(|join| {
+                    to_raft(StorageError::Io {
+                        op: "write snapshot into",
+                        path: self.snapshots.dir().to_path_buf(),
+                        source: std::io::Error::other(join.to_string()),
+                    })
+                })?
+                .map_err(to_raft)?;
+        Ok(Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(data)),
+        })
+    }
+}
