@@ -1,0 +1,506 @@
+//! [`LockClient`]: the entry point. Connects to a cluster, opens sessions, and makes the calls
+//! that need no session (inspect, force-revoke, status) and the by-id calls a command-line tool
+//! needs for a session another process opened.
+//!
+//! Owns the proto ↔ `lock-api` conversions of those calls. It holds no per-session state; that
+//! is [`crate::LockClientSession`]'s.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime};
+
+use lock_api::{LockError, LockHandle, LockInfo, LockOutcome, validate};
+use lock_proto::v1;
+use serde::Serialize;
+
+use crate::config::ClientConfig;
+use crate::deadline::{check_margin, handle_from_grant, system_time_from_unix_ms, unix_ms};
+use crate::router::{Budget, Router};
+use crate::session::LockClientSession;
+
+/// A handle on a lockd cluster. Cheap to clone (clones share the endpoint list, the believed
+/// leader and the connections); thread-safe.
+///
+/// It finds the leader itself: it follows `NotLeader` hints, moves to another endpoint when one
+/// is down, and re-resolves when the leader changes, with bounded, jittered exponential backoff
+/// (FR-28) within each call's budget ([`ClientConfig::call_timeout`]). Transport failures and
+/// leader changes reach the caller only once that budget is spent, and then as `Contention` or
+/// `NotLeader` — never as `LockLost`.
+#[derive(Clone, Debug)]
+pub struct LockClient {
+    router: Arc<Router>,
+    /// Request ids of force-revokes (which have no session): random start, then a counter, so
+    /// that two clients are unlikely to share one and a retry reuses its own.
+    revoke_ids: Arc<AtomicU64>,
+}
+
+/// One node's answer to `lockctl status` / [`LockClient::cluster_status`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct NodeStatus {
+    /// The endpoint that was asked.
+    pub endpoint: String,
+    /// Its view, or why it did not answer (the error's text).
+    #[serde(flatten)]
+    pub view: NodeView,
+}
+
+/// What one node reports, or the error it answered.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(untagged)]
+pub enum NodeView {
+    /// The node answered.
+    Up(NodeReport),
+    /// The node did not answer; the text says why.
+    Down {
+        /// The failure.
+        error: String,
+    },
+}
+
+/// A node's view of the Raft cluster (AdminService.Status).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct NodeReport {
+    /// The node's id.
+    pub node_id: u64,
+    /// `leader`, `follower`, `candidate`, `learner`, `shutdown` or `unspecified`.
+    pub role: String,
+    /// The highest Raft term the node has seen.
+    pub term: u64,
+    /// The leader it knows of; `None` during an election.
+    pub leader_id: Option<u64>,
+    /// That leader's address; `None` when unknown.
+    pub leader_addr: Option<String>,
+    /// Highest committed log index.
+    pub commit_index: u64,
+    /// Highest applied log index.
+    pub applied_index: u64,
+    /// Highest log index in its log.
+    pub last_log_index: u64,
+    /// The membership it knows.
+    pub members: Vec<ClusterMember>,
+    /// The cluster's id; empty before initialisation.
+    pub cluster_id: String,
+}
+
+/// One member of the cluster membership.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ClusterMember {
+    /// Raft node id.
+    pub node_id: u64,
+    /// gRPC address, `host:port`.
+    pub addr: String,
+    /// `true` for a voter, `false` for a learner.
+    pub voter: bool,
+}
+
+fn role_name(role: i32) -> &'static str {
+    match v1::Role::try_from(role) {
+        Ok(v1::Role::Leader) => "leader",
+        Ok(v1::Role::Follower) => "follower",
+        Ok(v1::Role::Candidate) => "candidate",
+        Ok(v1::Role::Learner) => "learner",
+        Ok(v1::Role::Shutdown) => "shutdown",
+        Ok(v1::Role::Unspecified) | Err(_) => "unspecified",
+    }
+}
+
+/// A request id for a by-id call from a process that does not own the session's counter: the
+/// current Unix time in microseconds. It is above the small counter values of the process that
+/// opened the session and grows between invocations, so the server never mistakes it for a
+/// retry of an earlier request.
+fn detached_request_id() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+        .unwrap_or(1)
+        .max(1)
+}
+
+impl LockClient {
+    /// Connects with [`ClientConfig::default`]; see [`LockClient::connect_with`].
+    pub async fn connect<S: AsRef<str>>(endpoints: &[S]) -> Result<Self, LockError> {
+        Self::connect_with(endpoints, ClientConfig::default()).await
+    }
+
+    /// Connects to a cluster given some of its nodes' addresses (`host:port` or
+    /// `http://host:port`; followers are fine, the leader is found). Must be called inside a
+    /// Tokio runtime, whose tasks the sessions will use.
+    ///
+    /// Asks every endpoint for its status once, to find the leader. `Err(InvalidArgument)` for
+    /// an empty or malformed endpoint list or an invalid config; `Err(Contention)` naming each
+    /// endpoint's failure if none answered. A cluster that answers but has no leader yet is
+    /// not an error: calls wait for the election within their budget.
+    pub async fn connect_with<S: AsRef<str>>(
+        endpoints: &[S],
+        config: ClientConfig,
+    ) -> Result<Self, LockError> {
+        config.validate()?;
+        let router = Router::new(endpoints, config)?;
+        router.discover().await?;
+        Ok(Self {
+            router: Arc::new(router),
+            revoke_ids: Arc::new(AtomicU64::new((rand::random::<u64>() >> 2).max(1))),
+        })
+    }
+
+    pub(crate) fn router(&self) -> &Router {
+        &self.router
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &ClientConfig {
+        self.router.config()
+    }
+
+    /// Every endpoint known: the ones given to `connect`, then leaders learnt from hints.
+    pub fn endpoints(&self) -> Vec<String> {
+        self.router.endpoints()
+    }
+
+    /// The endpoint the next call goes to: the node believed to lead. A belief, not a fact.
+    pub fn believed_leader(&self) -> String {
+        self.router.current_endpoint()
+    }
+
+    /// Opens a session for `owner_id` with [`ClientConfig::session_ttl`] and starts its
+    /// heartbeat (C2 §2.6 `openSession`). Every lock is acquired on a session and dies with it.
+    ///
+    /// `Err(InvalidArgument)` for a blank or over-long owner; `Err(Contention | NotLeader)` if
+    /// the cluster could not be reached within the call budget. A retry after a lost answer
+    /// may leave an unused session on the server; it holds nothing and ends with its TTL.
+    pub async fn open_session(&self, owner_id: &str) -> Result<LockClientSession, LockError> {
+        validate::owner_id(owner_id)?;
+        let ttl = self.config().session_ttl;
+        let ttl_ms = validate::ttl(ttl)?;
+        let request = v1::OpenSessionRequest {
+            owner_id: owner_id.to_owned(),
+            ttl_ms,
+        };
+        let sent_at = Instant::now();
+        let answer = self
+            .router
+            .call(
+                "open session",
+                self.router.budget(Duration::ZERO),
+                |channel, timeout| {
+                    let mut request = tonic::Request::new(request.clone());
+                    request.set_timeout(timeout);
+                    async move {
+                        v1::session_service_client::SessionServiceClient::new(channel)
+                            .open_session(request)
+                            .await
+                    }
+                },
+            )
+            .await?
+            .into_inner();
+        validate::session_id(&answer.session_id).map_err(|err| {
+            LockError::contention(format!("the server answered an unusable session id: {err}"))
+        })?;
+        // The server may grant less than asked, never trust more than asked.
+        let granted = Duration::from_millis(answer.ttl_ms).min(ttl);
+        if validate::ttl(granted).is_err() {
+            return Err(LockError::contention(format!(
+                "the server granted a session TTL of {} ms, outside the limits",
+                answer.ttl_ms
+            )));
+        }
+        Ok(LockClientSession::start(
+            self.clone(),
+            answer.session_id,
+            owner_id.to_owned(),
+            granted,
+            sent_at,
+        ))
+    }
+
+    /// See [`lock_api::LockService::inspect`]: a diagnostic snapshot, `Ok(None)` if `key` is
+    /// unheld. Leader-confirmed unless [`ClientConfig::inspect_leader_confirmed`] is off.
+    /// **Never usable for a correctness decision** (FR-07).
+    pub async fn inspect(&self, key: &str) -> Result<Option<LockInfo>, LockError> {
+        self.inspect_with(key, self.config().inspect_leader_confirmed)
+            .await
+    }
+
+    pub(crate) async fn inspect_with(
+        &self,
+        key: &str,
+        leader_confirmed: bool,
+    ) -> Result<Option<LockInfo>, LockError> {
+        validate::key(key)?;
+        let request = v1::InspectRequest {
+            key: key.to_owned(),
+            leader_confirmed,
+        };
+        let answer = self
+            .router
+            .call(
+                "inspect",
+                self.router.budget(Duration::ZERO),
+                |channel, timeout| {
+                    let mut request = tonic::Request::new(request.clone());
+                    request.set_timeout(timeout);
+                    async move {
+                        v1::lock_service_client::LockServiceClient::new(channel)
+                            .inspect(request)
+                            .await
+                    }
+                },
+            )
+            .await?;
+        Ok(answer.into_inner().info.map(|info| LockInfo {
+            key: info.key,
+            owner_id: info.owner_id,
+            fencing_token: info.fencing_token,
+            acquired_at: system_time_from_unix_ms(info.acquired_at_unix_ms),
+            expires_at: system_time_from_unix_ms(info.expires_at_unix_ms),
+            waiter_count: info.waiter_count,
+        }))
+    }
+
+    /// See [`lock_api::LockService::force_revoke`]: break-glass, audited with `operator` and
+    /// `reason` (both non-blank). Retries reuse one request id, so a lost answer followed by a
+    /// retry revokes at most once.
+    pub async fn force_revoke(
+        &self,
+        key: &str,
+        operator: &str,
+        reason: &str,
+    ) -> Result<LockOutcome, LockError> {
+        validate::key(key)?;
+        validate::operator(operator)?;
+        validate::reason(reason)?;
+        let request = v1::ForceRevokeRequest {
+            key: key.to_owned(),
+            operator: operator.to_owned(),
+            reason: reason.to_owned(),
+            request_id: self.revoke_ids.fetch_add(1, Ordering::Relaxed),
+        };
+        let answer = self
+            .router
+            .call(
+                "force revoke",
+                self.router.budget(Duration::ZERO),
+                |channel, timeout| {
+                    let mut request = tonic::Request::new(request.clone());
+                    request.set_timeout(timeout);
+                    async move {
+                        v1::lock_service_client::LockServiceClient::new(channel)
+                            .force_revoke(request)
+                            .await
+                    }
+                },
+            )
+            .await?;
+        let outcome = answer.into_inner().outcome.ok_or_else(|| {
+            LockError::contention("the server answered a force-revoke without an outcome")
+        })?;
+        Ok(LockOutcome {
+            key: outcome.key,
+            revoked: outcome.revoked,
+            previous_owner_id: Some(outcome.previous_owner_id).filter(|_| outcome.revoked),
+            previous_token: Some(outcome.previous_token).filter(|_| outcome.revoked),
+            new_token_floor: outcome.new_token_floor,
+        })
+    }
+
+    /// Every known node's own view of the cluster (AdminService.Status), asked concurrently,
+    /// one attempt each. A node that did not answer is listed with its error.
+    pub async fn cluster_status(&self) -> Vec<NodeStatus> {
+        self.router
+            .status_all()
+            .await
+            .into_iter()
+            .map(|(endpoint, answer)| NodeStatus {
+                endpoint,
+                view: match answer {
+                    Ok(s) => NodeView::Up(NodeReport {
+                        node_id: s.node_id,
+                        role: role_name(s.role).to_owned(),
+                        term: s.current_term,
+                        leader_id: s.leader_id,
+                        leader_addr: Some(s.leader_addr).filter(|a| !a.is_empty()),
+                        commit_index: s.commit_index,
+                        applied_index: s.applied_index,
+                        last_log_index: s.last_log_index,
+                        members: s
+                            .members
+                            .into_iter()
+                            .map(|m| ClusterMember {
+                                node_id: m.node_id,
+                                addr: m.addr,
+                                voter: m.voter,
+                            })
+                            .collect(),
+                        cluster_id: s.cluster_id,
+                    }),
+                    Err(err) => NodeView::Down {
+                        error: err.to_string(),
+                    },
+                },
+            })
+            .collect()
+    }
+
+    /// Heartbeats a session, retrying transient failures until `until`. `Ok(Some(ttl))`: alive
+    /// for another `ttl`; `Ok(None)`: the session is dead (terminal).
+    pub(crate) async fn heartbeat_until(
+        &self,
+        session_id: &str,
+        until: Instant,
+    ) -> Result<Option<Duration>, LockError> {
+        let request = v1::HeartbeatRequest {
+            session_id: session_id.to_owned(),
+        };
+        let budget = Budget {
+            deadline: until,
+            attempt_timeout: self.config().attempt_timeout,
+        };
+        let answer = self
+            .router
+            .call("heartbeat", budget, |channel, timeout| {
+                let mut request = tonic::Request::new(request.clone());
+                request.set_timeout(timeout);
+                async move {
+                    v1::session_service_client::SessionServiceClient::new(channel)
+                        .heartbeat(request)
+                        .await
+                }
+            })
+            .await?
+            .into_inner();
+        Ok(answer
+            .alive
+            .then(|| Duration::from_millis(answer.ttl_ms).max(lock_api::limits::TTL_MIN)))
+    }
+
+    /// Heartbeats the session `session_id` once (with retries within the call budget), for a
+    /// process that did not open it (`lockctl renew`). `Ok(true)`: alive for another TTL;
+    /// `Ok(false)`: the session and all its locks are gone — terminal, do not retry.
+    pub async fn heartbeat_session(&self, session_id: &str) -> Result<bool, LockError> {
+        validate::session_id(session_id)?;
+        let until = Instant::now() + self.config().call_timeout;
+        Ok(self.heartbeat_until(session_id, until).await?.is_some())
+    }
+
+    /// Renews the grant `(key, token)` of session `session_id` for `ttl`, for a process that
+    /// did not open the session (`lockctl renew`). Same answers as
+    /// [`lock_api::LockService::renew`]: `Ok(None)` means THE LOCK IS LOST NOW. The returned
+    /// handle's deadline counts from before the request was sent, minus the safety margin.
+    /// Renewing the grant does not keep the *session* alive; see
+    /// [`LockClient::heartbeat_session`].
+    pub async fn renew_detached(
+        &self,
+        session_id: &str,
+        key: &str,
+        token: u64,
+        ttl: Duration,
+    ) -> Result<Option<LockHandle>, LockError> {
+        validate::session_id(session_id)?;
+        validate::key(key)?;
+        validate::fencing_token(token)?;
+        let ttl_ms = validate::ttl(ttl)?;
+        let margin = self.config().safety_margin.for_ttl(ttl);
+        check_margin(ttl, margin)?;
+        let request = v1::RenewRequest {
+            session_id: session_id.to_owned(),
+            request_id: detached_request_id(),
+            key: key.to_owned(),
+            fencing_token: token,
+            ttl_ms,
+        };
+        let sent_at = Instant::now();
+        let answer = self
+            .router
+            .call(
+                "renew",
+                self.router.budget(Duration::ZERO),
+                |channel, timeout| {
+                    let mut request = tonic::Request::new(request.clone());
+                    request.set_timeout(timeout);
+                    async move {
+                        v1::lock_service_client::LockServiceClient::new(channel)
+                            .renew(request)
+                            .await
+                    }
+                },
+            )
+            .await;
+        match answer {
+            Ok(response) => Ok(response
+                .into_inner()
+                .grant
+                .map(|grant| handle_from_grant(grant, sent_at, margin))),
+            Err(LockError::LockLost { .. }) => Ok(None),
+            Err(err) => Err(err),
+        }
+    }
+
+    /// Releases the grant `(key, token)` of session `session_id`, for a process that did not
+    /// open the session (`lockctl release`). Same answers as
+    /// [`lock_api::LockService::release`]: `Ok(false)` means the grant was already gone.
+    pub async fn release_detached(
+        &self,
+        session_id: &str,
+        key: &str,
+        token: u64,
+    ) -> Result<bool, LockError> {
+        validate::session_id(session_id)?;
+        validate::key(key)?;
+        validate::fencing_token(token)?;
+        let request = v1::ReleaseRequest {
+            session_id: session_id.to_owned(),
+            request_id: detached_request_id(),
+            key: key.to_owned(),
+            fencing_token: token,
+        };
+        let answer = self
+            .router
+            .call(
+                "release",
+                self.router.budget(Duration::ZERO),
+                |channel, timeout| {
+                    let mut request = tonic::Request::new(request.clone());
+                    request.set_timeout(timeout);
+                    async move {
+                        v1::lock_service_client::LockServiceClient::new(channel)
+                            .release(request)
+                            .await
+                    }
+                },
+            )
+            .await?;
+        Ok(answer.into_inner().released)
+    }
+
+    /// Closes the session `session_id`, releasing every lock on it; returns how many. Closing
+    /// a session that is already gone answers `Ok(0)`.
+    pub async fn close_session(&self, session_id: &str) -> Result<u32, LockError> {
+        validate::session_id(session_id)?;
+        let request = v1::CloseSessionRequest {
+            session_id: session_id.to_owned(),
+        };
+        let answer = self
+            .router
+            .call(
+                "close session",
+                self.router.budget(Duration::ZERO),
+                |channel, timeout| {
+                    let mut request = tonic::Request::new(request.clone());
+                    request.set_timeout(timeout);
+                    async move {
+                        v1::session_service_client::SessionServiceClient::new(channel)
+                            .close_session(request)
+                            .await
+                    }
+                },
+            )
+            .await?;
+        Ok(answer.into_inner().locks_released)
+    }
+}
+
+/// The handle's server expiry in milliseconds since the Unix epoch (for JSON output).
+pub fn server_expiry_unix_ms(handle: &LockHandle) -> u64 {
+    unix_ms(handle.server_expiry)
+}

@@ -1,0 +1,411 @@
+//! Leader discovery and the retry loop: which node a call goes to, and what happens when it
+//! fails.
+//!
+//! Owns the endpoint list (seeded by the caller, grown by `NotLeader` hints), one lazily
+//! connected gRPC channel per endpoint, and the index of the node believed to lead. Every RPC
+//! of the SDK goes through [`Router::call`], which:
+//!
+//! - follows a `NotLeader` hint to the named leader at once (a few times per call, then with
+//!   backoff, so two confused nodes cannot bounce a call between them at full speed);
+//! - on a `NotLeader` without a hint, a timeout, a transport failure or `Contention`, moves on
+//!   to the next endpoint and waits a bounded, jittered, exponential backoff (FR-28);
+//! - stops at the call's deadline and answers the last retry-safe error — `Contention` or
+//!   `NotLeader` — never `LockLost` (DESIGN D-errors): a failure to reach the cluster says
+//!   nothing about the grant;
+//! - returns any other error (`InvalidArgument`, `LockLost`, `FencedOut`) at once: retrying
+//!   them cannot help.
+//!
+//! It decodes failures only through [`lock_proto::error::lock_error_from_status`]. It knows
+//! nothing of sessions or handles.
+
+use std::future::Future;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use lock_api::LockError;
+use lock_proto::error::lock_error_from_status;
+use lock_proto::v1;
+use tonic::Status;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::backoff::Backoff;
+use crate::config::ClientConfig;
+
+/// How many `NotLeader` hints one call follows immediately before it starts backing off.
+/// Three covers a hint that is one election stale; more would let two nodes that each name the
+/// other bounce a call without pause.
+const REDIRECTS_IMMEDIATE_MAX: u32 = 3;
+
+/// Most endpoints a client keeps. Hints add the leaders they name; a cluster is three or five
+/// nodes, so a list this long only grows from a bug or a hostile server, and is capped.
+const ENDPOINTS_MAX: usize = 64;
+
+/// One node the client can talk to.
+#[derive(Debug, Clone)]
+struct Target {
+    /// `host:port`, as the caller or a hint spelled it (without scheme).
+    addr: String,
+    channel: Channel,
+}
+
+#[derive(Debug)]
+struct RouterState {
+    targets: Vec<Target>,
+    /// Index in `targets` of the node the next call goes to: the believed leader.
+    current: usize,
+}
+
+/// When a call must have finished, and how long one attempt may take.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Budget {
+    /// No attempt starts after this instant, and no backoff sleeps past it; the last attempt
+    /// may run up to `attempt_timeout` beyond it.
+    pub deadline: Instant,
+    /// Timeout of one attempt.
+    pub attempt_timeout: Duration,
+}
+
+/// The endpoint list, the believed leader and the retry loop. Shared by a client and all its
+/// sessions.
+#[derive(Debug)]
+pub(crate) struct Router {
+    config: ClientConfig,
+    state: Mutex<RouterState>,
+    /// Distinguishes the jitter seeds of calls when `config.jitter_seed` is set.
+    calls: AtomicU64,
+}
+
+/// `host:port` from what a user typed: trims, drops an `http://` scheme and a trailing `/`.
+/// Rejects anything that is not a valid authority, naming it.
+pub(crate) fn normalize_endpoint(raw: &str) -> Result<String, LockError> {
+    let trimmed = raw.trim();
+    let addr = trimmed
+        .strip_prefix("http://")
+        .unwrap_or(trimmed)
+        .trim_end_matches('/');
+    if addr.is_empty() {
+        return Err(LockError::invalid("endpoint must not be blank"));
+    }
+    if addr.contains("://") {
+        return Err(LockError::invalid(format!(
+            "endpoint {raw:?}: only plain http:// endpoints are supported"
+        )));
+    }
+    let uri = format!("http://{addr}");
+    match uri.parse::<tonic::codegen::http::Uri>() {
+        Ok(parsed) if parsed.port_u16().is_some() && parsed.path() == "/" => Ok(addr.to_owned()),
+        _ => Err(LockError::invalid(format!(
+            "endpoint {raw:?} is not host:port"
+        ))),
+    }
+}
+
+impl Router {
+    /// A router over `endpoints` (at least one, each `host:port` or `http://host:port`). Dials
+    /// nothing yet: channels connect on first use. Must be called inside a Tokio runtime.
+    pub(crate) fn new<S: AsRef<str>>(
+        endpoints: &[S],
+        config: ClientConfig,
+    ) -> Result<Self, LockError> {
+        let mut targets: Vec<Target> = Vec::new();
+        for raw in endpoints {
+            let addr = normalize_endpoint(raw.as_ref())?;
+            if targets.iter().any(|t| t.addr == addr) {
+                continue;
+            }
+            if targets.len() == ENDPOINTS_MAX {
+                return Err(LockError::invalid(format!(
+                    "more than {ENDPOINTS_MAX} endpoints"
+                )));
+            }
+            targets.push(Target {
+                channel: channel_for(&addr, &config)?,
+                addr,
+            });
+        }
+        if targets.is_empty() {
+            return Err(LockError::invalid(
+                "no endpoints given; pass at least one host:port",
+            ));
+        }
+        Ok(Self {
+            config,
+            state: Mutex::new(RouterState {
+                targets,
+                current: 0,
+            }),
+            calls: AtomicU64::new(0),
+        })
+    }
+
+    /// The configuration the router was built with.
+    pub(crate) fn config(&self) -> &ClientConfig {
+        &self.config
+    }
+
+    /// A budget of `extra + call_timeout` from now, with attempts of `extra + attempt_timeout`
+    /// (`extra` is a blocking acquire's server-side wait, zero otherwise).
+    pub(crate) fn budget(&self, extra: Duration) -> Budget {
+        Budget {
+            deadline: Instant::now() + extra + self.config.call_timeout,
+            attempt_timeout: extra + self.config.attempt_timeout,
+        }
+    }
+
+    /// The addresses known now, in order (the caller's, then those learnt from hints).
+    pub(crate) fn endpoints(&self) -> Vec<String> {
+        self.lock().targets.iter().map(|t| t.addr.clone()).collect()
+    }
+
+    /// The address the next call goes to.
+    pub(crate) fn current_endpoint(&self) -> String {
+        let state = self.lock();
+        state.targets[state.current].addr.clone()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, RouterState> {
+        // A panic while holding this lock leaves the state consistent (every write is a single
+        // assignment or push), so a poisoned lock is still usable.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn current(&self) -> (usize, Target) {
+        let state = self.lock();
+        (state.current, state.targets[state.current].clone())
+    }
+
+    /// Moves past endpoint `failed`, unless another call already moved on.
+    fn rotate_from(&self, failed: usize) {
+        let mut state = self.lock();
+        if state.current == failed {
+            state.current = (failed + 1) % state.targets.len();
+        }
+    }
+
+    /// Points the router at `addr` (a hint), adding it to the list if it is new. Returns whether
+    /// the router now points somewhere other than `from`.
+    pub(crate) fn point_to(&self, raw_addr: &str, from: usize) -> bool {
+        let Ok(addr) = normalize_endpoint(raw_addr) else {
+            tracing::warn!(hint = raw_addr, "ignoring a malformed leader hint");
+            return false;
+        };
+        let mut state = self.lock();
+        if let Some(i) = state.targets.iter().position(|t| t.addr == addr) {
+            state.current = i;
+            return i != from;
+        }
+        if state.targets.len() >= ENDPOINTS_MAX {
+            tracing::warn!(hint = %addr, "endpoint list full; ignoring a new leader hint");
+            return false;
+        }
+        match channel_for(&addr, &self.config) {
+            Ok(channel) => {
+                state.targets.push(Target { addr, channel });
+                state.current = state.targets.len() - 1;
+                true
+            }
+            Err(err) => {
+                tracing::warn!(hint = %addr, %err, "ignoring an unusable leader hint");
+                false
+            }
+        }
+    }
+
+    fn backoff(&self) -> Backoff {
+        let seed = self
+            .config
+            .jitter_seed
+            .map(|s| s.wrapping_add(self.calls.fetch_add(1, Ordering::Relaxed)));
+        Backoff::new(self.config.backoff, seed)
+    }
+
+    /// Runs `attempt` against the believed leader until it answers, retrying retry-safe
+    /// failures elsewhere with backoff until `budget.deadline` (see the module doc).
+    ///
+    /// `attempt` gets the channel and the attempt's timeout (to put on the request) and must
+    /// be repeatable: a retry of a mutating call must reuse its request id. `what` names the
+    /// call in error messages.
+    pub(crate) async fn call<T, F, Fut>(
+        &self,
+        what: &str,
+        budget: Budget,
+        mut attempt: F,
+    ) -> Result<T, LockError>
+    where
+        F: FnMut(Channel, Duration) -> Fut,
+        Fut: Future<Output = Result<T, Status>>,
+    {
+        let mut backoff = self.backoff();
+        let mut redirects = 0u32;
+        let mut attempts = 0u32;
+        loop {
+            let (index, target) = self.current();
+            let attempt_timeout = budget.attempt_timeout;
+            attempts += 1;
+            let result =
+                tokio::time::timeout(attempt_timeout, attempt(target.channel, attempt_timeout))
+                    .await;
+            let err = match result {
+                Ok(Ok(value)) => return Ok(value),
+                Ok(Err(status)) => lock_error_from_status(&status),
+                Err(_elapsed) => LockError::contention(format!(
+                    "no answer within {} ms",
+                    attempt_timeout.as_millis()
+                )),
+            };
+            let immediate = match &err {
+                LockError::NotLeader {
+                    leader_addr: Some(hint),
+                    ..
+                } => self.point_to(hint, index) && redirects < REDIRECTS_IMMEDIATE_MAX,
+                LockError::NotLeader { .. } | LockError::Contention { .. } => {
+                    self.rotate_from(index);
+                    false
+                }
+                _ => return Err(err),
+            };
+            tracing::debug!(what, endpoint = %target.addr, %err, attempts, "retrying");
+            let err = match err {
+                LockError::Contention { message } => LockError::contention(format!(
+                    "{what} via {}: {message} (after {attempts} attempt(s))",
+                    target.addr
+                )),
+                other => other,
+            };
+            let now = Instant::now();
+            if immediate {
+                redirects += 1;
+                if now >= budget.deadline {
+                    return Err(err);
+                }
+                continue;
+            }
+            let delay = backoff.next_delay();
+            if now + delay >= budget.deadline {
+                return Err(err);
+            }
+            tokio::time::sleep(delay).await;
+        }
+    }
+
+    /// Asks every known endpoint for its view of the cluster, concurrently, one attempt each.
+    pub(crate) async fn status_all(&self) -> Vec<(String, Result<v1::StatusResponse, LockError>)> {
+        let targets = self.lock().targets.clone();
+        let timeout = self.config.attempt_timeout;
+        let mut tasks = Vec::with_capacity(targets.len());
+        for target in targets {
+            tasks.push(tokio::spawn(async move {
+                let mut client = v1::admin_service_client::AdminServiceClient::new(target.channel);
+                let mut request = tonic::Request::new(v1::StatusRequest {});
+                request.set_timeout(timeout);
+                let answer = match tokio::time::timeout(timeout, client.status(request)).await {
+                    Ok(Ok(response)) => Ok(response.into_inner()),
+                    Ok(Err(status)) => Err(lock_error_from_status(&status)),
+                    Err(_) => Err(LockError::contention(format!(
+                        "no answer within {} ms",
+                        timeout.as_millis()
+                    ))),
+                };
+                (target.addr, answer)
+            }));
+        }
+        let mut out = Vec::with_capacity(tasks.len());
+        for task in tasks {
+            match task.await {
+                Ok(pair) => out.push(pair),
+                Err(join) => tracing::warn!(%join, "status task failed"),
+            }
+        }
+        out
+    }
+
+    /// Finds the leader by asking every endpoint for its status, and points the router at it.
+    ///
+    /// `Ok(())` if at least one endpoint answered (even if no leader is known yet: calls will
+    /// retry until one is elected). `Err(Contention)` naming each endpoint's failure if none
+    /// answered.
+    pub(crate) async fn discover(&self) -> Result<(), LockError> {
+        let answers = self.status_all().await;
+        let mut failures = Vec::new();
+        let mut reachable = false;
+        let mut leader: Option<String> = None;
+        for (addr, answer) in answers {
+            match answer {
+                Ok(status) => {
+                    reachable = true;
+                    if status.leader_id.is_some() && !status.leader_addr.is_empty() {
+                        leader.get_or_insert(status.leader_addr);
+                    }
+                }
+                Err(err) => failures.push(format!("{addr}: {err}")),
+            }
+        }
+        if let Some(addr) = leader {
+            self.point_to(&addr, usize::MAX);
+        }
+        if reachable {
+            Ok(())
+        } else {
+            Err(LockError::contention(format!(
+                "no lockd endpoint answered ({})",
+                failures.join("; ")
+            )))
+        }
+    }
+}
+
+/// A lazily connected channel to `addr` (`host:port`).
+fn channel_for(addr: &str, config: &ClientConfig) -> Result<Channel, LockError> {
+    let endpoint = Endpoint::from_shared(format!("http://{addr}"))
+        .map_err(|err| LockError::invalid(format!("endpoint {addr:?}: {err}")))?
+        .connect_timeout(config.connect_timeout)
+        .tcp_nodelay(true);
+    Ok(endpoint.connect_lazy())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints_are_normalized_and_bad_ones_named() {
+        assert_eq!(
+            normalize_endpoint(" 127.0.0.1:7101 ").as_deref(),
+            Ok("127.0.0.1:7101")
+        );
+        assert_eq!(
+            normalize_endpoint("http://localhost:7101/").as_deref(),
+            Ok("localhost:7101")
+        );
+        for bad in ["", "localhost", "https://x:1", "a b:1", "host:1/path"] {
+            assert!(
+                matches!(
+                    normalize_endpoint(bad),
+                    Err(LockError::InvalidArgument { .. })
+                ),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn duplicate_endpoints_collapse_and_hints_extend_the_list() {
+        let router = Router::new(
+            &["127.0.0.1:1", "http://127.0.0.1:1", "127.0.0.1:2"],
+            ClientConfig::default(),
+        )
+        .expect("router");
+        assert_eq!(router.endpoints(), vec!["127.0.0.1:1", "127.0.0.1:2"]);
+        assert!(router.point_to("127.0.0.1:3", 0));
+        assert_eq!(router.current_endpoint(), "127.0.0.1:3");
+        assert!(router.point_to("127.0.0.1:2", 2));
+        assert_eq!(router.endpoints().len(), 3);
+        router.rotate_from(1);
+        assert_eq!(router.current_endpoint(), "127.0.0.1:3");
+        // A stale rotation (another call already moved on) does nothing.
+        router.rotate_from(1);
+        assert_eq!(router.current_endpoint(), "127.0.0.1:3");
+        assert!(Router::new::<&str>(&[], ClientConfig::default()).is_err());
+    }
+}
