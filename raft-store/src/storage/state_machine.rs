@@ -328,3 +328,102 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use openraft::{CommittedLeaderId, Membership};
+
+    use super::*;
+    use crate::{Command, Request};
+
+    #[derive(Default)]
+    struct Recorder(Mutex<Vec<(u64, Vec<Event>)>>);
+
+    impl ApplyObserver for Recorder {
+        fn applied(&self, log_index: u64, events: &[Event]) {
+            self.0
+                .lock()
+                .expect("recorder lock")
+                .push((log_index, events.to_vec()));
+        }
+    }
+
+    fn entry(index: u64, payload: EntryPayload<TypeConfig>) -> Entry<TypeConfig> {
+        Entry {
+            log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
+            payload,
+        }
+    }
+
+    fn open_session(session_id: &str) -> EntryPayload<TypeConfig> {
+        EntryPayload::Normal(Request {
+            stamp_ms: 1_000,
+            command: Command::OpenSession {
+                session_id: session_id.to_string(),
+                owner_id: "owner".to_string(),
+                ttl_ms: 5_000,
+            },
+        })
+    }
+
+    #[tokio::test]
+    async fn apply_answers_each_entry_and_tells_the_observer_once_per_batch() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let recorder = Arc::new(Recorder::default());
+        let mut sm = StateMachineStore::open(dir.path(), Some(recorder.clone())).expect("open");
+        let reader = sm.reader();
+        let membership = Membership::new(
+            vec![[1u64].into()],
+            std::collections::BTreeMap::from([(1u64, Node::new("a:1"))]),
+        );
+
+        let answers = sm
+            .apply([
+                entry(1, EntryPayload::Blank),
+                entry(2, EntryPayload::Membership(membership.clone())),
+                entry(3, open_session("s1")),
+                entry(4, open_session("s2")),
+            ])
+            .await
+            .expect("apply");
+
+        assert_eq!(answers.len(), 4);
+        assert_eq!(answers[0], Response::NoCommand);
+        assert_eq!(answers[1], Response::NoCommand);
+        assert_eq!(
+            answers[2],
+            Response::SessionOpened {
+                session_id: "s1".to_string(),
+                ttl_ms: 5_000
+            }
+        );
+        let calls = recorder.0.lock().expect("recorder lock").clone();
+        assert_eq!(
+            calls,
+            vec![(
+                4,
+                vec![
+                    Event::SessionOpened {
+                        session_id: "s1".to_string(),
+                        ttl_ms: 5_000
+                    },
+                    Event::SessionOpened {
+                        session_id: "s2".to_string(),
+                        ttl_ms: 5_000
+                    },
+                ]
+            )]
+        );
+        assert_eq!(reader.last_applied().map(|id| id.index), Some(4));
+        assert_eq!(
+            reader.membership(),
+            StoredMembership::new(
+                Some(LogId::new(CommittedLeaderId::new(1, 1), 2)),
+                membership
+            )
+        );
+        assert_eq!(reader.read(|table| table.session_count()), 2);
+    }
+}
