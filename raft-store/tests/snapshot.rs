@@ -141,7 +141,7 @@ async fn drive(
     for _ in 0..count {
         let index = *next;
         *next += 1;
-        let payload = if index % 17 == 0 {
+        let payload = if index.is_multiple_of(17) {
             EntryPayload::Blank
         } else {
             let command = reader.read(|table| workload.command(table));
