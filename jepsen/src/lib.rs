@@ -1,0 +1,20 @@
+//! lock-jepsen: fault injection against real `lockd` processes, a recorded history, a checker
+//! for the promises of DESIGN.md §5, and a report a person can read.
+//!
+//! # Layout
+//!
+//! - [`history`] — the JSON Lines history: op types, the [`history::Recorder`], the reader.
+//! - [`checker`] — pairs the history and checks one property per module.
+//! - [`report`] — `results.json` and `index.html` (timeline, latency, throughput as SVG).
+//! - [`stats`] — counts of operations and faults, shared by the report and the progress line.
+//!
+//! The pure part (history, checker, report) never touches a cluster; `lock-jepsen check
+//! --history FILE` re-checks a history from any run.
+
+#![forbid(unsafe_code)]
+
+pub mod args;
+pub mod checker;
+pub mod history;
+pub mod report;
+pub mod stats;
