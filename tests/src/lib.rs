@@ -45,6 +45,7 @@
 //!   leader, idempotent retries), both returning `Result<_, LockError>`.
 //! - [`fence`]: [`FencedRegister`], a resource that accepts a write iff its token is newer.
 //! - [`wait`]: [`poll_until`], the bounded condition wait everything uses.
+//! - [`raw`]: junk for a node's port — raw TCP bytes, HTTP/1, non-protobuf gRPC bodies.
 //! - [`binary`]: where the `lockd` binary is found.
 //! - [`ports`]: free ports.
 //! - [`mod@error`]: the harness's own error type, [`HarnessError`].
@@ -61,6 +62,7 @@ pub mod error;
 pub mod fence;
 pub mod ports;
 mod process;
+pub mod raw;
 pub mod wait;
 
 pub use binary::{LOCKD_BIN_ENV, lockd_binary};

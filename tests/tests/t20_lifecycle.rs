@@ -1,0 +1,489 @@
+//! The life of grants and sessions: expiry of an unheartbeated session and of an unrenewed
+//! grant (and the hand-off to the next waiter), closing a session, force-revoke and fencing,
+//! FIFO order of waiters, and a restart of the whole cluster.
+
+use std::time::{Duration, Instant};
+
+use lock_tests::{Cluster, FencedRegister, Grant, LockError, NodeClient, poll_until};
+use tokio::task::JoinHandle;
+
+/// Lease of grants and sessions that must not expire during a test.
+const LONG_TTL: Duration = Duration::from_secs(60);
+
+/// Short lease for the grant or session a test lets expire: the contract's minimum plus a
+/// second, so the expiry is observable quickly but is well above the election timeout.
+const SHORT_TTL: Duration = Duration::from_secs(2);
+
+/// How long a waiter waits server-side: far above any expiry or hand-off in these tests.
+const WAITER_MAX_WAIT: Duration = Duration::from_secs(20);
+
+/// How much later than its lease an expiry may be noticed: the leader's reaper cadence plus a
+/// commit and scheduling on two loaded cores.
+const EXPIRY_SLACK: Duration = Duration::from_secs(5);
+
+/// Spawns a blocking `Acquire` of `key` by `session_id` at `client`.
+fn spawn_waiter(
+    client: &NodeClient,
+    session_id: &str,
+    key: &str,
+) -> JoinHandle<(Result<Option<Grant>, LockError>, Instant)> {
+    let client = client.clone();
+    let session_id = session_id.to_owned();
+    let key = key.to_owned();
+    tokio::spawn(async move {
+        let answer = client
+            .acquire(&session_id, &key, LONG_TTL, WAITER_MAX_WAIT)
+            .await;
+        (answer, Instant::now())
+    })
+}
+
+/// Waits until `key`'s queue at the leader holds `count` waiters.
+async fn wait_for_waiters(client: &NodeClient, key: &str, count: u32) {
+    poll_until(
+        &format!("{count} waiter(s) queued on {key:?}"),
+        Duration::from_secs(10),
+        || {
+            let client = client.clone();
+            let key = key.to_owned();
+            async move {
+                match client.inspect(&key, true).await {
+                    Ok(Some(info)) if info.waiter_count == count => Ok(()),
+                    other => Err(format!("{other:?}")),
+                }
+            }
+        },
+    )
+    .await
+    .expect("the waiter is queued");
+}
+
+/// Awaits a spawned waiter with a bound, expecting a grant.
+async fn granted(
+    waiter: JoinHandle<(Result<Option<Grant>, LockError>, Instant)>,
+    what: &str,
+) -> (Grant, Instant) {
+    let joined = tokio::time::timeout(WAITER_MAX_WAIT + Duration::from_secs(5), waiter)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: the waiter never answered"))
+        .unwrap_or_else(|e| panic!("{what}: the waiter task failed: {e}"));
+    match joined {
+        (Ok(Some(grant)), at) => (grant, at),
+        (other, _) => panic!("{what}: expected a grant, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unheartbeated_session_loses_its_locks_to_the_next_waiter() {
+    let mut cluster = Cluster::start(3).await;
+    let any = cluster.cluster_client();
+    let doomed = any
+        .open_session("doomed", SHORT_TTL)
+        .await
+        .expect("open doomed");
+    let waiter = any
+        .open_session("waiter", LONG_TTL)
+        .await
+        .expect("open waiter");
+    let at = cluster.leader_client().await;
+    // The grant outlives the session: only the session's expiry can free the key.
+    let held = at
+        .try_acquire(&doomed.id, "k", LONG_TTL)
+        .await
+        .expect("try_acquire")
+        .expect("granted");
+    let pending = spawn_waiter(&at, &waiter.id, "k");
+    wait_for_waiters(&at, "k", 1).await;
+
+    // The last heartbeat: the session's deadline is at most its TTL after it was sent.
+    let last_heartbeat_sent = Instant::now();
+    assert!(
+        at.heartbeat(&doomed.id).await.expect("heartbeat"),
+        "doomed is alive"
+    );
+
+    let (grant, granted_at) = granted(pending, "waiter of k").await;
+    let after = granted_at - last_heartbeat_sent;
+    // The TTL the server granted (it may round or clamp what was asked).
+    let ttl = doomed.ttl;
+    println!("session of TTL {ttl:?} expired; waiter granted {after:?} after the last heartbeat");
+    assert!(
+        after >= ttl,
+        "the key was handed over {after:?} after the last heartbeat, before the TTL {ttl:?}"
+    );
+    assert!(after <= ttl + EXPIRY_SLACK, "expiry took {after:?}");
+    assert_eq!(grant.session_id, waiter.id);
+    assert!(grant.fencing_token > held.fencing_token);
+
+    assert!(
+        !at.heartbeat(&doomed.id).await.expect("heartbeat"),
+        "an expired session is gone for good"
+    );
+    match at
+        .renew(&doomed.id, "k", held.fencing_token, LONG_TTL)
+        .await
+    {
+        Ok(None) | Err(LockError::LockLost { .. }) | Err(LockError::InvalidArgument { .. }) => {}
+        other => panic!("renewing a grant of an expired session answered {other:?}"),
+    }
+    let info = at
+        .inspect("k", true)
+        .await
+        .expect("inspect")
+        .expect("held by the waiter");
+    assert_eq!(info.session_id, waiter.id);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unrenewed_grant_expires_and_the_next_waiter_gets_it() {
+    let mut cluster = Cluster::start(3).await;
+    let any = cluster.cluster_client();
+    let holder = any
+        .open_session("holder", LONG_TTL)
+        .await
+        .expect("open holder");
+    let waiter = any
+        .open_session("waiter", LONG_TTL)
+        .await
+        .expect("open waiter");
+    let at = cluster.leader_client().await;
+    let sent = Instant::now();
+    let held = at
+        .try_acquire(&holder.id, "k", SHORT_TTL)
+        .await
+        .expect("try_acquire")
+        .expect("granted");
+    let pending = spawn_waiter(&at, &waiter.id, "k");
+    wait_for_waiters(&at, "k", 1).await;
+
+    let (grant, granted_at) = granted(pending, "waiter of k").await;
+    let after = granted_at - sent;
+    println!(
+        "grant of TTL {SHORT_TTL:?} expired; waiter granted {after:?} after the acquire was sent"
+    );
+    assert!(
+        after >= SHORT_TTL,
+        "handed over after {after:?}, before the lease {SHORT_TTL:?}"
+    );
+    assert!(after <= SHORT_TTL + EXPIRY_SLACK, "expiry took {after:?}");
+    assert!(grant.fencing_token > held.fencing_token);
+
+    // The holder's session lives on; only the grant is gone, and renewing it says "lost".
+    assert!(at.heartbeat(&holder.id).await.expect("heartbeat"));
+    assert!(at.locks_of(&holder.id).await.expect("locks_of").is_empty());
+    let renewed = at
+        .renew(&holder.id, "k", held.fencing_token, LONG_TTL)
+        .await
+        .expect("renew answers");
+    assert_eq!(renewed, None, "a lapsed grant must never be revived");
+    assert!(
+        !at.release(&holder.id, "k", held.fencing_token)
+            .await
+            .expect("release")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closing_a_session_releases_everything_it_held() {
+    let mut cluster = Cluster::start(3).await;
+    let any = cluster.cluster_client();
+    let closing = any.open_session("closing", LONG_TTL).await.expect("open");
+    let waiter = any.open_session("waiter", LONG_TTL).await.expect("open");
+    let at = cluster.leader_client().await;
+    let mut tokens = Vec::new();
+    for key in ["a", "b", "c"] {
+        let grant = at
+            .try_acquire(&closing.id, key, LONG_TTL)
+            .await
+            .expect("try_acquire")
+            .expect("granted");
+        tokens.push(grant.fencing_token);
+    }
+    assert_eq!(
+        at.locks_of(&closing.id).await.expect("locks_of"),
+        vec!["a", "b", "c"]
+    );
+    let pending = spawn_waiter(&at, &waiter.id, "b");
+    wait_for_waiters(&at, "b", 1).await;
+
+    assert_eq!(
+        at.close_session(&closing.id).await.expect("close"),
+        3,
+        "locks released"
+    );
+    let (grant, _) = granted(pending, "waiter of b").await;
+    assert_eq!(grant.session_id, waiter.id);
+    assert!(tokens.iter().all(|&t| grant.fencing_token > t));
+    for key in ["a", "c"] {
+        assert_eq!(
+            at.inspect(key, true).await.expect("inspect"),
+            None,
+            "{key} is free"
+        );
+    }
+    assert!(
+        !at.heartbeat(&closing.id).await.expect("heartbeat"),
+        "a closed session is gone"
+    );
+    assert_eq!(at.close_session(&closing.id).await.expect("close again"), 0);
+    assert_eq!(at.locks_of(&waiter.id).await.expect("locks_of"), vec!["b"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn force_revoke_fences_out_the_displaced_holder() {
+    let mut cluster = Cluster::start(3).await;
+    let any = cluster.cluster_client();
+    let displaced = any.open_session("displaced", LONG_TTL).await.expect("open");
+    let next = any.open_session("next", LONG_TTL).await.expect("open");
+    let at = cluster.leader_client().await;
+    let register = FencedRegister::new("k");
+
+    let old = at
+        .try_acquire(&displaced.id, "k", LONG_TTL)
+        .await
+        .expect("try_acquire")
+        .expect("granted");
+    register
+        .write(old.fencing_token, "by displaced")
+        .expect("the first holder writes");
+    let pending = spawn_waiter(&at, &next.id, "k");
+    wait_for_waiters(&at, "k", 1).await;
+
+    let outcome = at
+        .force_revoke("k", "oncall@example", "stuck holder, ticket OPS-1")
+        .await
+        .expect("force_revoke");
+    println!("force_revoke outcome: {outcome:?}");
+    assert_eq!(outcome.key, "k");
+    assert!(outcome.revoked);
+    assert_eq!(outcome.previous_owner_id, "displaced");
+    assert_eq!(outcome.previous_token, old.fencing_token);
+    assert!(
+        outcome.new_token_floor > old.fencing_token,
+        "floor {} not above {}",
+        outcome.new_token_floor,
+        old.fencing_token
+    );
+    // The API has no read-back of the audit record's operator and reason (LockOutcome does not
+    // carry them); the revoke above passing validation with both set is what can be checked.
+
+    let (new, _) = granted(pending, "waiter of k").await;
+    assert_eq!(new.session_id, next.id);
+    assert!(
+        new.fencing_token > outcome.new_token_floor,
+        "grant after the revoke has token {} <= floor {}",
+        new.fencing_token,
+        outcome.new_token_floor
+    );
+    register
+        .write(new.fencing_token, "by next")
+        .expect("the new holder writes");
+
+    // The displaced holder learns it lost the grant, and its late write is fenced out.
+    let renewed = at
+        .renew(&displaced.id, "k", old.fencing_token, LONG_TTL)
+        .await
+        .expect("renew answers");
+    assert_eq!(
+        renewed, None,
+        "the displaced holder's renew must answer lost"
+    );
+    assert_eq!(
+        register.write(old.fencing_token, "late write by displaced"),
+        Err(LockError::FencedOut {
+            key: "k".into(),
+            presented: old.fencing_token,
+            stored: new.fencing_token
+        })
+    );
+    assert!(
+        !at.release(&displaced.id, "k", old.fencing_token)
+            .await
+            .expect("release")
+    );
+    let info = at.inspect("k", true).await.expect("inspect").expect("held");
+    assert_eq!(
+        (info.session_id.as_str(), info.fencing_token),
+        (next.id.as_str(), new.fencing_token)
+    );
+    assert_eq!(register.value().as_deref(), Some("by next"));
+
+    // Revoking an unheld key revokes nothing and still never lowers the floor.
+    assert!(
+        at.release(&next.id, "k", new.fencing_token)
+            .await
+            .expect("release")
+    );
+    let empty = at
+        .force_revoke("k", "oncall@example", "cleanup")
+        .await
+        .expect("force_revoke");
+    assert!(!empty.revoked);
+    assert_eq!(
+        (empty.previous_owner_id.as_str(), empty.previous_token),
+        ("", 0)
+    );
+    assert!(empty.new_token_floor >= new.fencing_token);
+    let after = at
+        .try_acquire(&next.id, "k", LONG_TTL)
+        .await
+        .expect("try_acquire")
+        .expect("granted");
+    assert!(after.fencing_token > empty.new_token_floor);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_are_granted_in_arrival_order() {
+    const WAITERS: usize = 5;
+    let mut cluster = Cluster::start(3).await;
+    let any = cluster.cluster_client();
+    let holder = any.open_session("holder", LONG_TTL).await.expect("open");
+    let at = cluster.leader_client().await;
+    let first = at
+        .try_acquire(&holder.id, "fifo", LONG_TTL)
+        .await
+        .expect("try_acquire")
+        .expect("granted");
+
+    let mut sessions = Vec::new();
+    let mut pending = Vec::new();
+    for i in 0..WAITERS {
+        let session = any
+            .open_session(&format!("waiter-{i}"), LONG_TTL)
+            .await
+            .expect("open");
+        pending.push(spawn_waiter(&at, &session.id, "fifo"));
+        // Known arrival order: the next waiter starts only once this one is queued.
+        wait_for_waiters(&at, "fifo", u32::try_from(i + 1).expect("small")).await;
+        sessions.push(session);
+    }
+
+    let mut current = first;
+    let mut current_session = holder.id.clone();
+    let mut pending = pending.into_iter();
+    for (i, session) in sessions.iter().enumerate() {
+        assert!(
+            at.release(&current_session, "fifo", current.fencing_token)
+                .await
+                .expect("release"),
+            "release by the holder before waiter-{i}"
+        );
+        let waiter = pending.next().expect("one task per waiter");
+        let (grant, _) = granted(waiter, &format!("waiter-{i}")).await;
+        assert_eq!(
+            (grant.owner_id.as_str(), grant.session_id.as_str()),
+            (format!("waiter-{i}").as_str(), session.id.as_str()),
+            "the key went to the wrong waiter"
+        );
+        assert!(grant.fencing_token > current.fencing_token);
+        let remaining = u32::try_from(WAITERS - i - 1).expect("small");
+        let info = at
+            .inspect("fifo", true)
+            .await
+            .expect("inspect")
+            .expect("held");
+        assert_eq!(
+            info.waiter_count, remaining,
+            "queue after granting waiter-{i}"
+        );
+        current = grant;
+        current_session = session.id.clone();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_restart_keeps_grants_sessions_and_the_token_counter() {
+    let mut cluster = Cluster::start(3).await;
+    let any = cluster.cluster_client();
+    let s1 = any.open_session("s1", LONG_TTL).await.expect("open");
+    let s2 = any.open_session("s2", LONG_TTL).await.expect("open");
+    let mut grants = Vec::new();
+    for (session, key) in [(&s1, "a"), (&s1, "b"), (&s2, "c"), (&s2, "revoked")] {
+        let grant = any
+            .try_acquire(&session.id, key, LONG_TTL)
+            .await
+            .expect("try_acquire")
+            .expect("granted");
+        grants.push(grant);
+    }
+    let outcome = any
+        .force_revoke("revoked", "op", "advance the floor")
+        .await
+        .expect("revoke");
+    let highest = grants
+        .iter()
+        .map(|g| g.fencing_token)
+        .max()
+        .expect("grants")
+        .max(outcome.new_token_floor);
+    let grants: Vec<Grant> = grants.into_iter().filter(|g| g.key != "revoked").collect();
+
+    for (id, status) in cluster.stop_all().await {
+        assert!(
+            status.success(),
+            "node {id} exited with {status} after SIGTERM (expected 0)"
+        );
+    }
+    let restarted = Instant::now();
+    cluster.start_all().await;
+    let leader = cluster
+        .wait_for_leader(Duration::from_secs(20))
+        .await
+        .expect("a leader after restart");
+    println!(
+        "restarted all nodes; leader {leader} after {:?}",
+        restarted.elapsed()
+    );
+
+    for grant in &grants {
+        let info = any
+            .inspect_confirmed(&grant.key)
+            .await
+            .expect("inspect")
+            .unwrap_or_else(|| panic!("{} lost its grant in the restart", grant.key));
+        assert_eq!(
+            (
+                info.session_id.as_str(),
+                info.owner_id.as_str(),
+                info.fencing_token
+            ),
+            (
+                grant.session_id.as_str(),
+                grant.owner_id.as_str(),
+                grant.fencing_token
+            ),
+            "grant of {} after the restart",
+            grant.key
+        );
+    }
+    assert_eq!(
+        any.inspect_confirmed("revoked").await.expect("inspect"),
+        None
+    );
+    assert_eq!(
+        any.locks_of(&s1.id).await.expect("locks_of"),
+        vec!["a", "b"]
+    );
+    assert_eq!(any.locks_of(&s2.id).await.expect("locks_of"), vec!["c"]);
+    assert!(
+        any.heartbeat(&s1.id).await.expect("heartbeat"),
+        "s1 survived the restart"
+    );
+    let renewed = any
+        .renew(&s1.id, "a", grants[0].fencing_token, LONG_TTL)
+        .await
+        .expect("renew")
+        .expect("a is still s1's");
+    assert_eq!(renewed.fencing_token, grants[0].fencing_token);
+
+    let fresh = any
+        .try_acquire(&s2.id, "fresh", LONG_TTL)
+        .await
+        .expect("try_acquire")
+        .expect("granted");
+    assert!(
+        fresh.fencing_token > highest,
+        "token {} reused or below the pre-restart high water {highest}",
+        fresh.fencing_token
+    );
+}

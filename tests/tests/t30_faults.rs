@@ -1,0 +1,508 @@
+//! Faults: a leader crash (SIGKILL) while locks are held and renewed, a paused (SIGSTOP)
+//! leader, a lost majority, a follower that crashes and rejoins, two crashes in five nodes.
+//!
+//! What must hold throughout (DESIGN §5): an acknowledged grant stays held by the same owner
+//! with the same token; a lease never ends before its holder's client deadline; a transient
+//! failure is never answered as "lost"; tokens are never reused.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use lock_tests::{
+    Cluster, ClusterClient, ClusterConfig, Grant, LockError, Role, Session, poll_until,
+};
+
+/// Lease of grants and sessions that must not expire during a test.
+const LONG_TTL: Duration = Duration::from_secs(60);
+
+/// Lease of the grants and sessions held through a failover: several failovers long, so a
+/// correct cluster never lets one lapse, yet short enough that a lease the new leader did not
+/// honour would visibly end within the test.
+const HOLDER_LEASE: Duration = Duration::from_secs(6);
+
+/// How often a holder heartbeats its session and renews its grant (a third of the lease, as
+/// an SDK would).
+const RENEW_EVERY: Duration = Duration::from_secs(2);
+
+/// "A few election timeouts": the bound on a failover, from the crash to the first write the
+/// new leader serves.
+fn failover_bound(cluster: &Cluster) -> Duration {
+    cluster.config().election_timeout_max() * 5
+}
+
+/// What one holder saw.
+#[derive(Debug, Default)]
+struct HolderLog {
+    /// Successful renewals of the grant.
+    renewals: AtomicU64,
+    /// Answers that broke the contract (lost before the client deadline, a changed token,
+    /// a deadline that passed with no successful renewal).
+    violations: Mutex<Vec<String>>,
+}
+
+impl HolderLog {
+    fn violation(&self, what: String) {
+        self.violations
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(what);
+    }
+}
+
+/// Keeps `session` and `grant` alive through `client` until `stop`, like an SDK would:
+/// heartbeat and renew every [`RENEW_EVERY`], retrying `NotLeader`/`Contention` at other
+/// nodes until the client deadline (send time of the last success + lease; no safety margin,
+/// which is the strictest check of the server).
+async fn hold(
+    client: ClusterClient,
+    session: Session,
+    grant: Grant,
+    granted_sent_at: Instant,
+    stop: Arc<AtomicBool>,
+    log: Arc<HolderLog>,
+) {
+    let key = grant.key.clone();
+    let mut session_deadline = granted_sent_at + session.ttl;
+    let mut lock_deadline = granted_sent_at + Duration::from_millis(grant.ttl_ms);
+    let mut ticks = tokio::time::interval(RENEW_EVERY);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ticks.tick().await;
+    while !stop.load(Ordering::Relaxed) {
+        ticks.tick().await;
+
+        let sent = Instant::now();
+        let retry = client.with_retry_for(session_deadline.saturating_duration_since(sent));
+        match retry.heartbeat(&session.id).await {
+            Ok(true) => session_deadline = sent + session.ttl,
+            Ok(false) if Instant::now() < session_deadline => log.violation(format!(
+                "{key}: heartbeat answered 'session gone' {:?} before the client deadline",
+                session_deadline - Instant::now()
+            )),
+            Ok(false) => log.violation(format!("{key}: session lapsed (deadline passed)")),
+            Err(e) if Instant::now() >= session_deadline => log.violation(format!(
+                "{key}: no successful heartbeat before the session deadline; last error {e}"
+            )),
+            Err(_) => {}
+        }
+
+        let sent = Instant::now();
+        let retry = client.with_retry_for(lock_deadline.saturating_duration_since(sent));
+        match retry
+            .renew(
+                &session.id,
+                &key,
+                grant.fencing_token,
+                Duration::from_millis(grant.ttl_ms),
+            )
+            .await
+        {
+            Ok(Some(renewed)) => {
+                if renewed.fencing_token != grant.fencing_token {
+                    log.violation(format!(
+                        "{key}: renew changed the token {} -> {}",
+                        grant.fencing_token, renewed.fencing_token
+                    ));
+                }
+                lock_deadline = sent + Duration::from_millis(renewed.ttl_ms);
+                log.renewals.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(None) | Err(LockError::LockLost { .. }) => {
+                let now = Instant::now();
+                if now < lock_deadline {
+                    log.violation(format!(
+                        "{key}: renew answered LOST {:?} before the client deadline",
+                        lock_deadline - now
+                    ));
+                } else {
+                    log.violation(format!(
+                        "{key}: renew answered lost after the deadline passed"
+                    ));
+                }
+                return;
+            }
+            Err(e) if Instant::now() >= lock_deadline => {
+                log.violation(format!(
+                    "{key}: no successful renewal before the client deadline; last error {e}"
+                ));
+                return;
+            }
+            Err(_) => {}
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_crash_keeps_every_held_lock() {
+    const HOLDERS: usize = 3;
+    let mut cluster = Cluster::start(3).await;
+    let any = cluster.cluster_client();
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut holders = Vec::new();
+    for i in 0..HOLDERS {
+        let session = any
+            .open_session(&format!("holder-{i}"), HOLDER_LEASE)
+            .await
+            .expect("open");
+        let sent = Instant::now();
+        let grant = any
+            .try_acquire(&session.id, &format!("key-{i}"), HOLDER_LEASE)
+            .await
+            .expect("try_acquire")
+            .expect("granted");
+        let log = Arc::new(HolderLog::default());
+        // Each holder gets its own client, so their leader guesses are independent.
+        let task = tokio::spawn(hold(
+            cluster.cluster_client(),
+            session.clone(),
+            grant.clone(),
+            sent,
+            stop.clone(),
+            log.clone(),
+        ));
+        holders.push((session, grant, log, task));
+    }
+    let renewals = |holders: &[(Session, Grant, Arc<HolderLog>, _)]| -> Vec<u64> {
+        holders
+            .iter()
+            .map(|h| h.2.renewals.load(Ordering::Relaxed))
+            .collect()
+    };
+    poll_until(
+        "every holder to renew once",
+        Duration::from_secs(15),
+        || {
+            let counts = renewals(&holders);
+            async move {
+                if counts.iter().all(|&c| c >= 1) {
+                    Ok(())
+                } else {
+                    Err(format!("{counts:?}"))
+                }
+            }
+        },
+    )
+    .await
+    .expect("steady state before the crash");
+
+    let old_leader = cluster.leader().await;
+    let killed_at = Instant::now();
+    cluster.kill(old_leader);
+    let bound = failover_bound(&cluster);
+    let new_leader = cluster.wait_for_leader(bound).await.expect("a new leader");
+    let elected_after = killed_at.elapsed();
+    assert_ne!(new_leader, old_leader);
+    any.with_retry_for(bound)
+        .open_session("probe", LONG_TTL)
+        .await
+        .expect("the new leader serves a write");
+    let serving_after = killed_at.elapsed();
+    println!(
+        "FAILOVER: leader {old_leader} SIGKILLed; node {new_leader} agreed leader after \
+         {elapsed:?}, first write served after {serving_after:?} (election timeout {}..{} ms)",
+        cluster.config().election_timeout_min_ms,
+        cluster.config().election_timeout_max_ms,
+        elapsed = elected_after,
+    );
+    assert!(
+        serving_after <= bound,
+        "failover took {serving_after:?}, bound {bound:?}"
+    );
+
+    // Every holder renews at least twice more through the new leader.
+    let at_failover = renewals(&holders);
+    poll_until(
+        "every holder to renew twice after the failover",
+        Duration::from_secs(20),
+        || {
+            let counts = renewals(&holders);
+            let base = at_failover.clone();
+            async move {
+                if counts.iter().zip(&base).all(|(c, b)| *c >= b + 2) {
+                    Ok(())
+                } else {
+                    Err(format!("renewals {counts:?}, at failover {base:?}"))
+                }
+            }
+        },
+    )
+    .await
+    .expect("holders keep renewing");
+    stop.store(true, Ordering::Relaxed);
+
+    let mut highest = 0;
+    for (session, grant, log, task) in holders {
+        tokio::time::timeout(Duration::from_secs(20), task)
+            .await
+            .expect("the holder stops")
+            .expect("the holder task did not panic");
+        let violations = log
+            .violations
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        assert!(
+            violations.is_empty(),
+            "holder {}: {violations:#?}",
+            session.owner_id
+        );
+        let info = any
+            .inspect_confirmed(&grant.key)
+            .await
+            .expect("inspect")
+            .unwrap_or_else(|| panic!("{} is no longer held after the failover", grant.key));
+        assert_eq!(
+            (
+                info.owner_id.as_str(),
+                info.session_id.as_str(),
+                info.fencing_token
+            ),
+            (
+                session.owner_id.as_str(),
+                session.id.as_str(),
+                grant.fencing_token
+            ),
+            "{} after the failover",
+            grant.key
+        );
+        highest = highest.max(grant.fencing_token);
+    }
+    let probe = any.open_session("after", LONG_TTL).await.expect("open");
+    let next = any
+        .try_acquire(&probe.id, "after-failover", LONG_TTL)
+        .await
+        .expect("try_acquire")
+        .expect("granted");
+    assert!(
+        next.fencing_token > highest,
+        "token {} after {highest}",
+        next.fencing_token
+    );
+
+    // The crashed node recovers from its data dir and rejoins as a follower.
+    cluster.start_node(old_leader).await;
+    let leader = cluster
+        .wait_for_leader(Duration::from_secs(20))
+        .await
+        .expect("all agree");
+    assert_ne!(
+        cluster.status(old_leader).await.expect("status").role(),
+        Role::Shutdown
+    );
+    println!("node {old_leader} rejoined; leader {leader}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_leader_is_replaced_and_rejoins_as_a_follower() {
+    let mut cluster = Cluster::start(3).await;
+    let any = cluster.cluster_client();
+    let owner = any.open_session("owner", LONG_TTL).await.expect("open");
+    let other = any.open_session("other", LONG_TTL).await.expect("open");
+    let held = any
+        .try_acquire(&owner.id, "k", LONG_TTL)
+        .await
+        .expect("try_acquire")
+        .expect("granted");
+
+    let paused = cluster.leader().await;
+    let paused_at = Instant::now();
+    cluster.pause(paused);
+    let bound = failover_bound(&cluster);
+    let new_leader = cluster
+        .wait_for_leader(bound)
+        .await
+        .expect("a leader among the others");
+    assert_ne!(new_leader, paused);
+    println!(
+        "leader {paused} paused; node {new_leader} took over after {:?}",
+        paused_at.elapsed()
+    );
+    let at_new = cluster.client(new_leader);
+    let second = any
+        .with_retry_for(bound)
+        .try_acquire(&owner.id, "k2", LONG_TTL)
+        .await
+        .expect("the new leader serves")
+        .expect("granted");
+    assert!(second.fencing_token > held.fencing_token);
+    assert_eq!(
+        at_new
+            .try_acquire(&other.id, "k", LONG_TTL)
+            .await
+            .expect("try"),
+        None
+    );
+
+    cluster.resume(paused);
+    // Whatever the resumed node believes for a moment, it must never grant a held key.
+    match cluster
+        .client(paused)
+        .try_acquire(&other.id, "k", LONG_TTL)
+        .await
+    {
+        Ok(Some(grant)) => panic!("the resumed old leader granted a held key: {grant:?}"),
+        other => println!("resumed old leader answered TryAcquire with {other:?}"),
+    }
+    let leader = cluster
+        .wait_for_leader(Duration::from_secs(15))
+        .await
+        .expect("all agree again");
+    if leader != paused {
+        assert_eq!(
+            cluster.status(paused).await.expect("status").role(),
+            Role::Follower
+        );
+    }
+    let info = any
+        .inspect_confirmed("k")
+        .await
+        .expect("inspect")
+        .expect("held");
+    assert_eq!(
+        (info.session_id.as_str(), info.fencing_token),
+        (owner.id.as_str(), held.fencing_token)
+    );
+    let renewed = any
+        .renew(&owner.id, "k", held.fencing_token, LONG_TTL)
+        .await
+        .expect("renew")
+        .expect("still held");
+    assert_eq!(renewed.fencing_token, held.fencing_token);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_without_a_majority_never_grants_and_never_answers_lost() {
+    let mut cluster = Cluster::start(3).await;
+    let any = cluster.cluster_client();
+    let owner = any.open_session("owner", LONG_TTL).await.expect("open");
+    let held = any
+        .try_acquire(&owner.id, "k", LONG_TTL)
+        .await
+        .expect("try_acquire")
+        .expect("granted");
+    let leader = cluster.leader().await;
+    let followers = cluster.followers().await;
+    let survivor = followers[0];
+    cluster.kill(leader);
+    cluster.kill(followers[1]);
+
+    // Observe the survivor for a few election timeouts: every answer must be a retry-safe
+    // error, never a grant and never "lost".
+    let at = cluster.client(survivor);
+    let window = cluster.config().election_timeout_max() * 3;
+    let started = Instant::now();
+    let mut answers = 0;
+    while started.elapsed() < window {
+        match at.try_acquire(&owner.id, "k2", LONG_TTL).await {
+            Err(LockError::NotLeader { .. } | LockError::Contention { .. }) => {}
+            other => panic!("a node without a majority answered TryAcquire with {other:?}"),
+        }
+        match at.renew(&owner.id, "k", held.fencing_token, LONG_TTL).await {
+            Err(LockError::NotLeader { .. } | LockError::Contention { .. }) => {}
+            other => panic!("a node without a majority answered Renew with {other:?}"),
+        }
+        let status = at.status().await.expect("Status still answers");
+        assert_ne!(
+            status.role(),
+            Role::Leader,
+            "a lone node cannot be leader of three"
+        );
+        answers += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    println!("the survivor answered {answers} rounds, none a grant or a loss");
+
+    cluster.start_all().await;
+    cluster
+        .wait_for_leader(Duration::from_secs(20))
+        .await
+        .expect("a leader again");
+    let info = any
+        .inspect_confirmed("k")
+        .await
+        .expect("inspect")
+        .expect("held");
+    assert_eq!(
+        (info.session_id.as_str(), info.fencing_token),
+        (owner.id.as_str(), held.fencing_token)
+    );
+    let next = any
+        .try_acquire(&owner.id, "k2", LONG_TTL)
+        .await
+        .expect("try_acquire")
+        .expect("granted");
+    assert!(next.fencing_token > held.fencing_token);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_follower_rejoins_and_catches_up() {
+    let mut cluster = Cluster::start(3).await;
+    let any = cluster.cluster_client();
+    let owner = any.open_session("owner", LONG_TTL).await.expect("open");
+    let follower = cluster.followers().await[0];
+    cluster.kill(follower);
+    let mut grants = Vec::new();
+    for i in 0..5 {
+        let grant = any
+            .try_acquire(&owner.id, &format!("while-down-{i}"), LONG_TTL)
+            .await
+            .expect("two of three still serve")
+            .expect("granted");
+        grants.push(grant);
+    }
+    cluster.start_node(follower).await;
+    cluster
+        .wait_for_leader(Duration::from_secs(20))
+        .await
+        .expect("all agree");
+    cluster
+        .wait_caught_up(Duration::from_secs(20))
+        .await
+        .expect("the follower catches up");
+    let at = cluster.client(follower);
+    for grant in grants {
+        let info = at
+            .inspect(&grant.key, false)
+            .await
+            .expect("a follower read")
+            .unwrap_or_else(|| panic!("the rejoined follower does not know {}", grant.key));
+        assert_eq!(info.fencing_token, grant.fencing_token, "{}", grant.key);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_nodes_survive_two_crashes() {
+    let mut cluster = Cluster::start_with(ClusterConfig::with_nodes(5)).await;
+    let any = cluster.cluster_client();
+    let owner = any.open_session("owner", LONG_TTL).await.expect("open");
+    let held = any
+        .try_acquire(&owner.id, "k", LONG_TTL)
+        .await
+        .expect("try_acquire")
+        .expect("granted");
+    let leader = cluster.leader().await;
+    let follower = cluster.followers().await[0];
+    cluster.kill(leader);
+    cluster.kill(follower);
+    let bound = failover_bound(&cluster);
+    let new_leader = cluster
+        .wait_for_leader(bound)
+        .await
+        .expect("three of five elect");
+    assert!(new_leader != leader && new_leader != follower);
+    let info = any
+        .inspect_confirmed("k")
+        .await
+        .expect("inspect")
+        .expect("held");
+    assert_eq!(
+        (info.session_id.as_str(), info.fencing_token),
+        (owner.id.as_str(), held.fencing_token)
+    );
+    let next = any
+        .try_acquire(&owner.id, "k2", LONG_TTL)
+        .await
+        .expect("try_acquire")
+        .expect("granted");
+    assert!(next.fencing_token > held.fencing_token);
+}
