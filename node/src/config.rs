@@ -1,0 +1,631 @@
+//! A node's configuration: the `lockd run` flags, their `LOCKD_*` environment variables and the
+//! TOML file, merged with precedence flag > env > file > default, then validated once at start
+//! (`docs/NODE_CLI.md` is the contract: other engineers' harnesses start nodes with it).
+//!
+//! Owns parsing, merging and validating; every error names the field it is about. Does not open
+//! the data dir or any socket (see `identity` and `server`).
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+use serde::Deserialize;
+
+/// Default heartbeat interval (ms): a leader's append-entries heartbeat.
+pub const HEARTBEAT_INTERVAL_MS_DEFAULT: u64 = 100;
+/// Default lower bound of the randomized election timeout (ms).
+pub const ELECTION_TIMEOUT_MIN_MS_DEFAULT: u64 = 400;
+/// Default upper bound of the randomized election timeout (ms).
+pub const ELECTION_TIMEOUT_MAX_MS_DEFAULT: u64 = 800;
+/// Default extra time (ms) the reaper waits past a lease's deadline before proposing its expiry.
+///
+/// The leader's deadline already starts after the client's (the client starts its clock before
+/// it sends), so this only covers the rate drift between the two monotonic clocks: 100 ms is
+/// 10% of the shortest lease.
+pub const SAFETY_MARGIN_MS_DEFAULT: u64 = 100;
+/// Default number of log entries between snapshots.
+pub const SNAPSHOT_LOGS_SINCE_LAST_DEFAULT: u64 = 5_000;
+/// Default cluster name, written into each data dir's identity file.
+pub const CLUSTER_NAME_DEFAULT: &str = "lockd";
+
+/// Longest cluster name, in bytes: it goes into the identity file and status answers.
+pub const CLUSTER_NAME_LEN_MAX: usize = 64;
+/// Most voters a cluster may be configured with. Raft clusters beyond 7 voters gain no
+/// availability and pay for every extra replica on every write.
+pub const PEERS_MAX: usize = 7;
+/// Shortest heartbeat interval (ms): below this a 2-core machine spends its time on heartbeats.
+pub const HEARTBEAT_INTERVAL_MS_MIN: u64 = 10;
+/// Longest tolerated safety margin (ms): it must stay well inside the shortest lease.
+pub const SAFETY_MARGIN_MS_MAX: u64 = 250;
+/// Fewest log entries between snapshots: snapshotting more often than this rewrites the whole
+/// state machine for a handful of entries.
+pub const SNAPSHOT_LOGS_SINCE_LAST_MIN: u64 = 100;
+
+const _: () = assert!(SAFETY_MARGIN_MS_MAX < lock_api::limits::TTL_MIN.as_millis() as u64 / 2);
+const _: () =
+    assert!(ELECTION_TIMEOUT_MAX_MS_DEFAULT < lock_api::limits::TTL_MIN.as_millis() as u64);
+const _: () = assert!(HEARTBEAT_INTERVAL_MS_DEFAULT < ELECTION_TIMEOUT_MIN_MS_DEFAULT);
+
+/// How the process writes its logs to stderr.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Human,
+    /// One JSON object per line.
+    Json,
+}
+
+/// The `lockd run` flags. Every flag also reads `LOCKD_<FLAG>`; every value may be absent here
+/// and come from the TOML file or a default instead.
+#[derive(Args, Clone, Debug, Default)]
+pub struct RunArgs {
+    /// This node's Raft id (non-zero, unique in the cluster, listed in --peers).
+    #[arg(long, env = "LOCKD_NODE_ID")]
+    pub node_id: Option<u64>,
+    /// Address to listen on: one port serves the client API, admin, Raft, health and reflection.
+    #[arg(long, env = "LOCKD_LISTEN")]
+    pub listen: Option<SocketAddr>,
+    /// Directory of this node's log, state machine and identity file.
+    #[arg(long, env = "LOCKD_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Every voter, this node included: `1=127.0.0.1:7101,2=127.0.0.1:7102,…`.
+    #[arg(long, env = "LOCKD_PEERS", value_parser = parse_peers)]
+    pub peers: Option<Peers>,
+    /// Initialise the cluster with all peers as voters if this node's data is fresh.
+    #[arg(long, env = "LOCKD_BOOTSTRAP", num_args = 0..=1, default_missing_value = "true")]
+    pub bootstrap: Option<bool>,
+    /// The cluster's name; a data dir written by another cluster is refused.
+    #[arg(long, env = "LOCKD_CLUSTER_NAME")]
+    pub cluster_name: Option<String>,
+    /// TOML file with the same keys in snake_case (flags and env win over it).
+    #[arg(long, env = "LOCKD_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Log format on stderr.
+    #[arg(long, env = "LOCKD_LOG_FORMAT", value_enum)]
+    pub log_format: Option<LogFormat>,
+    /// Leader heartbeat interval in ms.
+    #[arg(long, env = "LOCKD_HEARTBEAT_INTERVAL_MS")]
+    pub heartbeat_interval_ms: Option<u64>,
+    /// Lower bound of the randomized election timeout in ms.
+    #[arg(long, env = "LOCKD_ELECTION_TIMEOUT_MIN_MS")]
+    pub election_timeout_min_ms: Option<u64>,
+    /// Upper bound of the randomized election timeout in ms.
+    #[arg(long, env = "LOCKD_ELECTION_TIMEOUT_MAX_MS")]
+    pub election_timeout_max_ms: Option<u64>,
+    /// Extra ms the reaper waits past a lease's deadline before expiring it.
+    #[arg(long, env = "LOCKD_SAFETY_MARGIN_MS")]
+    pub safety_margin_ms: Option<u64>,
+    /// Log entries between snapshots.
+    #[arg(long, env = "LOCKD_SNAPSHOT_LOGS_SINCE_LAST")]
+    pub snapshot_logs_since_last: Option<u64>,
+    /// Test-only: ms added to this node's stamp clock when it leads.
+    #[arg(
+        long,
+        env = "LOCKD_TEST_CLOCK_OFFSET_MS",
+        hide = true,
+        allow_hyphen_values = true
+    )]
+    pub test_clock_offset_ms: Option<i64>,
+}
+
+/// The voters of the cluster by node id, each with its `host:port`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Peers(pub BTreeMap<u64, String>);
+
+/// Parses `1=127.0.0.1:7101,2=127.0.0.1:7102`.
+fn parse_peers(text: &str) -> Result<Peers, String> {
+    let mut peers = BTreeMap::new();
+    for item in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let (id, addr) = item
+            .split_once('=')
+            .ok_or_else(|| format!("peer {item:?} is not of the form ID=HOST:PORT"))?;
+        let id: u64 = id
+            .trim()
+            .parse()
+            .map_err(|e| format!("peer {item:?}: node id {id:?} is not a number: {e}"))?;
+        if peers.insert(id, addr.trim().to_owned()).is_some() {
+            return Err(format!("peer id {id} is listed twice"));
+        }
+    }
+    Ok(Peers(peers))
+}
+
+/// One `[[peers]]` entry of the TOML file.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FilePeer {
+    id: u64,
+    addr: String,
+}
+
+/// The TOML file: the same keys as the flags, in snake_case.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    node_id: Option<u64>,
+    listen: Option<SocketAddr>,
+    data_dir: Option<PathBuf>,
+    peers: Option<Vec<FilePeer>>,
+    bootstrap: Option<bool>,
+    cluster_name: Option<String>,
+    log_format: Option<LogFormat>,
+    heartbeat_interval_ms: Option<u64>,
+    election_timeout_min_ms: Option<u64>,
+    election_timeout_max_ms: Option<u64>,
+    safety_margin_ms: Option<u64>,
+    snapshot_logs_since_last: Option<u64>,
+    test_clock_offset_ms: Option<i64>,
+}
+
+/// A configuration error; the message names the field.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// A required field was given nowhere.
+    #[error(
+        "config field `{field}` is required (flag --{flag}, env LOCKD_{env}, or `{field}` in the TOML file)"
+    )]
+    Missing {
+        /// The field's snake_case name.
+        field: &'static str,
+        /// The flag name.
+        flag: &'static str,
+        /// The environment variable suffix.
+        env: &'static str,
+    },
+    /// A field had a value that breaks a rule.
+    #[error("config field `{field}` is invalid: {reason}")]
+    Invalid {
+        /// The field's snake_case name.
+        field: &'static str,
+        /// Which rule, with the values involved.
+        reason: String,
+    },
+    /// The TOML file could not be read or parsed.
+    #[error("config file {path}: {reason}")]
+    File {
+        /// The file.
+        path: PathBuf,
+        /// What failed.
+        reason: String,
+    },
+}
+
+fn invalid(field: &'static str, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        field,
+        reason: reason.into(),
+    }
+}
+
+/// A node's validated configuration.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// This node's Raft id.
+    pub node_id: u64,
+    /// The address the server binds.
+    pub listen: SocketAddr,
+    /// Where the node keeps its data.
+    pub data_dir: PathBuf,
+    /// Every voter, this node included.
+    pub peers: BTreeMap<u64, String>,
+    /// Initialise the cluster if this node's data is fresh.
+    pub bootstrap: bool,
+    /// The cluster's name.
+    pub cluster_name: String,
+    /// Log format.
+    pub log_format: LogFormat,
+    /// Leader heartbeat interval.
+    pub heartbeat_interval_ms: u64,
+    /// Election timeout lower bound.
+    pub election_timeout_min_ms: u64,
+    /// Election timeout upper bound.
+    pub election_timeout_max_ms: u64,
+    /// Reaper grace past a lease deadline.
+    pub safety_margin_ms: u64,
+    /// Log entries between snapshots.
+    pub snapshot_logs_since_last: u64,
+    /// Test-only skew of the stamp clock.
+    pub test_clock_offset_ms: i64,
+}
+
+impl Config {
+    /// Merges `args` (flags and env, already merged by clap) over the TOML file they name (if
+    /// any) over the defaults, then validates the result.
+    pub fn load(args: &RunArgs) -> Result<Config, ConfigError> {
+        let file = match &args.config {
+            Some(path) => read_file(path)?,
+            None => FileConfig::default(),
+        };
+        let file_peers = match file.peers {
+            Some(list) => {
+                let mut peers = BTreeMap::new();
+                for p in list {
+                    if peers.insert(p.id, p.addr).is_some() {
+                        return Err(invalid(
+                            "peers",
+                            format!("peer id {} is listed twice", p.id),
+                        ));
+                    }
+                }
+                Some(peers)
+            }
+            None => None,
+        };
+        let config =
+            Config {
+                node_id: args.node_id.or(file.node_id).ok_or(ConfigError::Missing {
+                    field: "node_id",
+                    flag: "node-id",
+                    env: "NODE_ID",
+                })?,
+                listen: args.listen.or(file.listen).ok_or(ConfigError::Missing {
+                    field: "listen",
+                    flag: "listen",
+                    env: "LISTEN",
+                })?,
+                data_dir: args
+                    .data_dir
+                    .clone()
+                    .or(file.data_dir)
+                    .ok_or(ConfigError::Missing {
+                        field: "data_dir",
+                        flag: "data-dir",
+                        env: "DATA_DIR",
+                    })?,
+                peers: args.peers.clone().map(|p| p.0).or(file_peers).ok_or(
+                    ConfigError::Missing {
+                        field: "peers",
+                        flag: "peers",
+                        env: "PEERS",
+                    },
+                )?,
+                bootstrap: args.bootstrap.or(file.bootstrap).unwrap_or(false),
+                cluster_name: args
+                    .cluster_name
+                    .clone()
+                    .or(file.cluster_name)
+                    .unwrap_or_else(|| CLUSTER_NAME_DEFAULT.to_owned()),
+                log_format: args.log_format.or(file.log_format).unwrap_or_default(),
+                heartbeat_interval_ms: args
+                    .heartbeat_interval_ms
+                    .or(file.heartbeat_interval_ms)
+                    .unwrap_or(HEARTBEAT_INTERVAL_MS_DEFAULT),
+                election_timeout_min_ms: args
+                    .election_timeout_min_ms
+                    .or(file.election_timeout_min_ms)
+                    .unwrap_or(ELECTION_TIMEOUT_MIN_MS_DEFAULT),
+                election_timeout_max_ms: args
+                    .election_timeout_max_ms
+                    .or(file.election_timeout_max_ms)
+                    .unwrap_or(ELECTION_TIMEOUT_MAX_MS_DEFAULT),
+                safety_margin_ms: args
+                    .safety_margin_ms
+                    .or(file.safety_margin_ms)
+                    .unwrap_or(SAFETY_MARGIN_MS_DEFAULT),
+                snapshot_logs_since_last: args
+                    .snapshot_logs_since_last
+                    .or(file.snapshot_logs_since_last)
+                    .unwrap_or(SNAPSHOT_LOGS_SINCE_LAST_DEFAULT),
+                test_clock_offset_ms: args
+                    .test_clock_offset_ms
+                    .or(file.test_clock_offset_ms)
+                    .unwrap_or(0),
+            };
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks every field and the relations between them; the error names the field.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.node_id == 0 {
+            return Err(invalid("node_id", "0 is not a node id; ids start at 1"));
+        }
+        if self.peers.is_empty() {
+            return Err(invalid("peers", "lists no node"));
+        }
+        if self.peers.len() > PEERS_MAX {
+            return Err(invalid(
+                "peers",
+                format!("lists {} nodes; the limit is {PEERS_MAX}", self.peers.len()),
+            ));
+        }
+        if self.peers.contains_key(&0) {
+            return Err(invalid(
+                "peers",
+                "node id 0 is not a node id; ids start at 1",
+            ));
+        }
+        let mut seen = BTreeMap::new();
+        for (id, addr) in &self.peers {
+            check_host_port(addr).map_err(|reason| {
+                invalid("peers", format!("node {id}'s address {addr:?} {reason}"))
+            })?;
+            if let Some(other) = seen.insert(addr.as_str(), *id) {
+                return Err(invalid(
+                    "peers",
+                    format!("nodes {other} and {id} share the address {addr}"),
+                ));
+            }
+        }
+        if !self.peers.contains_key(&self.node_id) {
+            return Err(invalid(
+                "peers",
+                format!(
+                    "does not list this node (node_id {}); --peers must list every voter including this node",
+                    self.node_id
+                ),
+            ));
+        }
+        if self.data_dir.as_os_str().is_empty() {
+            return Err(invalid("data_dir", "is empty"));
+        }
+        let name = &self.cluster_name;
+        if name.trim().is_empty()
+            || name.len() > CLUSTER_NAME_LEN_MAX
+            || !name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        {
+            return Err(invalid(
+                "cluster_name",
+                format!("{name:?} must be 1..={CLUSTER_NAME_LEN_MAX} characters of [A-Za-z0-9._-]"),
+            ));
+        }
+        if self.heartbeat_interval_ms < HEARTBEAT_INTERVAL_MS_MIN {
+            return Err(invalid(
+                "heartbeat_interval_ms",
+                format!(
+                    "{} ms is below the minimum of {HEARTBEAT_INTERVAL_MS_MIN} ms",
+                    self.heartbeat_interval_ms
+                ),
+            ));
+        }
+        if self.heartbeat_interval_ms >= self.election_timeout_min_ms {
+            return Err(invalid(
+                "heartbeat_interval_ms",
+                format!(
+                    "{} ms must be below election_timeout_min_ms ({} ms), or followers time out between heartbeats",
+                    self.heartbeat_interval_ms, self.election_timeout_min_ms
+                ),
+            ));
+        }
+        if self.election_timeout_min_ms >= self.election_timeout_max_ms {
+            return Err(invalid(
+                "election_timeout_min_ms",
+                format!(
+                    "{} ms must be below election_timeout_max_ms ({} ms)",
+                    self.election_timeout_min_ms, self.election_timeout_max_ms
+                ),
+            ));
+        }
+        // A lease shorter than an election timeout would routinely lapse on the client's side
+        // while the cluster merely elects a new leader; the shortest lease must outlive one.
+        let ttl_min_ms = lock_api::limits::TTL_MIN.as_millis() as u64;
+        if self.election_timeout_max_ms >= ttl_min_ms {
+            return Err(invalid(
+                "election_timeout_max_ms",
+                format!(
+                    "{} ms must be below the shortest lease (TTL_MIN, {ttl_min_ms} ms)",
+                    self.election_timeout_max_ms
+                ),
+            ));
+        }
+        if self.safety_margin_ms > SAFETY_MARGIN_MS_MAX {
+            return Err(invalid(
+                "safety_margin_ms",
+                format!(
+                    "{} ms is above the maximum of {SAFETY_MARGIN_MS_MAX} ms",
+                    self.safety_margin_ms
+                ),
+            ));
+        }
+        if self.snapshot_logs_since_last < SNAPSHOT_LOGS_SINCE_LAST_MIN {
+            return Err(invalid(
+                "snapshot_logs_since_last",
+                format!(
+                    "{} is below the minimum of {SNAPSHOT_LOGS_SINCE_LAST_MIN}",
+                    self.snapshot_logs_since_last
+                ),
+            ));
+        }
+        self.raft_config()?;
+        Ok(())
+    }
+
+    /// This node's advertised `host:port` (its entry in `peers`).
+    pub fn advertised_addr(&self) -> &str {
+        self.peers
+            .get(&self.node_id)
+            .map(String::as_str)
+            .unwrap_or_default()
+    }
+
+    /// The openraft configuration, validated by openraft too.
+    pub fn raft_config(&self) -> Result<openraft::Config, ConfigError> {
+        let config = openraft::Config {
+            cluster_name: self.cluster_name.clone(),
+            heartbeat_interval: self.heartbeat_interval_ms,
+            election_timeout_min: self.election_timeout_min_ms,
+            election_timeout_max: self.election_timeout_max_ms,
+            snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(self.snapshot_logs_since_last),
+            // Keep a tail of the log past the snapshot so a briefly lagging follower catches up
+            // from the log instead of receiving the whole state machine.
+            max_in_snapshot_log_to_keep: self.snapshot_logs_since_last / 2,
+            purge_batch_size: 256,
+            // Each entry may be a batch of up to `BATCH_MAX` commands; bounding entries per
+            // append keeps one append message well under the Raft transport's message limit.
+            max_payload_entries: RAFT_PAYLOAD_ENTRIES_MAX,
+            enable_tick: true,
+            enable_heartbeat: true,
+            enable_elect: true,
+            ..Default::default()
+        };
+        config.validate().map_err(|e| {
+            invalid(
+                "election_timeout_min_ms",
+                format!("openraft rejects it: {e}"),
+            )
+        })
+    }
+
+    /// The heartbeat interval as a duration.
+    pub fn heartbeat_interval(&self) -> Duration {
+        Duration::from_millis(self.heartbeat_interval_ms)
+    }
+}
+
+/// Most log entries in one append-entries message (see [`Config::raft_config`]).
+pub const RAFT_PAYLOAD_ENTRIES_MAX: u64 = 64;
+
+fn check_host_port(addr: &str) -> Result<(), &'static str> {
+    let (host, port) = addr.rsplit_once(':').ok_or("has no :PORT")?;
+    if host.is_empty() {
+        return Err("has no host");
+    }
+    if addr.contains("://") {
+        return Err("must be HOST:PORT without a scheme");
+    }
+    match port.parse::<u16>() {
+        Ok(0) | Err(_) => Err("has no valid port (1..=65535)"),
+        Ok(_) => Ok(()),
+    }
+}
+
+fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|e| ConfigError::File {
+        path: path.to_owned(),
+        reason: format!("cannot read it: {e}"),
+    })?;
+    toml::from_str(&text).map_err(|e| ConfigError::File {
+        path: path.to_owned(),
+        reason: format!("not valid lockd TOML: {e}"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args() -> RunArgs {
+        RunArgs {
+            node_id: Some(1),
+            listen: Some("127.0.0.1:7101".parse().unwrap()),
+            data_dir: Some("/tmp/x".into()),
+            peers: Some(parse_peers("1=127.0.0.1:7101,2=127.0.0.1:7102,3=127.0.0.1:7103").unwrap()),
+            ..RunArgs::default()
+        }
+    }
+
+    fn field_of(err: ConfigError) -> &'static str {
+        match err {
+            ConfigError::Invalid { field, .. } | ConfigError::Missing { field, .. } => field,
+            ConfigError::File { .. } => "<file>",
+        }
+    }
+
+    #[test]
+    fn defaults_fill_what_is_not_given() {
+        let c = Config::load(&args()).unwrap();
+        assert_eq!(c.heartbeat_interval_ms, 100);
+        assert_eq!(c.election_timeout_min_ms, 400);
+        assert_eq!(c.election_timeout_max_ms, 800);
+        assert_eq!(c.cluster_name, "lockd");
+        assert!(!c.bootstrap);
+        assert_eq!(c.advertised_addr(), "127.0.0.1:7101");
+    }
+
+    #[test]
+    fn missing_fields_are_named() {
+        let mut a = args();
+        a.node_id = None;
+        assert_eq!(field_of(Config::load(&a).unwrap_err()), "node_id");
+        let mut a = args();
+        a.peers = None;
+        assert_eq!(field_of(Config::load(&a).unwrap_err()), "peers");
+    }
+
+    #[test]
+    fn relations_between_timeouts_are_checked() {
+        let mut a = args();
+        a.heartbeat_interval_ms = Some(400);
+        assert_eq!(
+            field_of(Config::load(&a).unwrap_err()),
+            "heartbeat_interval_ms"
+        );
+        let mut a = args();
+        a.election_timeout_min_ms = Some(800);
+        assert_eq!(
+            field_of(Config::load(&a).unwrap_err()),
+            "election_timeout_min_ms"
+        );
+        let mut a = args();
+        a.election_timeout_max_ms = Some(1_000);
+        assert_eq!(
+            field_of(Config::load(&a).unwrap_err()),
+            "election_timeout_max_ms"
+        );
+        let mut a = args();
+        a.safety_margin_ms = Some(SAFETY_MARGIN_MS_MAX + 1);
+        assert_eq!(field_of(Config::load(&a).unwrap_err()), "safety_margin_ms");
+    }
+
+    #[test]
+    fn peers_must_include_this_node_and_be_well_formed() {
+        let mut a = args();
+        a.node_id = Some(4);
+        let err = Config::load(&a).unwrap_err();
+        assert!(err.to_string().contains("node_id 4"), "{err}");
+        assert_eq!(field_of(err), "peers");
+        assert!(parse_peers("1=a:1,1=b:2").is_err());
+        assert!(parse_peers("x=a:1").is_err());
+        let mut a = args();
+        a.peers = Some(parse_peers("1=127.0.0.1:7101,2=127.0.0.1:7101").unwrap());
+        assert_eq!(field_of(Config::load(&a).unwrap_err()), "peers");
+        let mut a = args();
+        a.peers = Some(parse_peers("1=127.0.0.1").unwrap());
+        assert_eq!(field_of(Config::load(&a).unwrap_err()), "peers");
+    }
+
+    #[test]
+    fn cluster_name_is_checked() {
+        let mut a = args();
+        a.cluster_name = Some("bad name".into());
+        assert_eq!(field_of(Config::load(&a).unwrap_err()), "cluster_name");
+    }
+
+    #[test]
+    fn the_file_is_below_flags() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("lockd.toml");
+        std::fs::write(
+            &path,
+            r#"
+node_id = 2
+listen = "127.0.0.1:7102"
+data_dir = "/tmp/n2"
+cluster_name = "filecluster"
+heartbeat_interval_ms = 50
+peers = [{ id = 1, addr = "127.0.0.1:7101" }, { id = 2, addr = "127.0.0.1:7102" }]
+"#,
+        )
+        .unwrap();
+        let a = RunArgs {
+            config: Some(path.clone()),
+            heartbeat_interval_ms: Some(60),
+            ..RunArgs::default()
+        };
+        let c = Config::load(&a).unwrap();
+        assert_eq!(c.node_id, 2);
+        assert_eq!(c.cluster_name, "filecluster");
+        assert_eq!(c.heartbeat_interval_ms, 60, "the flag wins over the file");
+        assert_eq!(c.peers.len(), 2);
+
+        std::fs::write(&path, "node_idd = 1\n").unwrap();
+        let err = Config::load(&a).unwrap_err();
+        assert!(err.to_string().contains("node_idd"), "{err}");
+    }
+}

@@ -1,0 +1,287 @@
+//! `lockd dev`: a three-node cluster on 127.0.0.1 in the foreground, for trying lockd out.
+//!
+//! Owns starting three child `lockd run` processes of this same executable (node 1 with
+//! `--bootstrap`), waiting for a leader, printing the endpoints, and stopping the children with
+//! SIGTERM on Ctrl-C or SIGTERM. Data lives under `--dir` (one folder per node), so a second run
+//! reuses it and never re-initialises. Children's logs go to `node{N}.log` in that folder.
+//! Does not run any node logic in this process.
+
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::Args;
+use lock_proto::v1::StatusRequest;
+use lock_proto::v1::admin_service_client::AdminServiceClient;
+use tokio::process::{Child, Command};
+
+/// Nodes in the dev cluster.
+const NODES: u16 = 3;
+/// How long the cluster may take to elect its first leader before `lockd dev` gives up.
+const LEADER_WAIT: Duration = Duration::from_secs(30);
+/// Pause between two readiness polls.
+const POLL_INTERVAL: Duration = Duration::from_millis(100);
+/// How long each child may take to stop after SIGTERM before it is killed.
+const STOP_WAIT: Duration = Duration::from_secs(10);
+
+/// The `lockd dev` flags.
+#[derive(Args, Clone, Debug)]
+pub struct DevArgs {
+    /// Folder for the three nodes' data and logs.
+    #[arg(long, default_value = ".lockd-dev")]
+    pub dir: PathBuf,
+    /// Port of node 1; nodes 2 and 3 take the next two.
+    #[arg(long, default_value_t = 7101)]
+    pub base_port: u16,
+}
+
+struct DevNode {
+    id: u16,
+    addr: String,
+    child: Option<Child>,
+}
+
+/// Runs the dev cluster until Ctrl-C or SIGTERM.
+pub async fn run(args: DevArgs) -> anyhow::Result<()> {
+    if args.base_port == 0 || args.base_port > u16::MAX - NODES {
+        bail!(
+            "--base-port {} leaves no room for {NODES} ports",
+            args.base_port
+        );
+    }
+    let exe = std::env::current_exe().context("cannot find the lockd executable")?;
+    std::fs::create_dir_all(&args.dir)
+        .with_context(|| format!("cannot create {}", args.dir.display()))?;
+    let dir = args
+        .dir
+        .canonicalize()
+        .with_context(|| format!("cannot resolve {}", args.dir.display()))?;
+    let addrs: Vec<String> = (0..NODES)
+        .map(|i| format!("127.0.0.1:{}", args.base_port + i))
+        .collect();
+    let peers = addrs
+        .iter()
+        .enumerate()
+        .map(|(i, a)| format!("{}={a}", i + 1))
+        .collect::<Vec<_>>()
+        .join(",");
+    let reused = dir
+        .join("node1")
+        .join(crate::identity::IDENTITY_FILE)
+        .exists();
+
+    let mut nodes = Vec::new();
+    for (i, addr) in addrs.iter().enumerate() {
+        let id = i as u16 + 1;
+        let child = spawn_node(&exe, &dir, id, addr, &peers)?;
+        nodes.push(DevNode {
+            id,
+            addr: addr.clone(),
+            child: Some(child),
+        });
+    }
+
+    let mut signals = Signals::new()?;
+    let leader = tokio::select! {
+        leader = wait_for_leader(&mut nodes) => leader,
+        _ = signals.recv() => {
+            stop_all(&mut nodes).await;
+            return Ok(());
+        }
+    };
+    let leader = match leader {
+        Ok(leader) => leader,
+        Err(err) => {
+            stop_all(&mut nodes).await;
+            return Err(err.context(format!("see the logs in {}", dir.display())));
+        }
+    };
+
+    let endpoints: Vec<String> = addrs.iter().map(|a| format!("http://{a}")).collect();
+    println!(
+        "lockd dev: {NODES} nodes up ({} data in {}; logs in {}/node{{1,2,3}}.log)",
+        if reused { "reusing" } else { "fresh" },
+        dir.display(),
+        dir.display()
+    );
+    for node in &nodes {
+        let role = if node.id as u64 == leader.0 {
+            "  (leader)"
+        } else {
+            ""
+        };
+        println!("  node {}  http://{}{role}", node.id, node.addr);
+    }
+    println!("LOCKD_ENDPOINTS={}", endpoints.join(","));
+    println!("leader: node {} at {}", leader.0, leader.1);
+    println!("Ctrl-C stops all three; the next run reuses the data.");
+
+    loop {
+        tokio::select! {
+            _ = signals.recv() => break,
+            (id, status) = next_exit(&mut nodes) => {
+                println!("node {id} exited ({status}); the others keep running");
+            }
+        }
+    }
+    stop_all(&mut nodes).await;
+    println!("lockd dev: stopped");
+    Ok(())
+}
+
+fn spawn_node(exe: &Path, dir: &Path, id: u16, addr: &str, peers: &str) -> anyhow::Result<Child> {
+    let log_path = dir.join(format!("node{id}.log"));
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_path)
+        .with_context(|| format!("cannot open {}", log_path.display()))?;
+    let err_log = log
+        .try_clone()
+        .with_context(|| format!("cannot reuse {}", log_path.display()))?;
+    let mut command = Command::new(exe);
+    command
+        .arg("run")
+        .args(["--node-id", &id.to_string()])
+        .args(["--listen", addr])
+        .arg("--data-dir")
+        .arg(dir.join(format!("node{id}")))
+        .args(["--peers", peers])
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(log))
+        .stderr(Stdio::from(err_log))
+        .kill_on_drop(true);
+    if id == 1 {
+        command.arg("--bootstrap");
+    }
+    command
+        .spawn()
+        .with_context(|| format!("cannot start node {id} ({})", exe.display()))
+}
+
+/// Polls every node's status until all three name the same leader; returns its id and address.
+async fn wait_for_leader(nodes: &mut [DevNode]) -> anyhow::Result<(u64, String)> {
+    let deadline = tokio::time::Instant::now() + LEADER_WAIT;
+    loop {
+        for node in nodes.iter_mut() {
+            if let Some(child) = node.child.as_mut()
+                && let Some(status) = child.try_wait().context("cannot poll a node")?
+            {
+                bail!(
+                    "node {} exited before the cluster was up ({status})",
+                    node.id
+                );
+            }
+        }
+        let mut leaders = Vec::new();
+        for node in nodes.iter() {
+            leaders.push(leader_of(&node.addr).await);
+        }
+        if let Some(Some(first)) = leaders.first()
+            && leaders.iter().all(|l| l.as_ref() == Some(first))
+        {
+            return Ok(first.clone());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            bail!("no leader elected within {LEADER_WAIT:?}");
+        }
+        tokio::time::sleep(POLL_INTERVAL).await;
+    }
+}
+
+/// The leader `addr` reports, if it answers and knows one.
+async fn leader_of(addr: &str) -> Option<(u64, String)> {
+    let mut client = AdminServiceClient::connect(format!("http://{addr}"))
+        .await
+        .ok()?;
+    let status = client.status(StatusRequest {}).await.ok()?.into_inner();
+    status.leader_id.map(|id| (id, status.leader_addr))
+}
+
+/// Waits for the next child to exit; pending forever if none is running.
+async fn next_exit(nodes: &mut [DevNode]) -> (u16, ExitStatus) {
+    let waits = nodes.iter_mut().filter_map(|node| {
+        let id = node.id;
+        let child = node.child.as_mut()?;
+        Some(Box::pin(async move { (id, child.wait().await) }))
+    });
+    let waits: Vec<_> = waits.collect();
+    if waits.is_empty() {
+        return std::future::pending().await;
+    }
+    let ((id, status), _, _) = futures::future::select_all(waits).await;
+    for node in nodes.iter_mut() {
+        if node.id == id {
+            node.child = None;
+        }
+    }
+    match status {
+        Ok(status) => (id, status),
+        Err(e) => {
+            tracing::warn!(node = id, error = %e, "cannot wait for node");
+            (id, ExitStatus::default())
+        }
+    }
+}
+
+/// SIGTERM to every running child, then wait; a child still running after [`STOP_WAIT`] is
+/// killed.
+async fn stop_all(nodes: &mut [DevNode]) {
+    for node in nodes.iter() {
+        if let Some(pid) = node.child.as_ref().and_then(Child::id) {
+            // rustix's safe wrapper: the workspace forbids unsafe code, and tokio's Child only
+            // offers SIGKILL, which would skip the node's graceful shutdown.
+            if let Some(pid) = rustix::process::Pid::from_raw(pid as i32) {
+                let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+            }
+        }
+    }
+    for node in nodes.iter_mut() {
+        let Some(mut child) = node.child.take() else {
+            continue;
+        };
+        match tokio::time::timeout(STOP_WAIT, child.wait()).await {
+            Ok(Ok(status)) => println!("node {} stopped ({status})", node.id),
+            Ok(Err(e)) => println!("node {}: cannot wait for it: {e}", node.id),
+            Err(_) => {
+                println!(
+                    "node {} did not stop within {STOP_WAIT:?}; killing it",
+                    node.id
+                );
+                let _ = child.kill().await;
+            }
+        }
+    }
+}
+
+/// SIGINT (Ctrl-C) and SIGTERM.
+pub struct Signals {
+    interrupt: tokio::signal::unix::Signal,
+    terminate: tokio::signal::unix::Signal,
+}
+
+impl std::fmt::Debug for Signals {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Signals").finish_non_exhaustive()
+    }
+}
+
+impl Signals {
+    /// Starts listening for SIGINT and SIGTERM.
+    pub fn new() -> anyhow::Result<Self> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(Self {
+            interrupt: signal(SignalKind::interrupt()).context("cannot listen for SIGINT")?,
+            terminate: signal(SignalKind::terminate()).context("cannot listen for SIGTERM")?,
+        })
+    }
+
+    /// Resolves at the next SIGINT or SIGTERM.
+    pub async fn recv(&mut self) {
+        tokio::select! {
+            _ = self.interrupt.recv() => {}
+            _ = self.terminate.recv() => {}
+        }
+    }
+}

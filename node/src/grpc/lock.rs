@@ -1,0 +1,145 @@
+//! `lockd.v1.LockService` over [`RaftLockStore`]: acquire (with server-side waiting),
+//! try-acquire, cancel, renew, release, inspect, force-revoke.
+//!
+//! Owns request unpacking and answer packing only; every rule lives in the store, every
+//! conversion in `convert`, every error status in `lock_proto::error`. A dropped call (the
+//! client disconnected) drops the store's future, which cancels a waiting acquire.
+
+use lock_proto::status_from_lock_error;
+use lock_proto::v1::lock_service_server::LockService;
+use lock_proto::v1::{
+    AcquireRequest, AcquireResponse, CancelAcquireRequest, CancelAcquireResponse,
+    ForceRevokeRequest, ForceRevokeResponse, InspectRequest, InspectResponse, ReleaseRequest,
+    ReleaseResponse, RenewRequest, RenewResponse, TryAcquireRequest,
+};
+use tonic::{Request, Response, Status};
+
+use super::convert;
+use crate::store::raft::RaftLockStore;
+
+/// The lock service of one node.
+#[derive(Clone, Debug)]
+pub struct LockApi {
+    store: RaftLockStore,
+}
+
+impl LockApi {
+    /// Serves `store`.
+    pub fn new(store: RaftLockStore) -> Self {
+        Self { store }
+    }
+}
+
+fn status(err: lock_api::LockError) -> Status {
+    status_from_lock_error(&err)
+}
+
+#[tonic::async_trait]
+impl LockService for LockApi {
+    async fn acquire(
+        &self,
+        request: Request<AcquireRequest>,
+    ) -> Result<Response<AcquireResponse>, Status> {
+        let r = request.into_inner();
+        let grant = self
+            .store
+            .acquire(&r.session_id, r.request_id, &r.key, r.ttl_ms, r.max_wait_ms)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(AcquireResponse {
+            grant: grant.map(convert::grant),
+        }))
+    }
+
+    async fn try_acquire(
+        &self,
+        request: Request<TryAcquireRequest>,
+    ) -> Result<Response<AcquireResponse>, Status> {
+        let r = request.into_inner();
+        let grant = self
+            .store
+            .try_acquire(&r.session_id, r.request_id, &r.key, r.ttl_ms)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(AcquireResponse {
+            grant: grant.map(convert::grant),
+        }))
+    }
+
+    async fn cancel_acquire(
+        &self,
+        request: Request<CancelAcquireRequest>,
+    ) -> Result<Response<CancelAcquireResponse>, Status> {
+        let r = request.into_inner();
+        let released_grant = self
+            .store
+            .cancel_acquire(&r.session_id, r.request_id, &r.key)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(CancelAcquireResponse { released_grant }))
+    }
+
+    async fn renew(
+        &self,
+        request: Request<RenewRequest>,
+    ) -> Result<Response<RenewResponse>, Status> {
+        let r = request.into_inner();
+        let grant = self
+            .store
+            .renew(
+                &r.session_id,
+                r.request_id,
+                &r.key,
+                r.fencing_token,
+                r.ttl_ms,
+            )
+            .await
+            .map_err(status)?;
+        Ok(Response::new(RenewResponse {
+            grant: grant.map(convert::grant),
+        }))
+    }
+
+    async fn release(
+        &self,
+        request: Request<ReleaseRequest>,
+    ) -> Result<Response<ReleaseResponse>, Status> {
+        let r = request.into_inner();
+        let released = self
+            .store
+            .release(&r.session_id, r.request_id, &r.key, r.fencing_token)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(ReleaseResponse { released }))
+    }
+
+    async fn inspect(
+        &self,
+        request: Request<InspectRequest>,
+    ) -> Result<Response<InspectResponse>, Status> {
+        let r = request.into_inner();
+        let state = self
+            .store
+            .inspect(&r.key, r.leader_confirmed)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(InspectResponse {
+            info: state.map(convert::lock_info),
+        }))
+    }
+
+    async fn force_revoke(
+        &self,
+        request: Request<ForceRevokeRequest>,
+    ) -> Result<Response<ForceRevokeResponse>, Status> {
+        let r = request.into_inner();
+        let revocation = self
+            .store
+            .force_revoke(&r.key, &r.operator, &r.reason)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(ForceRevokeResponse {
+            outcome: Some(convert::outcome(revocation)),
+        }))
+    }
+}

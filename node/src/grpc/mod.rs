@@ -1,0 +1,19 @@
+//! The client-facing gRPC services of a node: lock, session and admin, each a thin shell over
+//! [`crate::store::raft::RaftLockStore`], and the proto ↔ domain conversions they share.
+//!
+//! Nothing here decides a lock outcome or builds an error status by hand.
+
+pub mod admin;
+pub mod convert;
+pub mod lock;
+pub mod session;
+
+/// Largest client API message, in bytes, either way. The largest request is a force-revoke
+/// (key 256 B + operator 128 B + reason 1 KiB); the largest answer a `LocksOf` of
+/// `LOCKS_PER_SESSION_MAX` keys of `KEY_LEN_MAX` bytes (256 KiB). 1 MiB covers both with room.
+pub const CLIENT_MESSAGE_BYTES_MAX: usize = 1024 * 1024;
+
+const _: () = assert!(
+    CLIENT_MESSAGE_BYTES_MAX
+        > lock_raft_store::limits::LOCKS_PER_SESSION_MAX * (lock_api::limits::KEY_LEN_MAX + 8)
+);

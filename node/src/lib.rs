@@ -1,0 +1,32 @@
+//! lockd, the server: gRPC services, Raft over tonic, leader-local leases and the reaper, and
+//! `lockd dev`. The binary `lockd` is [`cli::main`].
+//!
+//! # Layout
+//!
+//! - [`config`]: flags, `LOCKD_*` env and TOML merged and validated; [`identity`]: the data
+//!   dir's owner.
+//! - [`clock`]: the injected wall and monotonic clocks.
+//! - [`raft`]: the Raft transport over gRPC (client [`raft::network`], server
+//!   [`raft::service`]).
+//! - [`proposer`]: stamping and group commit of commands (D-time, D-batch).
+//! - [`leases`]: lease deadlines, promote, reaper (D-lease); [`waiters`]: waiting acquires
+//!   (D-wait).
+//! - [`store`]: `LockStore` + `SessionRegistry` over the cluster ([`store::raft`]).
+//! - [`grpc`]: the lock, session and admin services and their conversions.
+//! - [`server`]: assembles a node; [`dev`]: the three-node dev cluster; [`cli`]: the command
+//!   line.
+
+#![forbid(unsafe_code)]
+
+pub mod cli;
+pub mod clock;
+pub mod config;
+pub mod dev;
+pub mod grpc;
+pub mod identity;
+pub mod leases;
+pub mod proposer;
+pub mod raft;
+pub mod server;
+pub mod store;
+pub mod waiters;

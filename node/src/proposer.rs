@@ -1,0 +1,380 @@
+//! The leader's proposer (DESIGN D-batch): one task that stamps commands with the leader's clock
+//! (D-time) and writes them to the Raft log, grouping the commands that queue up while earlier
+//! entries are in flight into one `Command::Batch` entry.
+//!
+//! Owns stamping, batching, the bound on entries in flight and routing each answer back to its
+//! caller. Does not validate commands (callers do, before proposing) and does not know what a
+//! command means.
+//!
+//! Ordering: the task submits entries one at a time, in queue order, through openraft's
+//! fire-and-forget `client_write_ff`, which only enqueues the entry on RaftCore's API channel; so
+//! the log order is the submission order even with several entries in flight. A batch is
+//! applied command by command in arrival order, so batching changes no answer.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use lock_api::LockError;
+use lock_raft_store::{Command, Request, Response, TypeConfig};
+use openraft::Raft;
+use openraft::error::ClientWriteError;
+use tokio::sync::{Semaphore, mpsc, oneshot};
+
+use crate::clock::Clock;
+
+/// Most commands gathered into one entry: the state machine's own bound on a batch.
+pub const BATCH_COMMANDS_MAX: usize = lock_raft_store::limits::BATCH_MAX;
+
+/// Most entries in flight (submitted, not yet applied) at once.
+///
+/// One entry in flight would serialize every write behind one fsync round; a few let the next
+/// batch gather while the previous commits. More than a handful only grows the log's pending
+/// tail without raising throughput, since the log store flushes in order anyway.
+pub const ENTRIES_IN_FLIGHT_MAX: usize = 4;
+
+/// Most commands waiting for the proposer. Past this, callers wait for room (backpressure)
+/// instead of growing the leader's memory without bound.
+pub const PROPOSALS_QUEUED_MAX: usize = 16 * 1024;
+
+const _: () = assert!(BATCH_COMMANDS_MAX > 0 && ENTRIES_IN_FLIGHT_MAX > 0);
+
+/// The applied answer of one submitted entry, still to come.
+pub type Applied = Pin<Box<dyn Future<Output = Result<Response, LockError>> + Send>>;
+
+/// Where the proposer writes entries. The real one is [`RaftWriter`]; tests use a fake.
+pub trait LogWriter: Send + Sync + 'static {
+    /// Appends `request` to the log after every request submitted before it, and returns the
+    /// future of its applied answer. An error means the entry was not submitted.
+    fn submit(&self, request: Request) -> impl Future<Output = Result<Applied, LockError>> + Send;
+}
+
+/// Writes entries through openraft's fire-and-forget client write.
+#[derive(Clone)]
+pub struct RaftWriter {
+    raft: Raft<TypeConfig>,
+}
+
+impl std::fmt::Debug for RaftWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RaftWriter").finish_non_exhaustive()
+    }
+}
+
+impl RaftWriter {
+    /// Writes to `raft`.
+    pub fn new(raft: Raft<TypeConfig>) -> Self {
+        Self { raft }
+    }
+}
+
+impl LogWriter for RaftWriter {
+    async fn submit(&self, request: Request) -> Result<Applied, LockError> {
+        let rx = self
+            .raft
+            .client_write_ff(request)
+            .await
+            .map_err(|fatal| LockError::contention(format!("raft is stopped: {fatal}")))?;
+        Ok(Box::pin(async move {
+            match rx.await {
+                Ok(Ok(written)) => Ok(written.data),
+                Ok(Err(ClientWriteError::ForwardToLeader(f))) => Err(LockError::NotLeader {
+                    leader_id: f.leader_id,
+                    leader_addr: f.leader_node.map(|n| n.addr),
+                }),
+                Ok(Err(ClientWriteError::ChangeMembershipError(e))) => Err(LockError::contention(
+                    format!("membership change in progress: {e}"),
+                )),
+                // The entry may still commit under a later leader: the outcome is unknown, and
+                // the request id makes the caller's retry safe.
+                Err(_) => Err(LockError::contention(
+                    "unknown outcome: the leader stopped before the entry was answered; retry with the same request id",
+                )),
+            }
+        }))
+    }
+}
+
+struct Proposal {
+    command: Command,
+    reply: oneshot::Sender<Result<Response, LockError>>,
+}
+
+/// The handle callers propose through. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Proposer {
+    tx: mpsc::Sender<Proposal>,
+}
+
+impl std::fmt::Debug for Proposal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Proposal")
+            .field("command", &self.command)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Proposer {
+    /// Starts the proposer task writing to `writer`, stamping with `clock`, with at most
+    /// `in_flight_max` entries in flight and `batch_max` commands per entry.
+    pub fn spawn<W: LogWriter>(
+        writer: W,
+        clock: Arc<dyn Clock>,
+        in_flight_max: usize,
+        batch_max: usize,
+    ) -> Self {
+        let (tx, rx) = mpsc::channel(PROPOSALS_QUEUED_MAX);
+        tokio::spawn(run(
+            writer,
+            clock,
+            rx,
+            in_flight_max.max(1),
+            batch_max.clamp(1, BATCH_COMMANDS_MAX),
+        ));
+        Self { tx }
+    }
+
+    /// Proposes `command` and waits for its applied answer.
+    ///
+    /// Errors: `NotLeader` if this node is not (or stopped being) the leader, `Contention` if
+    /// the outcome is unknown (the caller may retry with the same request id).
+    pub async fn propose(&self, command: Command) -> Result<Response, LockError> {
+        let (reply, answer) = oneshot::channel();
+        self.tx
+            .send(Proposal { command, reply })
+            .await
+            .map_err(|_| LockError::contention("the node is shutting down"))?;
+        answer.await.unwrap_or_else(|_| {
+            Err(LockError::contention(
+                "unknown outcome: the proposer stopped before answering; retry with the same request id",
+            ))
+        })
+    }
+}
+
+async fn run<W: LogWriter>(
+    writer: W,
+    clock: Arc<dyn Clock>,
+    mut rx: mpsc::Receiver<Proposal>,
+    in_flight_max: usize,
+    batch_max: usize,
+) {
+    let in_flight = Arc::new(Semaphore::new(in_flight_max));
+    let mut last_stamp_ms = 0u64;
+    loop {
+        // Take a slot first, then the commands: while every slot is busy, commands pile up in
+        // the queue and the next entry gathers them all (group commit).
+        let Ok(permit) = in_flight.clone().acquire_owned().await else {
+            return;
+        };
+        let Some(first) = rx.recv().await else {
+            return;
+        };
+        let mut proposals = vec![first];
+        while proposals.len() < batch_max {
+            match rx.try_recv() {
+                Ok(p) => proposals.push(p),
+                Err(_) => break,
+            }
+        }
+        // D-time: never below the last stamp, whatever the wall clock did.
+        last_stamp_ms = last_stamp_ms.max(clock.wall_ms());
+        let (mut commands, replies): (Vec<Command>, Vec<_>) =
+            proposals.into_iter().map(|p| (p.command, p.reply)).unzip();
+        let command = if commands.len() == 1 {
+            commands.pop().unwrap_or(Command::Batch(Vec::new()))
+        } else {
+            Command::Batch(commands)
+        };
+        let request = Request {
+            stamp_ms: last_stamp_ms,
+            command,
+        };
+        match writer.submit(request).await {
+            Err(err) => {
+                for reply in replies {
+                    let _ = reply.send(Err(err.clone()));
+                }
+            }
+            Ok(applied) => {
+                tokio::spawn(async move {
+                    let answer = applied.await;
+                    dispatch(answer, replies);
+                    drop(permit);
+                });
+            }
+        }
+    }
+}
+
+/// Sends each caller its own answer: a lone command gets the entry's answer, the commands of a
+/// batch get the batch's answers in order.
+fn dispatch(
+    answer: Result<Response, LockError>,
+    replies: Vec<oneshot::Sender<Result<Response, LockError>>>,
+) {
+    if replies.len() == 1 {
+        if let Some(reply) = replies.into_iter().next() {
+            let _ = reply.send(answer);
+        }
+        return;
+    }
+    match answer {
+        Ok(Response::Batch(answers)) if answers.len() == replies.len() => {
+            for (reply, answer) in replies.into_iter().zip(answers) {
+                let _ = reply.send(Ok(answer));
+            }
+        }
+        Ok(other) => {
+            let err = LockError::contention(format!(
+                "unknown outcome: a batch of {} commands was answered with {other:?}",
+                replies.len()
+            ));
+            tracing::error!(%err, "batch answer does not match its commands");
+            for reply in replies {
+                let _ = reply.send(Err(err.clone()));
+            }
+        }
+        Err(err) => {
+            for reply in replies {
+                let _ = reply.send(Err(err.clone()));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    use tokio::sync::Notify;
+
+    use super::*;
+    use crate::clock::ManualClock;
+
+    /// Answers `Release { request_id: n }` with `Queued { position: n }` so each caller can
+    /// check it got its own answer; holds the first entry until `gate` is notified.
+    #[derive(Clone, Default)]
+    struct FakeLog {
+        requests: Arc<Mutex<Vec<Request>>>,
+        gate: Arc<Notify>,
+    }
+
+    fn answer_of(command: &Command) -> Response {
+        match command {
+            Command::Release { request_id, .. } => Response::Queued {
+                position: *request_id as u32,
+            },
+            Command::Batch(commands) => Response::Batch(commands.iter().map(answer_of).collect()),
+            _ => Response::NoCommand,
+        }
+    }
+
+    impl LogWriter for FakeLog {
+        async fn submit(&self, request: Request) -> Result<Applied, LockError> {
+            let first = {
+                let mut requests = self.requests.lock().unwrap();
+                requests.push(request.clone());
+                requests.len() == 1
+            };
+            let gate = self.gate.clone();
+            Ok(Box::pin(async move {
+                if first {
+                    gate.notified().await;
+                }
+                Ok(answer_of(&request.command))
+            }))
+        }
+    }
+
+    fn release(n: u64) -> Command {
+        Command::Release {
+            session_id: "s".into(),
+            request_id: n,
+            key: "k".into(),
+            token: 1,
+        }
+    }
+
+    async fn wait_for(cond: impl Fn() -> bool) {
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while !cond() {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("condition not reached within 5 s");
+    }
+
+    #[tokio::test]
+    async fn commands_queued_behind_an_entry_in_flight_form_one_batch_answered_in_order() {
+        let log = FakeLog::default();
+        let clock = Arc::new(ManualClock::new(1_000));
+        let proposer = Proposer::spawn(log.clone(), clock, 1, BATCH_COMMANDS_MAX);
+
+        let first = tokio::spawn({
+            let p = proposer.clone();
+            async move { p.propose(release(1)).await }
+        });
+        wait_for(|| log.requests.lock().unwrap().len() == 1).await;
+        let later: Vec<_> = (2..=4)
+            .map(|n| {
+                let p = proposer.clone();
+                tokio::spawn(async move { p.propose(release(n)).await })
+            })
+            .collect();
+        // Let the three reach the queue while the first entry holds the only slot.
+        wait_for(|| proposer.tx.capacity() == PROPOSALS_QUEUED_MAX - 3).await;
+        log.gate.notify_one();
+
+        assert_eq!(first.await.unwrap(), Ok(Response::Queued { position: 1 }));
+        for (n, task) in (2..=4).zip(later) {
+            assert_eq!(task.await.unwrap(), Ok(Response::Queued { position: n }));
+        }
+        let requests = log.requests.lock().unwrap().clone();
+        assert_eq!(requests.len(), 2, "{requests:?}");
+        assert_eq!(requests[0].command, release(1));
+        assert_eq!(
+            requests[1].command,
+            Command::Batch(vec![release(2), release(3), release(4)])
+        );
+    }
+
+    #[tokio::test]
+    async fn stamps_never_go_backwards() {
+        let log = FakeLog::default();
+        log.gate.notify_one();
+        let clock = Arc::new(ManualClock::new(5_000));
+        let proposer = Proposer::spawn(log.clone(), clock.clone(), 1, BATCH_COMMANDS_MAX);
+        proposer.propose(release(1)).await.unwrap();
+        clock.set_wall_ms(4_000);
+        proposer.propose(release(2)).await.unwrap();
+        clock.set_wall_ms(6_000);
+        proposer.propose(release(3)).await.unwrap();
+        let stamps: Vec<u64> = log
+            .requests
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|r| r.stamp_ms)
+            .collect();
+        assert_eq!(stamps, vec![5_000, 5_000, 6_000]);
+    }
+
+    #[test]
+    fn a_mismatched_batch_answer_is_an_unknown_outcome_for_everyone() {
+        let (tx1, mut rx1) = oneshot::channel();
+        let (tx2, mut rx2) = oneshot::channel();
+        dispatch(
+            Ok(Response::Batch(vec![Response::NoCommand])),
+            vec![tx1, tx2],
+        );
+        for rx in [&mut rx1, &mut rx2] {
+            assert!(matches!(
+                rx.try_recv().unwrap(),
+                Err(LockError::Contention { .. })
+            ));
+        }
+    }
+}

@@ -1,0 +1,6 @@
+//! The lock store backends behind `lock_api::LockStore` + `lock_api::SessionRegistry`.
+//!
+//! - [`raft`]: the store over this node's Raft cluster (the default and only one built now);
+//!   other backends (PostgreSQL, etcd) plug in behind the same traits.
+
+pub mod raft;
