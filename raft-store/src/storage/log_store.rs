@@ -72,11 +72,22 @@ impl LogStore {
             path: self.engine.dir().to_path_buf(),
         })?
     }
+}
 
-    /// Reads and decodes the vote.
-    pub fn vote(&self) -> Result<Option<Vote<NodeId>>, StorageError> {
-        read_meta(&self.engine, MetaKey::Vote)
-    }
+// One typed reader per metadata record, so that what is written and what is read back (and
+// verified on open) cannot disagree about the type.
+
+fn load_vote(engine: &Engine) -> Result<Option<Vote<NodeId>>, StorageError> {
+    read_meta(engine, MetaKey::Vote)
+}
+
+fn load_committed(engine: &Engine) -> Result<Option<LogId<NodeId>>, StorageError> {
+    // Stored as the `Option` openraft hands over, so `Some(None)` is a saved "nothing".
+    Ok(read_meta::<Option<LogId<NodeId>>>(engine, MetaKey::Committed)?.flatten())
+}
+
+fn load_last_purged(engine: &Engine) -> Result<Option<LogId<NodeId>>, StorageError> {
+    read_meta(engine, MetaKey::LastPurged)
 }
 
 fn meta_name(key: MetaKey) -> &'static str {
@@ -147,9 +158,9 @@ fn decode_entry(
 /// version and checksum check, and the entries are contiguous and after the last purged one.
 /// The log is purged after every snapshot, so this reads a bounded amount.
 fn verify_all(engine: &Engine) -> Result<(), StorageError> {
-    let _: Option<Vote<NodeId>> = read_meta(engine, MetaKey::Vote)?;
-    let _: Option<LogId<NodeId>> = read_meta(engine, MetaKey::Committed)?;
-    let last_purged: Option<LogId<NodeId>> = read_meta(engine, MetaKey::LastPurged)?;
+    load_vote(engine)?;
+    load_committed(engine)?;
+    let last_purged = load_last_purged(engine)?;
     let mut previous: Option<u64> = last_purged.map(|id| id.index);
     let mut first = true;
     engine.scan_log(Bound::Unbounded, Bound::Unbounded, |index, record| {
@@ -221,8 +232,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, RaftStorageError> {
         let state = || -> Result<LogState<TypeConfig>, StorageError> {
-            let last_purged_log_id: Option<LogId<NodeId>> =
-                read_meta(&self.engine, MetaKey::LastPurged)?;
+            let last_purged_log_id = load_last_purged(&self.engine)?;
             let last_log_id = match self.engine.last_log()? {
                 Some((index, record)) => {
                     Some(*decode_entry(&self.engine, index, &record)?.get_log_id())
@@ -250,8 +260,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, RaftStorageError> {
-        self.vote()
-            .map_err(|e| e.into_raft(ErrorSubject::Vote, ErrorVerb::Read))
+        load_vote(&self.engine).map_err(|e| e.into_raft(ErrorSubject::Vote, ErrorVerb::Read))
     }
 
     /// Stored without a sync of its own: the next append, vote or sled's background flush makes
@@ -267,9 +276,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId<NodeId>>, RaftStorageError> {
-        let committed: Option<Option<LogId<NodeId>>> = read_meta(&self.engine, MetaKey::Committed)
-            .map_err(|e| e.into_raft(ErrorSubject::Store, ErrorVerb::Read))?;
-        Ok(committed.flatten())
+        load_committed(&self.engine).map_err(|e| e.into_raft(ErrorSubject::Store, ErrorVerb::Read))
     }
 
     async fn append<I>(
@@ -526,6 +533,11 @@ mod tests {
         {
             let mut store = store_with_entries(dir.path(), 10).await;
             store.save_vote(&vote).await.expect("vote");
+            let committed = LogId::new(CommittedLeaderId::new(1, 0), 6);
+            store
+                .save_committed(Some(committed))
+                .await
+                .expect("committed");
             store
                 .purge(LogId::new(CommittedLeaderId::new(1, 0), 4))
                 .await
@@ -537,6 +549,14 @@ mod tests {
         }
         let mut store = LogStore::open(dir.path()).expect("reopen");
         assert_eq!(store.read_vote().await.expect("vote"), Some(vote));
+        assert_eq!(
+            store
+                .read_committed()
+                .await
+                .expect("committed")
+                .map(|id| id.index),
+            Some(6)
+        );
         let state = store.get_log_state().await.expect("state");
         assert_eq!(state.last_purged_log_id.map(|id| id.index), Some(4));
         assert_eq!(state.last_log_id.map(|id| id.index), Some(8));
