@@ -1,0 +1,728 @@
+//! The SDK against fake in-process lockd nodes (tonic servers on 127.0.0.1:0): leader
+//! discovery by `NotLeader` hints, skipping a dead endpoint, idempotent retries, the deadline
+//! rule, heartbeats, keep-alive, listeners, cancellation and the guard. The fakes answer from a
+//! script, so each behaviour of the client is tested without the real node.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use lock_api::{LockError, LockHandle, LockService};
+use lock_client::{ClientConfig, LockClient, SafetyMargin};
+use lock_proto::error::status_from_lock_error;
+use lock_proto::v1;
+use tonic::{Request, Response, Status};
+
+/// How long a test waits for a condition before it fails.
+const WAIT_MAX: Duration = Duration::from_secs(10);
+
+/// Polls `condition` every 10 ms until it holds or [`WAIT_MAX`] passes (then panics naming
+/// `what`).
+async fn wait_for(what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = Instant::now() + WAIT_MAX;
+    while !condition() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// What a fake node does; tests change it while it runs.
+#[derive(Debug, Default)]
+struct Script {
+    /// `Some(hint)`: a follower answering every client call `NotLeader` with this hint.
+    follower_hint: Option<Option<String>>,
+    /// Whether Status names a leader (`leader_addr`), so discovery can find it.
+    status_names: Option<String>,
+    /// Answer this many Acquire/TryAcquire calls with `Contention` before granting.
+    acquire_failures: u32,
+    /// Hold Acquire this long before answering.
+    acquire_delay: Duration,
+    /// Acquire answers "not granted" (after `acquire_delay`).
+    acquire_refuses: bool,
+    /// Renew answers "lost".
+    renew_lost: bool,
+    /// Renew answers `Contention`.
+    renew_fails: bool,
+    /// Heartbeat answers `alive = false`.
+    heartbeat_dead: bool,
+}
+
+/// What a fake node saw.
+#[derive(Debug, Default)]
+struct Seen {
+    calls: Vec<String>,
+    acquire_request_ids: Vec<u64>,
+    cancels: Vec<(String, u64, String)>,
+    releases: Vec<(String, u64)>,
+    renews: u32,
+    heartbeats: u32,
+    /// The owner of the last session opened (the fake has one session, "s1").
+    owner: String,
+}
+
+#[derive(Clone, Default)]
+struct Fake {
+    script: Arc<Mutex<Script>>,
+    seen: Arc<Mutex<Seen>>,
+    tokens: Arc<AtomicU64>,
+}
+
+impl Fake {
+    fn script(&self) -> std::sync::MutexGuard<'_, Script> {
+        self.script.lock().expect("script lock")
+    }
+    fn seen(&self) -> std::sync::MutexGuard<'_, Seen> {
+        self.seen.lock().expect("seen lock")
+    }
+    fn note(&self, call: &str) -> Result<(), Status> {
+        self.seen().calls.push(call.to_owned());
+        match &self.script().follower_hint {
+            Some(hint) => Err(status_from_lock_error(&LockError::NotLeader {
+                leader_id: hint.as_ref().map(|_| 2),
+                leader_addr: hint.clone(),
+            })),
+            None => Ok(()),
+        }
+    }
+    fn grant(&self, session_id: &str, key: &str, ttl_ms: u64, token: u64) -> v1::Grant {
+        let now_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        v1::Grant {
+            key: key.to_owned(),
+            owner_id: self.seen().owner.clone(),
+            session_id: session_id.to_owned(),
+            fencing_token: token,
+            ttl_ms,
+            server_expiry_unix_ms: now_ms + ttl_ms,
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl v1::admin_service_server::AdminService for Fake {
+    async fn status(
+        &self,
+        _: Request<v1::StatusRequest>,
+    ) -> Result<Response<v1::StatusResponse>, Status> {
+        let leader = self.script().status_names.clone();
+        Ok(Response::new(v1::StatusResponse {
+            node_id: 1,
+            role: v1::Role::Follower as i32,
+            leader_id: leader.as_ref().map(|_| 2),
+            leader_addr: leader.unwrap_or_default(),
+            ..Default::default()
+        }))
+    }
+    async fn init(
+        &self,
+        _: Request<v1::InitRequest>,
+    ) -> Result<Response<v1::InitResponse>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
+    async fn add_learner(
+        &self,
+        _: Request<v1::AddLearnerRequest>,
+    ) -> Result<Response<v1::AddLearnerResponse>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
+    async fn change_membership(
+        &self,
+        _: Request<v1::ChangeMembershipRequest>,
+    ) -> Result<Response<v1::ChangeMembershipResponse>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
+}
+
+#[tonic::async_trait]
+impl v1::session_service_server::SessionService for Fake {
+    async fn open_session(
+        &self,
+        request: Request<v1::OpenSessionRequest>,
+    ) -> Result<Response<v1::OpenSessionResponse>, Status> {
+        self.note("open_session")?;
+        let request = request.into_inner();
+        self.seen().owner = request.owner_id;
+        Ok(Response::new(v1::OpenSessionResponse {
+            session_id: "s1".into(),
+            ttl_ms: request.ttl_ms,
+        }))
+    }
+    async fn heartbeat(
+        &self,
+        _: Request<v1::HeartbeatRequest>,
+    ) -> Result<Response<v1::HeartbeatResponse>, Status> {
+        self.note("heartbeat")?;
+        self.seen().heartbeats += 1;
+        let alive = !self.script().heartbeat_dead;
+        Ok(Response::new(v1::HeartbeatResponse {
+            alive,
+            ttl_ms: if alive { 1_000 } else { 0 },
+        }))
+    }
+    async fn close_session(
+        &self,
+        _: Request<v1::CloseSessionRequest>,
+    ) -> Result<Response<v1::CloseSessionResponse>, Status> {
+        self.note("close_session")?;
+        Ok(Response::new(v1::CloseSessionResponse {
+            locks_released: 0,
+        }))
+    }
+    async fn locks_of(
+        &self,
+        _: Request<v1::LocksOfRequest>,
+    ) -> Result<Response<v1::LocksOfResponse>, Status> {
+        self.note("locks_of")?;
+        Ok(Response::new(v1::LocksOfResponse { keys: vec![] }))
+    }
+}
+
+impl Fake {
+    async fn acquire_answer(
+        &self,
+        session_id: String,
+        request_id: u64,
+        key: String,
+        ttl_ms: u64,
+    ) -> Result<Response<v1::AcquireResponse>, Status> {
+        self.seen().acquire_request_ids.push(request_id);
+        let (fail, delay, refuse) = {
+            let mut script = self.script();
+            let fail = script.acquire_failures > 0;
+            if fail {
+                script.acquire_failures -= 1;
+            }
+            (fail, script.acquire_delay, script.acquire_refuses)
+        };
+        if fail {
+            return Err(status_from_lock_error(&LockError::contention(
+                "scripted failure",
+            )));
+        }
+        tokio::time::sleep(delay).await;
+        if refuse {
+            return Ok(Response::new(v1::AcquireResponse { grant: None }));
+        }
+        let token = self.tokens.fetch_add(1, Ordering::SeqCst) + 1;
+        Ok(Response::new(v1::AcquireResponse {
+            grant: Some(self.grant(&session_id, &key, ttl_ms, token)),
+        }))
+    }
+}
+
+#[tonic::async_trait]
+impl v1::lock_service_server::LockService for Fake {
+    async fn acquire(
+        &self,
+        request: Request<v1::AcquireRequest>,
+    ) -> Result<Response<v1::AcquireResponse>, Status> {
+        self.note("acquire")?;
+        let r = request.into_inner();
+        self.acquire_answer(r.session_id, r.request_id, r.key, r.ttl_ms)
+            .await
+    }
+    async fn try_acquire(
+        &self,
+        request: Request<v1::TryAcquireRequest>,
+    ) -> Result<Response<v1::AcquireResponse>, Status> {
+        self.note("try_acquire")?;
+        let r = request.into_inner();
+        self.acquire_answer(r.session_id, r.request_id, r.key, r.ttl_ms)
+            .await
+    }
+    async fn cancel_acquire(
+        &self,
+        request: Request<v1::CancelAcquireRequest>,
+    ) -> Result<Response<v1::CancelAcquireResponse>, Status> {
+        self.note("cancel_acquire")?;
+        let r = request.into_inner();
+        self.seen()
+            .cancels
+            .push((r.session_id, r.request_id, r.key));
+        Ok(Response::new(v1::CancelAcquireResponse {
+            released_grant: false,
+        }))
+    }
+    async fn renew(
+        &self,
+        request: Request<v1::RenewRequest>,
+    ) -> Result<Response<v1::RenewResponse>, Status> {
+        self.note("renew")?;
+        let r = request.into_inner();
+        self.seen().renews += 1;
+        let (lost, fails) = {
+            let s = self.script();
+            (s.renew_lost, s.renew_fails)
+        };
+        if fails {
+            return Err(status_from_lock_error(&LockError::contention(
+                "scripted renew failure",
+            )));
+        }
+        let grant = (!lost).then(|| self.grant(&r.session_id, &r.key, r.ttl_ms, r.fencing_token));
+        Ok(Response::new(v1::RenewResponse { grant }))
+    }
+    async fn release(
+        &self,
+        request: Request<v1::ReleaseRequest>,
+    ) -> Result<Response<v1::ReleaseResponse>, Status> {
+        self.note("release")?;
+        let r = request.into_inner();
+        self.seen().releases.push((r.key, r.fencing_token));
+        Ok(Response::new(v1::ReleaseResponse { released: true }))
+    }
+    async fn inspect(
+        &self,
+        _: Request<v1::InspectRequest>,
+    ) -> Result<Response<v1::InspectResponse>, Status> {
+        self.note("inspect")?;
+        Ok(Response::new(v1::InspectResponse { info: None }))
+    }
+    async fn force_revoke(
+        &self,
+        _: Request<v1::ForceRevokeRequest>,
+    ) -> Result<Response<v1::ForceRevokeResponse>, Status> {
+        self.note("force_revoke")?;
+        Err(Status::unimplemented("fake"))
+    }
+}
+
+/// Starts `fake` on 127.0.0.1:0 and returns its address.
+async fn serve(fake: Fake) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind 127.0.0.1:0");
+    let addr = listener.local_addr().expect("local addr");
+    tokio::spawn(async move {
+        tonic::transport::Server::builder()
+            .add_service(v1::admin_service_server::AdminServiceServer::new(
+                fake.clone(),
+            ))
+            .add_service(v1::session_service_server::SessionServiceServer::new(
+                fake.clone(),
+            ))
+            .add_service(v1::lock_service_server::LockServiceServer::new(fake))
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+            .await
+            .expect("fake server");
+    });
+    addr
+}
+
+/// An address nothing listens on (bound, then closed).
+async fn dead_addr() -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    listener.local_addr().expect("addr")
+}
+
+fn config() -> ClientConfig {
+    ClientConfig {
+        call_timeout: Duration::from_secs(3),
+        attempt_timeout: Duration::from_secs(1),
+        session_ttl: Duration::from_secs(1),
+        safety_margin: SafetyMargin::Fixed(Duration::from_millis(100)),
+        jitter_seed: Some(7),
+        ..ClientConfig::default()
+    }
+}
+
+async fn leader_and_client() -> (Fake, LockClient) {
+    let leader = Fake::default();
+    let addr = serve(leader.clone()).await;
+    let client = LockClient::connect_with(&[addr.to_string()], config())
+        .await
+        .expect("connect");
+    (leader, client)
+}
+
+const TTL: Duration = Duration::from_secs(2);
+
+#[tokio::test]
+async fn a_not_leader_hint_is_followed_to_a_leader_the_client_was_not_given() {
+    let leader = Fake::default();
+    let leader_addr = serve(leader.clone()).await;
+    let follower = Fake::default();
+    follower.script().follower_hint = Some(Some(leader_addr.to_string()));
+    let follower_addr = serve(follower.clone()).await;
+
+    let client = LockClient::connect_with(&[follower_addr.to_string()], config())
+        .await
+        .expect("connect");
+    let session = client.open_session("owner").await.expect("open session");
+    assert_eq!(session.session_id(), "s1");
+    assert_eq!(
+        client.endpoints(),
+        vec![follower_addr.to_string(), leader_addr.to_string()]
+    );
+    assert_eq!(client.believed_leader(), leader_addr.to_string());
+    assert_eq!(follower.seen().calls, vec!["open_session"]);
+    assert_eq!(leader.seen().calls, vec!["open_session"]);
+    session.close().await.expect("close");
+}
+
+#[tokio::test]
+async fn a_dead_endpoint_and_a_hintless_follower_are_skipped() {
+    let leader = Fake::default();
+    let leader_addr = serve(leader.clone()).await;
+    let follower = Fake::default();
+    follower.script().follower_hint = Some(None);
+    let follower_addr = serve(follower.clone()).await;
+    let dead = dead_addr().await;
+
+    let client = LockClient::connect_with(
+        &[
+            dead.to_string(),
+            follower_addr.to_string(),
+            leader_addr.to_string(),
+        ],
+        config(),
+    )
+    .await
+    .expect("connect");
+    let session = client.open_session("owner").await.expect("open session");
+    assert_eq!(client.believed_leader(), leader_addr.to_string());
+    assert_eq!(follower.seen().calls, vec!["open_session"]);
+    drop(session);
+}
+
+#[tokio::test]
+async fn no_reachable_endpoint_is_a_contention_error_naming_it() {
+    let dead = dead_addr().await;
+    match LockClient::connect_with(&[dead.to_string()], config()).await {
+        Err(LockError::Contention { message }) => {
+            assert!(message.contains(&dead.to_string()), "{message}")
+        }
+        other => panic!("expected Contention, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_retried_acquire_reuses_its_request_id() {
+    let (leader, client) = leader_and_client().await;
+    leader.script().acquire_failures = 2;
+    let session = client.open_session("owner").await.expect("session");
+    let handle = session
+        .acquire("k", "owner", TTL, Duration::from_secs(1))
+        .await
+        .expect("acquire")
+        .expect("granted");
+    assert_eq!(handle.fencing_token, 1);
+    let ids = leader.seen().acquire_request_ids.clone();
+    assert_eq!(ids.len(), 3, "{ids:?}");
+    assert!(ids.iter().all(|id| *id == ids[0]), "{ids:?}");
+    // The next logical call carries a new id.
+    session.try_acquire("k2", "owner", TTL).await.expect("try");
+    let ids = leader.seen().acquire_request_ids.clone();
+    assert!(ids[3] > ids[0], "{ids:?}");
+}
+
+#[tokio::test]
+async fn the_deadline_counts_from_before_the_send_minus_the_margin() {
+    let (leader, client) = leader_and_client().await;
+    leader.script().acquire_delay = Duration::from_millis(300);
+    let session = client.open_session("owner").await.expect("session");
+    let before = Instant::now();
+    let handle = session
+        .acquire("k", "owner", TTL, Duration::from_secs(1))
+        .await
+        .expect("acquire")
+        .expect("granted");
+    let after = Instant::now();
+    assert!(after - before >= Duration::from_millis(300));
+    let from_before = handle.client_deadline - before;
+    // ttl 2 s - margin 100 ms, counted from (just after) `before`, not from the answer.
+    assert!(
+        from_before >= Duration::from_millis(1_900)
+            && from_before < Duration::from_millis(1_900 + 100),
+        "{from_before:?}"
+    );
+    assert!(
+        handle.client_deadline + Duration::from_millis(250)
+            < after + (TTL - Duration::from_millis(100))
+    );
+}
+
+#[tokio::test]
+async fn a_spent_retry_budget_is_contention_and_never_lock_lost() {
+    let (leader, client) = leader_and_client().await;
+    let session = client.open_session("owner").await.expect("session");
+    let handle = session
+        .try_acquire("k", "owner", Duration::from_secs(10))
+        .await
+        .expect("try")
+        .expect("granted");
+    leader.script().renew_fails = true;
+    match session.renew(&handle).await {
+        Err(LockError::Contention { message }) => assert!(message.contains("renew"), "{message}"),
+        other => panic!("expected Contention, got {other:?}"),
+    }
+    assert!(leader.seen().renews > 1, "the renewal was not retried");
+    assert_eq!(session.check_still_held(&handle), Ok(()));
+}
+
+#[tokio::test]
+async fn a_dead_session_fires_the_listeners_of_every_handle() {
+    let (leader, client) = leader_and_client().await;
+    let session = client.open_session("owner").await.expect("session");
+    let lost: Arc<Mutex<Vec<LockHandle>>> = Arc::default();
+    let sink = Arc::clone(&lost);
+    session.on_lock_lost(|_| panic!("a panicking listener must not stop the others"));
+    session.on_lock_lost(move |h| sink.lock().expect("lost").push(h.clone()));
+    let a = session
+        .try_acquire("a", "owner", Duration::from_secs(30))
+        .await
+        .expect("a")
+        .expect("a granted");
+    let b = session
+        .try_acquire("b", "owner", Duration::from_secs(30))
+        .await
+        .expect("b")
+        .expect("b granted");
+    leader.script().heartbeat_dead = true;
+    wait_for("both listeners", || lost.lock().expect("lost").len() == 2).await;
+    let mut keys: Vec<String> = lost
+        .lock()
+        .expect("lost")
+        .iter()
+        .map(|h| h.key.clone())
+        .collect();
+    keys.sort();
+    assert_eq!(keys, vec!["a", "b"]);
+    assert!(!session.is_alive());
+    assert_eq!(
+        session.check_still_held(&a),
+        Err(LockError::LockLost { key: "a".into() })
+    );
+    assert!(matches!(
+        session.renew(&b).await,
+        Err(LockError::LockLost { .. })
+    ));
+}
+
+#[tokio::test]
+async fn keep_alive_carries_a_handle_past_its_first_deadline() {
+    let (leader, client) = leader_and_client().await;
+    let session = client.open_session("owner").await.expect("session");
+    let handle = session
+        .try_acquire("k", "owner", Duration::from_secs(1))
+        .await
+        .expect("try")
+        .expect("granted");
+    session.keep_alive(&handle).expect("keep alive");
+    wait_for("the first deadline to pass", || {
+        Instant::now() > handle.client_deadline + Duration::from_millis(200)
+    })
+    .await;
+    assert!(
+        leader.seen().renews >= 2,
+        "renews: {}",
+        leader.seen().renews
+    );
+    assert_eq!(session.check_still_held(&handle), Ok(()));
+    let latest = session.latest(&handle).expect("latest");
+    assert!(latest.client_deadline > handle.client_deadline);
+    assert_eq!(latest.fencing_token, handle.fencing_token);
+    // Released: keep-alive stops and no listener fires.
+    assert_eq!(session.release(&handle).await, Ok(true));
+    let renews = leader.seen().renews;
+    wait_for("a renewal interval", || {
+        Instant::now() > latest.client_deadline + Duration::from_millis(100)
+    })
+    .await;
+    assert_eq!(leader.seen().renews, renews);
+}
+
+#[tokio::test]
+async fn a_renewal_answered_lost_is_terminal_and_fires_the_listener() {
+    let (leader, client) = leader_and_client().await;
+    let session = client.open_session("owner").await.expect("session");
+    let fired = Arc::new(AtomicU64::new(0));
+    let count = Arc::clone(&fired);
+    session.on_lock_lost(move |_| {
+        count.fetch_add(1, Ordering::SeqCst);
+    });
+    let handle = session
+        .try_acquire("k", "owner", Duration::from_secs(30))
+        .await
+        .expect("try")
+        .expect("granted");
+    leader.script().renew_lost = true;
+    assert_eq!(session.renew(&handle).await, Ok(None));
+    wait_for("the listener", || fired.load(Ordering::SeqCst) == 1).await;
+    assert_eq!(
+        session.check_still_held(&handle),
+        Err(LockError::LockLost { key: "k".into() })
+    );
+    assert!(matches!(
+        session.keep_alive(&handle),
+        Err(LockError::LockLost { .. })
+    ));
+}
+
+#[tokio::test]
+async fn the_local_deadline_alone_fires_the_listener() {
+    let (_leader, client) = leader_and_client().await;
+    let session = client.open_session("owner").await.expect("session");
+    let fired = Arc::new(AtomicU64::new(0));
+    let count = Arc::clone(&fired);
+    session.on_lock_lost(move |_| {
+        count.fetch_add(1, Ordering::SeqCst);
+    });
+    let handle = session
+        .try_acquire("k", "owner", Duration::from_secs(1))
+        .await
+        .expect("try")
+        .expect("granted");
+    wait_for("the listener", || fired.load(Ordering::SeqCst) == 1).await;
+    assert!(Instant::now() >= handle.client_deadline);
+    assert!(session.check_still_held(&handle).is_err());
+}
+
+#[tokio::test]
+async fn dropping_a_waiting_acquire_cancels_it_on_the_server() {
+    let (leader, client) = leader_and_client().await;
+    leader.script().acquire_delay = Duration::from_secs(30);
+    let session = client.open_session("owner").await.expect("session");
+    let waiting = session.acquire("k", "owner", TTL, Duration::from_secs(20));
+    let dropped = tokio::time::timeout(Duration::from_millis(200), waiting).await;
+    assert!(
+        dropped.is_err(),
+        "the acquire should still have been waiting"
+    );
+    wait_for("the cancellation", || !leader.seen().cancels.is_empty()).await;
+    let request_id = leader.seen().acquire_request_ids[0];
+    assert_eq!(
+        leader.seen().cancels,
+        vec![("s1".to_owned(), request_id, "k".to_owned())]
+    );
+}
+
+#[tokio::test]
+async fn a_refused_acquire_is_none_and_cancels_nothing() {
+    let (leader, client) = leader_and_client().await;
+    leader.script().acquire_refuses = true;
+    let session = client.open_session("owner").await.expect("session");
+    assert_eq!(
+        session
+            .acquire("k", "owner", TTL, Duration::from_millis(50))
+            .await,
+        Ok(None)
+    );
+    assert!(leader.seen().cancels.is_empty());
+}
+
+#[tokio::test]
+async fn a_dropped_guard_releases_its_grant() {
+    let (leader, client) = leader_and_client().await;
+    let session = client.open_session("owner").await.expect("session");
+    let handle = session
+        .try_acquire("k", "owner", TTL)
+        .await
+        .expect("try")
+        .expect("granted");
+    let token = handle.fencing_token;
+    let guard = session.guard(handle);
+    assert_eq!(guard.fencing_token(), token);
+    drop(guard);
+    wait_for("the release", || !leader.seen().releases.is_empty()).await;
+    assert_eq!(leader.seen().releases, vec![("k".to_owned(), token)]);
+}
+
+#[tokio::test]
+async fn arguments_are_checked_before_anything_is_sent() {
+    let (leader, client) = leader_and_client().await;
+    let session = client.open_session("owner").await.expect("session");
+    let calls = leader.seen().calls.len();
+    for result in [
+        session.try_acquire(" ", "owner", TTL).await,
+        session.try_acquire("k", "someone-else", TTL).await,
+        session
+            .try_acquire("k", "owner", Duration::from_millis(10))
+            .await,
+        session
+            .acquire("k", "owner", TTL, Duration::from_secs(3600))
+            .await,
+    ] {
+        assert!(
+            matches!(result, Err(LockError::InvalidArgument { .. })),
+            "{result:?}"
+        );
+    }
+    assert_eq!(leader.seen().calls.len(), calls);
+}
+
+/// Runs `lockctl` against `addr` with `args` and returns (exit code, stdout, stderr).
+async fn lockctl(addr: SocketAddr, args: &[&str]) -> (Option<i32>, String, String) {
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_lockctl"))
+        .arg("--endpoints")
+        .arg(addr.to_string())
+        .args(args)
+        .env_remove("LOCKD_ENDPOINTS")
+        .output()
+        .await
+        .expect("run lockctl");
+    (
+        output.status.code(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn lockctl_exec_passes_the_lock_to_the_command_and_its_status_back() {
+    let leader = Fake::default();
+    let addr = serve(leader.clone()).await;
+    let script = r#"test "$LOCK_KEY" = job && test "$LOCK_FENCING_TOKEN" = 1 && test "$LOCK_OWNER" = me && exit 7"#;
+    let (code, _, stderr) = lockctl(
+        addr,
+        &[
+            "exec", "--key", "job", "--owner", "me", "--ttl", "2s", "--", "sh", "-c", script,
+        ],
+    )
+    .await;
+    assert_eq!(code, Some(7), "stderr: {stderr}");
+    // The lock was released after the command ended.
+    assert_eq!(leader.seen().releases, vec![("job".to_owned(), 1)]);
+}
+
+#[tokio::test]
+async fn lockctl_exec_kills_the_command_when_the_lock_is_lost() {
+    let leader = Fake::default();
+    leader.script().renew_lost = true;
+    let addr = serve(leader.clone()).await;
+    let started = Instant::now();
+    let (code, _, stderr) = lockctl(
+        addr,
+        &["exec", "--key", "job", "--ttl", "1s", "--", "sleep", "30"],
+    )
+    .await;
+    assert_eq!(code, Some(4), "stderr: {stderr}");
+    assert!(started.elapsed() < Duration::from_secs(10));
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("lost"), "{stderr}");
+}
+
+#[tokio::test]
+async fn lockctl_try_prints_the_handle_as_json() {
+    let leader = Fake::default();
+    let addr = serve(leader.clone()).await;
+    let (code, stdout, stderr) =
+        lockctl(addr, &["try", "--key", "k", "--owner", "me", "--ttl", "5s"]).await;
+    assert_eq!(code, Some(0), "stderr: {stderr}");
+    let json: serde_json::Value = serde_json::from_str(stdout.trim()).expect("json");
+    assert_eq!(json["key"], "k");
+    assert_eq!(json["fencing_token"], 1);
+    assert_eq!(json["session_id"], "s1");
+    assert_eq!(json["ttl_ms"], 5000);
+    // Detached: the session was not closed, so the lock outlives the command.
+    assert!(!leader.seen().calls.contains(&"close_session".to_owned()));
+
+    leader.script().acquire_refuses = true;
+    let (code, _, stderr) = lockctl(addr, &["try", "--key", "k"]).await;
+    assert_eq!(code, Some(3), "stderr: {stderr}");
+}
