@@ -53,7 +53,7 @@ const NODE_ID: NodeId = 1;
 /// parent can check any entry it finds. Every 97th entry is large (tens of KiB), to exercise
 /// large sled nodes; the others vary in size.
 fn expected_entry(index: u64) -> Entry<TypeConfig> {
-    let filler_len = if index % 97 == 0 {
+    let filler_len = if index.is_multiple_of(97) {
         40_000
     } else {
         (index * 7_919 % 400) as usize
