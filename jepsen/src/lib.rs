@@ -7,6 +7,11 @@
 //! - [`checker`] — pairs the history and checks one property per module.
 //! - [`report`] — `results.json` and `index.html` (timeline, latency, throughput as SVG).
 //! - [`stats`] — counts of operations and faults, shared by the report and the progress line.
+//! - [`net`] — the network namespace, per-node uids and addresses, iptables cuts.
+//! - [`cluster`] — the `lockd` processes: start, kill, restart, pause, clock offsets.
+//! - [`workload`] — the clients and the fenced register they write to.
+//! - [`nemesis`] — the faults and their schedule.
+//! - [`runner`] — one `lock-jepsen run`, from start to report.
 //!
 //! The pure part (history, checker, report) never touches a cluster; `lock-jepsen check
 //! --history FILE` re-checks a history from any run.
@@ -15,6 +20,11 @@
 
 pub mod args;
 pub mod checker;
+pub mod cluster;
 pub mod history;
+pub mod nemesis;
+pub mod net;
 pub mod report;
+pub mod runner;
 pub mod stats;
+pub mod workload;

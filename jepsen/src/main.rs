@@ -1,4 +1,9 @@
-//! `lock-jepsen`: the command line. `check` re-checks a recorded history and writes its report.
+//! `lock-jepsen`: the command line. `run` tests a real cluster under faults and writes its
+//! report; `check` re-checks a recorded history and writes its report.
+//!
+//! As root, `run` creates a network namespace, re-executes itself inside it (see
+//! `lock_jepsen::net`), and deletes the namespace afterwards; without root it runs on
+//! 127.0.0.1 and the partition nemesis is skipped.
 //!
 //! Exit codes: 0 every property passed; 1 a violation; 3 a property could not be decided
 //! (unknown); 2 the harness failed (a malformed history, an unwritable folder) — a harness
@@ -13,7 +18,9 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use lock_jepsen::args::parse_duration;
 use lock_jepsen::checker::{self, Analysis, CheckConfig, Status, duration_ns};
-use lock_jepsen::{history, report};
+use lock_jepsen::nemesis::Kind;
+use lock_jepsen::runner::{self, RunConfig};
+use lock_jepsen::{history, net, report};
 
 /// Exit code when a property failed.
 const EXIT_VIOLATION: u8 = 1;
@@ -35,6 +42,49 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Runs real lockd nodes under faults with a workload, then checks and reports.
+    Run {
+        /// Number of nodes.
+        #[arg(long, default_value_t = 3)]
+        nodes: u64,
+        /// How long faults are injected (a fault-free tail follows).
+        #[arg(long, value_parser = parse_duration, default_value = "60s")]
+        time: Duration,
+        /// Workload clients.
+        #[arg(long, default_value_t = 10)]
+        clients: u32,
+        /// Keys the clients contend on.
+        #[arg(long, default_value_t = 4)]
+        keys: u32,
+        /// Comma-separated nemeses: partition, kill, pause, clock, client-pause, revoke (or
+        /// `none`).
+        #[arg(long, default_value = "partition,kill,pause,clock,client-pause,revoke")]
+        nemesis: String,
+        /// Seed of every random choice (faults, targets, keys, holds).
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Report folder (history.jsonl, results.json, index.html, node logs).
+        #[arg(long, default_value = "jepsen-out")]
+        out: PathBuf,
+        /// The lockd binary (default: $LOCKD_BIN, else next to this executable).
+        #[arg(long)]
+        lockd: Option<PathBuf>,
+        /// Lease of each grant.
+        #[arg(long, value_parser = parse_duration, default_value = "2s")]
+        ttl: Duration,
+        /// Longest wait of one acquire.
+        #[arg(long, value_parser = parse_duration, default_value = "3s")]
+        max_wait: Duration,
+        /// Fault-free time after the last heal before the clients stop.
+        #[arg(long, value_parser = parse_duration, default_value = "12s")]
+        tail: Duration,
+        /// How soon after the last heal every key must be granted again.
+        #[arg(long, value_parser = parse_duration, default_value = "20s")]
+        recovery_bound: Duration,
+        /// Run on 127.0.0.1 without a network namespace even as root (no partitions).
+        #[arg(long)]
+        no_netns: bool,
+    },
     /// Re-checks an existing history and writes results.json and index.html.
     Check {
         /// The history (JSON Lines).
@@ -51,10 +101,21 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    match run(cli) {
-        Ok(Status::Pass) => ExitCode::SUCCESS,
-        Ok(Status::Fail) => ExitCode::from(EXIT_VIOLATION),
-        Ok(Status::Unknown) => ExitCode::from(EXIT_UNKNOWN),
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("lock-jepsen: harness failure (no verdict): starting tokio: {e}");
+            return ExitCode::from(EXIT_HARNESS_FAILURE);
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(Exit::Code(code)) => ExitCode::from(code),
+        Ok(Exit::Verdict(Status::Pass)) => ExitCode::SUCCESS,
+        Ok(Exit::Verdict(Status::Fail)) => ExitCode::from(EXIT_VIOLATION),
+        Ok(Exit::Verdict(Status::Unknown)) => ExitCode::from(EXIT_UNKNOWN),
         Err(e) => {
             eprintln!("lock-jepsen: harness failure (no verdict): {e:#}");
             ExitCode::from(EXIT_HARNESS_FAILURE)
@@ -62,8 +123,85 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(cli: Cli) -> anyhow::Result<Status> {
+/// How the process ends.
+enum Exit {
+    /// With the verdict's exit code.
+    Verdict(Status),
+    /// With the exit code of the run re-executed inside the namespace.
+    Code(u8),
+}
+
+async fn run(cli: Cli) -> anyhow::Result<Exit> {
     match cli.command {
+        Command::Run {
+            nodes,
+            time,
+            clients,
+            keys,
+            nemesis,
+            seed,
+            out,
+            lockd,
+            ttl,
+            max_wait,
+            tail,
+            recovery_bound,
+            no_netns,
+        } => {
+            let nemeses: Vec<Kind> = if nemesis.trim() == "none" {
+                Vec::new()
+            } else {
+                nemesis
+                    .split(',')
+                    .map(str::parse)
+                    .collect::<Result<_, String>>()
+                    .map_err(|e| anyhow::anyhow!(e))?
+            };
+            if nodes == 0 || clients == 0 || keys == 0 {
+                anyhow::bail!("--nodes, --clients and --keys must be at least 1");
+            }
+            let lockd = runner::find_lockd(lockd.as_deref())?;
+            if net::current_netns().is_none() && !no_netns {
+                if net::is_root() {
+                    let name = format!("lockjepsen-{}", std::process::id());
+                    net::create_netns(&name).await?;
+                    let code = net::reexec_in_netns(&name).await?;
+                    return Ok(Exit::Code(
+                        u8::try_from(code).unwrap_or(EXIT_HARNESS_FAILURE),
+                    ));
+                }
+                eprintln!(
+                    "lock-jepsen: not root: running on 127.0.0.1 without a network namespace; \
+                     the partition nemesis will be skipped"
+                );
+            }
+            let config = RunConfig {
+                nodes,
+                time,
+                clients,
+                keys,
+                nemeses,
+                seed,
+                out: out.clone(),
+                lockd,
+                ttl,
+                max_wait,
+                tail,
+                recovery_bound,
+            };
+            eprintln!("lock-jepsen: {}", serde_json::to_string(&config)?);
+            let outcome = runner::run(config).await?;
+            print_verdict(&outcome.results);
+            eprintln!("report: {}", out.join(report::HTML_FILE).display());
+            if outcome.crashes > 0 {
+                println!(
+                    "{} node process(es) exited unexpectedly: a finding",
+                    outcome.crashes
+                );
+                return Ok(Exit::Verdict(Status::Fail));
+            }
+            Ok(Exit::Verdict(outcome.results.status))
+        }
         Command::Check {
             history: path,
             out,
@@ -84,7 +222,7 @@ fn run(cli: Cli) -> anyhow::Result<Status> {
             report::write(&dir, &analysis, &verdict, &results)?;
             print_verdict(&results);
             eprintln!("report: {}", dir.join(report::HTML_FILE).display());
-            Ok(verdict.status)
+            Ok(Exit::Verdict(verdict.status))
         }
     }
 }

@@ -1,0 +1,552 @@
+//! The cluster under test: real `lockd` processes, each with its own address, uid, data
+//! directory, log file and (optionally) faked wall clock.
+//!
+//! Owns the processes: spawning them (NODE_CLI.md's command line), noticing their ready line,
+//! SIGKILL / SIGSTOP / SIGCONT / SIGTERM, restarting a killed node on its data, setting a
+//! node's wall-clock offset, asking nodes who leads, and noticing a node that exits when
+//! nobody killed it (a crash is a finding, reported in the results). Must not decide when to
+//! do any of this (the nemeses do) and must not touch the network rules ([`crate::net`]).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use lock_proto::v1;
+use rustix::process::{Pid, Signal, kill_process};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::Command;
+use tokio::sync::oneshot;
+
+use crate::net;
+
+/// The line a node prints on stdout once it serves (NODE_CLI.md).
+pub const READY_LINE_PREFIX: &str = "lockd ready";
+
+/// How long a (re)started node may take to print its ready line: opening sled and replaying
+/// the log of a few minutes' run takes well under a second; 30 s means it is stuck.
+pub const NODE_READY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long a node may take to exit after SIGTERM before it is killed.
+pub const NODE_STOP_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long one status probe may take: a running node on loopback answers in a millisecond;
+/// a paused or cut-off one never does, and the nemesis must not wait on it.
+pub const STATUS_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// Port every node listens on (each on its own address inside the namespace).
+pub const NETNS_PORT: u16 = 7101;
+
+/// First port outside a namespace (all nodes on 127.0.0.1, node n on `BASE_PORT + n`).
+pub const BASE_PORT: u16 = 17100;
+
+/// Raft timings given to every node: lockd's defaults, spelled out so a run's report says
+/// what it ran with.
+pub const HEARTBEAT_INTERVAL_MS: u64 = 100;
+/// See [`HEARTBEAT_INTERVAL_MS`].
+pub const ELECTION_TIMEOUT_MIN_MS: u64 = 400;
+/// See [`HEARTBEAT_INTERVAL_MS`].
+pub const ELECTION_TIMEOUT_MAX_MS: u64 = 800;
+
+/// Where libfaketime lives on Debian (package `libfaketime`).
+pub const LIBFAKETIME_PATHS: [&str; 2] = [
+    "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
+    "/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1",
+];
+
+/// The first libfaketime found, if any.
+pub fn find_libfaketime() -> Option<PathBuf> {
+    LIBFAKETIME_PATHS
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.is_file())
+}
+
+/// How the cluster is laid out.
+#[derive(Clone, Debug)]
+pub struct ClusterConfig {
+    /// The `lockd` binary.
+    pub lockd: PathBuf,
+    /// Number of nodes.
+    pub nodes: u64,
+    /// Folder for data directories and clock files (must be traversable by node uids).
+    pub work_dir: PathBuf,
+    /// Folder for node logs.
+    pub log_dir: PathBuf,
+    /// Inside a namespace: own addresses and uids per node.
+    pub in_netns: bool,
+    /// libfaketime to preload, for the clock nemesis.
+    pub libfaketime: Option<PathBuf>,
+}
+
+/// An unexpected exit of a node: a crash, a finding of the run.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Crash {
+    /// The node.
+    pub node: u64,
+    /// How it exited.
+    pub status: String,
+    /// Seconds since the cluster started.
+    pub after_s: f64,
+}
+
+#[derive(Debug)]
+struct Process {
+    pid: i32,
+    /// Set before the harness signals the process to end, so its exit is not a crash.
+    expected_exit: Arc<AtomicBool>,
+    exited: Option<oneshot::Receiver<()>>,
+}
+
+#[derive(Debug)]
+struct Node {
+    addr: String,
+    data_dir: PathBuf,
+    clock_file: PathBuf,
+    log: PathBuf,
+    process: Option<Process>,
+    paused: bool,
+    starts: u32,
+}
+
+/// The running cluster.
+#[derive(Debug)]
+pub struct Cluster {
+    config: ClusterConfig,
+    peers: String,
+    nodes: BTreeMap<u64, Node>,
+    started: Instant,
+    crashes: Arc<Mutex<Vec<Crash>>>,
+    probe: StatusProbe,
+}
+
+/// Asks nodes for their Raft status; cheap to clone, usable without the cluster's lock.
+#[derive(Clone, Debug)]
+pub struct StatusProbe {
+    channels: Vec<(u64, tonic::transport::Channel)>,
+}
+
+impl StatusProbe {
+    /// The node that claims leadership with the highest term, if any answers as leader.
+    pub async fn leader(&self) -> Option<u64> {
+        let asks = self.channels.iter().map(|(id, channel)| {
+            let channel = channel.clone();
+            let id = *id;
+            async move {
+                let mut client = v1::admin_service_client::AdminServiceClient::new(channel);
+                let mut request = tonic::Request::new(v1::StatusRequest {});
+                request.set_timeout(STATUS_TIMEOUT);
+                let answer = tokio::time::timeout(STATUS_TIMEOUT, client.status(request)).await;
+                match answer {
+                    Ok(Ok(status)) => Some((id, status.into_inner())),
+                    _ => None,
+                }
+            }
+        });
+        let answers = futures_join_all(asks).await;
+        answers
+            .into_iter()
+            .flatten()
+            .filter(|(_, s)| s.role == v1::Role::Leader as i32)
+            .max_by_key(|(_, s)| s.current_term)
+            .map(|(id, _)| id)
+    }
+
+    /// Whether every node answers and all agree on one leader.
+    pub async fn settled(&self) -> bool {
+        let mut leaders = Vec::new();
+        for (_, channel) in &self.channels {
+            let mut client = v1::admin_service_client::AdminServiceClient::new(channel.clone());
+            let mut request = tonic::Request::new(v1::StatusRequest {});
+            request.set_timeout(STATUS_TIMEOUT);
+            match tokio::time::timeout(STATUS_TIMEOUT, client.status(request)).await {
+                Ok(Ok(s)) => leaders.push(s.into_inner().leader_id),
+                _ => return false,
+            }
+        }
+        leaders
+            .first()
+            .is_some_and(|first| first.is_some() && leaders.iter().all(|l| l == first))
+    }
+}
+
+/// Awaits every future, concurrently, in order (a tiny `join_all`, to keep dependencies
+/// light).
+async fn futures_join_all<F, T>(futures: impl IntoIterator<Item = F>) -> Vec<T>
+where
+    F: std::future::Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
+    let handles: Vec<_> = futures.into_iter().map(tokio::spawn).collect();
+    let mut out = Vec::with_capacity(handles.len());
+    for handle in handles {
+        if let Ok(value) = handle.await {
+            out.push(value);
+        }
+    }
+    out
+}
+
+impl Cluster {
+    /// Prepares the nodes' folders and starts every node; node 1 bootstraps the cluster.
+    /// Returns once every node printed its ready line and all agree on a leader.
+    pub async fn start(config: ClusterConfig) -> anyhow::Result<Self> {
+        if !config.lockd.is_file() {
+            bail!(
+                "lockd binary not found at {}; build it with `cargo build -p lockd` or pass --lockd",
+                config.lockd.display()
+            );
+        }
+        std::fs::create_dir_all(&config.work_dir)
+            .with_context(|| format!("creating {}", config.work_dir.display()))?;
+        std::fs::create_dir_all(&config.log_dir)
+            .with_context(|| format!("creating {}", config.log_dir.display()))?;
+        let mut nodes = BTreeMap::new();
+        let mut peers = Vec::new();
+        let mut channels = Vec::new();
+        for id in 1..=config.nodes {
+            let addr = if config.in_netns {
+                format!("{}:{NETNS_PORT}", net::node_ip(id))
+            } else {
+                let port = BASE_PORT + u16::try_from(id).context("too many nodes")?;
+                format!("127.0.0.1:{port}")
+            };
+            let data_dir = config.work_dir.join(format!("n{id}"));
+            std::fs::create_dir_all(&data_dir)
+                .with_context(|| format!("creating {}", data_dir.display()))?;
+            let clock_file = config.work_dir.join(format!("n{id}.faketime"));
+            std::fs::write(&clock_file, "+0\n")
+                .with_context(|| format!("writing {}", clock_file.display()))?;
+            if config.in_netns {
+                let uid = net::node_uid(id);
+                std::os::unix::fs::chown(&data_dir, Some(uid), Some(uid))
+                    .with_context(|| format!("chown {} to {uid}", data_dir.display()))?;
+            }
+            peers.push(format!("{id}={addr}"));
+            let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+                .context("building a status endpoint")?
+                .connect_timeout(STATUS_TIMEOUT)
+                .connect_lazy();
+            channels.push((id, channel));
+            nodes.insert(
+                id,
+                Node {
+                    addr,
+                    data_dir,
+                    clock_file,
+                    log: config.log_dir.join(format!("n{id}.log")),
+                    process: None,
+                    paused: false,
+                    starts: 0,
+                },
+            );
+        }
+        let mut cluster = Self {
+            config,
+            peers: peers.join(","),
+            nodes,
+            started: Instant::now(),
+            crashes: Arc::new(Mutex::new(Vec::new())),
+            probe: StatusProbe { channels },
+        };
+        let ids: Vec<u64> = cluster.nodes.keys().copied().collect();
+        let mut ready = Vec::new();
+        for id in &ids {
+            ready.push(cluster.spawn(*id)?);
+        }
+        for (id, rx) in ids.iter().zip(ready) {
+            cluster.await_ready(*id, rx).await?;
+        }
+        let deadline = Instant::now() + NODE_READY_TIMEOUT;
+        while !cluster.probe.settled().await {
+            if Instant::now() > deadline {
+                bail!(
+                    "the cluster did not agree on a leader within {NODE_READY_TIMEOUT:?}; see {}",
+                    cluster.config.log_dir.display()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Ok(cluster)
+    }
+
+    /// The client addresses of every node.
+    pub fn endpoints(&self) -> Vec<String> {
+        self.nodes.values().map(|n| n.addr.clone()).collect()
+    }
+
+    /// Node ids.
+    pub fn ids(&self) -> Vec<u64> {
+        self.nodes.keys().copied().collect()
+    }
+
+    /// A status probe usable without holding the cluster.
+    pub fn probe(&self) -> StatusProbe {
+        self.probe.clone()
+    }
+
+    /// Node exits nobody asked for, so far.
+    pub fn crashes(&self) -> Vec<Crash> {
+        self.crashes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Whether links can be isolated per node (own uid and address).
+    pub fn config(&self) -> &ClusterConfig {
+        &self.config
+    }
+
+    fn node(&self, id: u64) -> anyhow::Result<&Node> {
+        self.nodes.get(&id).with_context(|| format!("no node {id}"))
+    }
+
+    fn node_mut(&mut self, id: u64) -> anyhow::Result<&mut Node> {
+        self.nodes
+            .get_mut(&id)
+            .with_context(|| format!("no node {id}"))
+    }
+
+    /// Spawns node `id`'s process; the receiver fires when its ready line is printed.
+    fn spawn(&mut self, id: u64) -> anyhow::Result<oneshot::Receiver<()>> {
+        let lockd = self.config.lockd.clone();
+        let in_netns = self.config.in_netns;
+        let libfaketime = self.config.libfaketime.clone();
+        let peers = self.peers.clone();
+        let started = self.started;
+        let crashes = Arc::clone(&self.crashes);
+        let node = self.node_mut(id)?;
+        if node.process.is_some() {
+            bail!("node {id} is already running");
+        }
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&node.log)
+            .with_context(|| format!("opening {}", node.log.display()))?;
+        let mut command = Command::new(&lockd);
+        command
+            .arg("run")
+            .args(["--node-id", &id.to_string()])
+            .args(["--listen", &node.addr])
+            .arg("--data-dir")
+            .arg(&node.data_dir)
+            .args(["--peers", &peers])
+            .args([
+                "--heartbeat-interval-ms",
+                &HEARTBEAT_INTERVAL_MS.to_string(),
+            ])
+            .args([
+                "--election-timeout-min-ms",
+                &ELECTION_TIMEOUT_MIN_MS.to_string(),
+            ])
+            .args([
+                "--election-timeout-max-ms",
+                &ELECTION_TIMEOUT_MAX_MS.to_string(),
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(
+                log.try_clone().context("duplicating the log file")?,
+            ))
+            .kill_on_drop(true);
+        if id == 1 && node.starts == 0 {
+            command.arg("--bootstrap");
+        }
+        if let Some(lib) = &libfaketime {
+            command
+                .env("LD_PRELOAD", lib)
+                .env("FAKETIME_TIMESTAMP_FILE", &node.clock_file)
+                .env("FAKETIME_CACHE_DURATION", "1")
+                .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+        }
+        if in_netns {
+            command.uid(net::node_uid(id)).gid(net::node_uid(id));
+        }
+        let mut child = command
+            .spawn()
+            .with_context(|| format!("starting node {id} ({})", lockd.display()))?;
+        let pid = child
+            .id()
+            .and_then(|p| i32::try_from(p).ok())
+            .with_context(|| format!("node {id} has no pid"))?;
+        node.starts += 1;
+        let stdout = child.stdout.take().context("node stdout")?;
+        let (ready_tx, ready_rx) = oneshot::channel();
+        let mut log_out = tokio::fs::File::from_std(log);
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(stdout).lines();
+            let mut ready_tx = Some(ready_tx);
+            while let Ok(Some(line)) = lines.next_line().await {
+                if line.starts_with(READY_LINE_PREFIX)
+                    && let Some(tx) = ready_tx.take()
+                {
+                    let _ = tx.send(());
+                }
+                let _ = log_out
+                    .write_all(format!("[stdout] {line}\n").as_bytes())
+                    .await;
+            }
+        });
+        let expected_exit = Arc::new(AtomicBool::new(false));
+        let expected = Arc::clone(&expected_exit);
+        let (exit_tx, exit_rx) = oneshot::channel();
+        tokio::spawn(async move {
+            let status = child.wait().await;
+            if !expected.load(Ordering::SeqCst) {
+                let status = match status {
+                    Ok(s) => s.to_string(),
+                    Err(e) => format!("wait failed: {e}"),
+                };
+                eprintln!("lock-jepsen: node {id} exited unexpectedly: {status}");
+                crashes
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(Crash {
+                        node: id,
+                        status,
+                        after_s: started.elapsed().as_secs_f64(),
+                    });
+            }
+            let _ = exit_tx.send(());
+        });
+        node.process = Some(Process {
+            pid,
+            expected_exit,
+            exited: Some(exit_rx),
+        });
+        node.paused = false;
+        Ok(ready_rx)
+    }
+
+    async fn await_ready(&self, id: u64, ready: oneshot::Receiver<()>) -> anyhow::Result<()> {
+        let log = self.node(id)?.log.clone();
+        match tokio::time::timeout(NODE_READY_TIMEOUT, ready).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(_)) => bail!(
+                "node {id} exited before it was ready; see {}",
+                log.display()
+            ),
+            Err(_) => bail!(
+                "node {id} printed no ready line within {NODE_READY_TIMEOUT:?}; see {}",
+                log.display()
+            ),
+        }
+    }
+
+    fn signal(&self, id: u64, signal: Signal) -> anyhow::Result<()> {
+        let node = self.node(id)?;
+        let process = node
+            .process
+            .as_ref()
+            .with_context(|| format!("node {id} is not running"))?;
+        let pid = Pid::from_raw(process.pid).context("a zero pid")?;
+        kill_process(pid, signal).with_context(|| format!("signalling node {id} ({signal:?})"))
+    }
+
+    /// Whether node `id` has a live process.
+    pub fn is_running(&self, id: u64) -> bool {
+        self.nodes.get(&id).is_some_and(|n| n.process.is_some())
+    }
+
+    /// Whether node `id` is stopped by SIGSTOP.
+    pub fn is_paused(&self, id: u64) -> bool {
+        self.nodes.get(&id).is_some_and(|n| n.paused)
+    }
+
+    /// SIGKILLs node `id` and waits until it is gone.
+    pub async fn kill(&mut self, id: u64) -> anyhow::Result<()> {
+        let node = self.node_mut(id)?;
+        let Some(mut process) = node.process.take() else {
+            bail!("node {id} is not running");
+        };
+        process.expected_exit.store(true, Ordering::SeqCst);
+        let pid = Pid::from_raw(process.pid).context("a zero pid")?;
+        kill_process(pid, Signal::KILL).with_context(|| format!("SIGKILL node {id}"))?;
+        node.paused = false;
+        if let Some(exited) = process.exited.take() {
+            let _ = tokio::time::timeout(NODE_STOP_TIMEOUT, exited).await;
+        }
+        Ok(())
+    }
+
+    /// Restarts a killed node on its data and waits for its ready line.
+    pub async fn restart(&mut self, id: u64) -> anyhow::Result<()> {
+        let ready = self.spawn(id)?;
+        self.await_ready(id, ready).await
+    }
+
+    /// SIGSTOPs node `id`.
+    pub fn pause(&mut self, id: u64) -> anyhow::Result<()> {
+        self.signal(id, Signal::STOP)?;
+        self.node_mut(id)?.paused = true;
+        Ok(())
+    }
+
+    /// SIGCONTs node `id`.
+    pub fn resume(&mut self, id: u64) -> anyhow::Result<()> {
+        self.signal(id, Signal::CONT)?;
+        self.node_mut(id)?.paused = false;
+        Ok(())
+    }
+
+    /// Sets node `id`'s wall-clock offset (libfaketime re-reads the file within a second;
+    /// the monotonic clock is left alone).
+    pub fn set_clock_offset(&self, id: u64, offset_s: i64) -> anyhow::Result<()> {
+        if self.config.libfaketime.is_none() {
+            bail!("libfaketime is not installed (apt-get install libfaketime)");
+        }
+        let node = self.node(id)?;
+        write_atomically(&node.clock_file, &format!("{offset_s:+}\n"))
+    }
+
+    /// Stops every node: SIGCONT (a paused node cannot exit), SIGTERM, then SIGKILL after
+    /// [`NODE_STOP_TIMEOUT`].
+    pub async fn stop(&mut self) {
+        let ids = self.ids();
+        for id in &ids {
+            if let Some(node) = self.nodes.get(id)
+                && let Some(process) = &node.process
+            {
+                process.expected_exit.store(true, Ordering::SeqCst);
+                if let Some(pid) = Pid::from_raw(process.pid) {
+                    let _ = kill_process(pid, Signal::CONT);
+                    let _ = kill_process(pid, Signal::TERM);
+                }
+            }
+        }
+        for id in &ids {
+            let Some(node) = self.nodes.get_mut(id) else {
+                continue;
+            };
+            let Some(mut process) = node.process.take() else {
+                continue;
+            };
+            let exited = process.exited.take();
+            let done = match exited {
+                Some(rx) => tokio::time::timeout(NODE_STOP_TIMEOUT, rx).await.is_ok(),
+                None => true,
+            };
+            if !done && let Some(pid) = Pid::from_raw(process.pid) {
+                let _ = kill_process(pid, Signal::KILL);
+            }
+        }
+    }
+
+    /// The data directory of node `id` (for the report).
+    pub fn data_dir(&self, id: u64) -> Option<&Path> {
+        self.nodes.get(&id).map(|n| n.data_dir.as_path())
+    }
+}
+
+/// Writes `text` to `path` through a temporary file and a rename, so a reader (libfaketime)
+/// never sees a half-written offset.
+fn write_atomically(path: &Path, text: &str) -> anyhow::Result<()> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display()))
+}

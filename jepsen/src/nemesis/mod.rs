@@ -1,0 +1,176 @@
+//! The nemeses: faults injected while the workload runs, each recorded when it starts and when
+//! it heals, with outcome installed / skipped / indeterminate.
+//!
+//! Owns the schedule (which fault when, for how long, from the run's seed) and the shared
+//! context. Each fault lives in its own module with a `start` and a `heal`. Node-level faults
+//! (partition, kill, pause) run one at a time so that between them a majority is up; the clock,
+//! client-pause and revoke nemeses run alongside. Must not perform client operations other
+//! than force-revoke, and must not judge the history.
+//!
+//! A step that fails in a way that leaves the cluster in an unknown state the harness cannot
+//! repair (a firewall rule that cannot be removed) is a harness failure: the run aborts with
+//! an error and no verdict.
+
+pub mod client_pause;
+pub mod clock;
+pub mod kill;
+pub mod partition;
+pub mod pause;
+pub mod revoke;
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lock_client::LockClient;
+use rand::Rng;
+use rand::rngs::StdRng;
+use serde_json::Value;
+use tokio::sync::{Mutex, watch};
+
+use crate::cluster::{Cluster, StatusProbe};
+use crate::history::{F, Op, Outcome, Phase, Recorder};
+use crate::net::Firewall;
+use crate::workload::Shared;
+
+/// Shortest and longest quiet time between two faults of one nemesis.
+pub const QUIET_MS: (u64, u64) = (1_500, 4_000);
+/// Shortest and longest time a fault is held before it heals: long enough for elections and
+/// lease expiries to happen inside it (leases are a few seconds).
+pub const HOLD_MS: (u64, u64) = (3_000, 8_000);
+
+/// A kind of nemesis, as named on the command line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Kind {
+    /// Network partitions between nodes.
+    Partition,
+    /// SIGKILL and restart of a node.
+    Kill,
+    /// SIGSTOP / SIGCONT of a node.
+    Pause,
+    /// A node's wall clock skewed or jumping.
+    Clock,
+    /// A client paused between its check and its write.
+    ClientPause,
+    /// Force-revokes of random keys.
+    Revoke,
+}
+
+impl FromStr for Kind {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim() {
+            "partition" => Ok(Self::Partition),
+            "kill" => Ok(Self::Kill),
+            "pause" => Ok(Self::Pause),
+            "clock" => Ok(Self::Clock),
+            "client-pause" => Ok(Self::ClientPause),
+            "revoke" => Ok(Self::Revoke),
+            other => Err(format!(
+                "unknown nemesis {other:?}; known: partition, kill, pause, clock, client-pause, revoke"
+            )),
+        }
+    }
+}
+
+/// Everything a nemesis can touch.
+#[derive(Debug)]
+pub struct Ctx {
+    /// The history.
+    pub recorder: Arc<Recorder>,
+    /// The cluster's processes.
+    pub cluster: Arc<Mutex<Cluster>>,
+    /// Who leads, without the cluster's lock.
+    pub probe: StatusProbe,
+    /// Link cuts.
+    pub firewall: Arc<Firewall>,
+    /// The workload's shared state (client pauses).
+    pub shared: Arc<Shared>,
+    /// A client for force-revokes.
+    pub lock_client: LockClient,
+    /// Flips to `true` when faults must stop (each nemesis heals what it holds, then exits).
+    pub stop: watch::Receiver<bool>,
+    /// Node ids.
+    pub nodes: Vec<u64>,
+    /// Number of workload clients.
+    pub clients: u32,
+    /// Number of keys.
+    pub keys: u32,
+    /// The grants' TTL.
+    pub ttl: Duration,
+}
+
+impl Ctx {
+    /// Sleeps `d`, or less if the run is stopping; `false` if it is.
+    pub async fn sleep(&self, d: Duration) -> bool {
+        let mut stop = self.stop.clone();
+        if *stop.borrow() {
+            return false;
+        }
+        tokio::select! {
+            () = tokio::time::sleep(d) => !*stop.borrow(),
+            _ = stop.changed() => false,
+        }
+    }
+
+    /// Records one phase of fault `f`.
+    pub fn record(&self, f: F, phase: Phase, outcome: Outcome, value: Value) {
+        self.recorder.record(Op::nemesis(f, phase, outcome, value));
+    }
+
+    /// The target of a node fault: the leader half of the time (if one is known), else a
+    /// random node. Returns the node and whether it was the leader.
+    pub async fn pick_node(&self, rng: &mut StdRng) -> (u64, bool) {
+        if rng.gen_bool(0.5)
+            && let Some(leader) = self.probe.leader().await
+        {
+            return (leader, true);
+        }
+        let node = self.nodes[rng.gen_range(0..self.nodes.len())];
+        let leader = self.probe.leader().await == Some(node);
+        (node, leader)
+    }
+}
+
+/// A random duration in `[lo, hi]` milliseconds.
+pub fn between(rng: &mut StdRng, (lo, hi): (u64, u64)) -> Duration {
+    Duration::from_millis(rng.gen_range(lo..=hi))
+}
+
+/// Runs the node-level faults in `kinds` one at a time until stopped, healing the last.
+pub async fn run_node_faults(
+    ctx: Arc<Ctx>,
+    kinds: Vec<Kind>,
+    mut rng: StdRng,
+) -> anyhow::Result<()> {
+    if kinds.is_empty() {
+        return Ok(());
+    }
+    loop {
+        if !ctx.sleep(between(&mut rng, QUIET_MS)).await {
+            return Ok(());
+        }
+        let kind = kinds[rng.gen_range(0..kinds.len())];
+        let hold = between(&mut rng, HOLD_MS);
+        match kind {
+            Kind::Partition => {
+                let cut = partition::start(&ctx, &mut rng).await;
+                ctx.sleep(hold).await;
+                partition::heal(&ctx, cut).await?;
+            }
+            Kind::Kill => {
+                let killed = kill::start(&ctx, &mut rng).await;
+                ctx.sleep(hold).await;
+                kill::heal(&ctx, killed).await?;
+            }
+            Kind::Pause => {
+                let paused = pause::start(&ctx, &mut rng).await;
+                ctx.sleep(hold).await;
+                pause::heal(&ctx, paused).await?;
+            }
+            other => anyhow::bail!("{other:?} is not a node-level fault"),
+        }
+    }
+}

@@ -1,0 +1,352 @@
+//! One `lock-jepsen run`: start the cluster, run the workload and the nemeses for the given
+//! time, heal everything, let the workload run a quiet tail, stop, check, report.
+//!
+//! Owns the run's phases, the progress line and cleanup (nodes stopped, rules flushed, work
+//! folder removed — also after an error or Ctrl-C). Must not judge (the checker does) and must
+//! not choose faults (the nemeses do). Any failure of the harness itself returns an error and
+//! no verdict.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use lock_client::{ClientConfig, LockClient};
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+use serde_json::json;
+use tokio::sync::{Mutex, watch};
+
+use crate::checker::{self, Analysis, CheckConfig, duration_ns};
+use crate::cluster::{Cluster, ClusterConfig, find_libfaketime};
+use crate::history::{self, Recorder};
+use crate::nemesis::{self, Ctx, Kind};
+use crate::net::{self, Firewall};
+use crate::report::{self, HISTORY_FILE, Results};
+use crate::workload::{self, ClientPauses, FencedRegister, Shared, WorkloadConfig};
+
+/// How often the progress line is printed.
+pub const PROGRESS_EVERY: Duration = Duration::from_secs(5);
+
+/// How long the nemeses get to heal what they hold once told to stop (a client pause may
+/// still be waiting for its client, up to its reach timeout).
+pub const NEMESIS_STOP_TIMEOUT: Duration = Duration::from_secs(40);
+
+/// Everything `lock-jepsen run` is told.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct RunConfig {
+    /// Number of nodes.
+    pub nodes: u64,
+    /// How long faults are injected.
+    pub time: Duration,
+    /// Workload clients.
+    pub clients: u32,
+    /// Keys.
+    pub keys: u32,
+    /// Enabled nemeses.
+    pub nemeses: Vec<Kind>,
+    /// The seed every random choice derives from.
+    pub seed: u64,
+    /// The report folder.
+    pub out: PathBuf,
+    /// The lockd binary.
+    pub lockd: PathBuf,
+    /// The grants' TTL.
+    pub ttl: Duration,
+    /// The acquires' longest wait.
+    pub max_wait: Duration,
+    /// Fault-free time after the last heal, before the clients stop.
+    pub tail: Duration,
+    /// The recovery bound the checker applies.
+    pub recovery_bound: Duration,
+}
+
+/// What a finished run hands back.
+#[derive(Debug)]
+pub struct RunOutcome {
+    /// The results written to `results.json`.
+    pub results: Results,
+    /// Node processes that exited without being killed.
+    pub crashes: usize,
+}
+
+/// Runs the test and writes the report into `config.out`.
+pub async fn run(config: RunConfig) -> anyhow::Result<RunOutcome> {
+    std::fs::create_dir_all(&config.out)
+        .with_context(|| format!("creating {}", config.out.display()))?;
+    let work_dir = std::env::temp_dir().join(format!("lock-jepsen-{}", std::process::id()));
+    if work_dir.exists() {
+        std::fs::remove_dir_all(&work_dir)
+            .with_context(|| format!("clearing {}", work_dir.display()))?;
+    }
+    let in_netns = net::current_netns().is_some();
+    let libfaketime = if config.nemeses.contains(&Kind::Clock) {
+        find_libfaketime()
+    } else {
+        None
+    };
+    let firewall = Arc::new(Firewall::new(in_netns).await?);
+    let cluster = Cluster::start(ClusterConfig {
+        lockd: config.lockd.clone(),
+        nodes: config.nodes,
+        work_dir: work_dir.clone(),
+        log_dir: config.out.join("nodes"),
+        in_netns,
+        libfaketime: libfaketime.clone(),
+    })
+    .await;
+    let cluster = match cluster {
+        Ok(c) => Arc::new(Mutex::new(c)),
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&work_dir);
+            return Err(e.context("starting the cluster"));
+        }
+    };
+    let phases = run_phases(&config, &cluster, &firewall).await;
+    // Cleanup, whatever happened.
+    let crashes = {
+        let mut c = cluster.lock().await;
+        c.stop().await;
+        c.crashes()
+    };
+    let _ = firewall.heal().await;
+    let _ = std::fs::remove_dir_all(&work_dir);
+    let recorder = phases?;
+    recorder.finish()?;
+
+    let ops = history::read(&config.out.join(HISTORY_FILE))?;
+    let check = CheckConfig {
+        recovery_bound_ns: duration_ns(config.recovery_bound),
+    };
+    let analysis = Analysis::new(&ops)?;
+    let verdict = checker::check_analysis(&analysis, &check);
+    let run_json = json!({
+        "nodes": config.nodes,
+        "time_s": config.time.as_secs_f64(),
+        "clients": config.clients,
+        "keys": config.keys,
+        "nemeses": config.nemeses,
+        "seed": config.seed,
+        "ttl_ms": config.ttl.as_millis() as u64,
+        "max_wait_ms": config.max_wait.as_millis() as u64,
+        "tail_s": config.tail.as_secs_f64(),
+        "network": if in_netns { "netns+iptables" } else { "loopback (no partitions)" },
+        "libfaketime": libfaketime.map(|p| p.display().to_string()),
+        "node_crashes": crashes,
+    });
+    let results = report::results(&ops, &verdict, &check, Some(run_json));
+    report::write(&config.out, &analysis, &verdict, &results)?;
+    Ok(RunOutcome {
+        results,
+        crashes: crashes.len(),
+    })
+}
+
+/// The workload and nemesis phases; returns the recorder once every client stopped.
+async fn run_phases(
+    config: &RunConfig,
+    cluster: &Arc<Mutex<Cluster>>,
+    firewall: &Arc<Firewall>,
+) -> anyhow::Result<Arc<Recorder>> {
+    let (endpoints, probe, nodes) = {
+        let c = cluster.lock().await;
+        (c.endpoints(), c.probe(), c.ids())
+    };
+    let recorder = Arc::new(Recorder::create(
+        &config.out.join(HISTORY_FILE),
+        Instant::now(),
+    )?);
+    let shared = Arc::new(Shared {
+        recorder: Arc::clone(&recorder),
+        register: FencedRegister::default(),
+        pauses: ClientPauses::default(),
+        stop: AtomicBool::new(false),
+        granted: AtomicU64::new(0),
+    });
+    let workload = WorkloadConfig {
+        clients: config.clients,
+        keys: config.keys,
+        ttl: config.ttl,
+        max_wait: config.max_wait,
+        long_hold_fraction: 0.2,
+        seed: config.seed,
+    };
+    let mut clients = Vec::new();
+    for process in 0..config.clients {
+        clients.push(tokio::spawn(workload::client(
+            process,
+            endpoints.clone(),
+            workload.clone(),
+            Arc::clone(&shared),
+        )));
+    }
+    let lock_client = LockClient::connect_with(
+        &endpoints,
+        ClientConfig {
+            jitter_seed: Some(config.seed),
+            ..ClientConfig::default()
+        },
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("connecting the nemesis client: {e}"))?;
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let ctx = Arc::new(Ctx {
+        recorder: Arc::clone(&recorder),
+        cluster: Arc::clone(cluster),
+        probe: probe.clone(),
+        firewall: Arc::clone(firewall),
+        shared: Arc::clone(&shared),
+        lock_client,
+        stop: stop_rx,
+        nodes,
+        clients: config.clients,
+        keys: config.keys,
+        ttl: config.ttl,
+    });
+    let seed_for =
+        |salt: u64| StdRng::seed_from_u64(config.seed ^ salt.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    let node_kinds: Vec<Kind> = config
+        .nemeses
+        .iter()
+        .copied()
+        .filter(|k| matches!(k, Kind::Partition | Kind::Kill | Kind::Pause))
+        .collect();
+    let mut nemeses = vec![tokio::spawn(nemesis::run_node_faults(
+        Arc::clone(&ctx),
+        node_kinds,
+        seed_for(1),
+    ))];
+    if config.nemeses.contains(&Kind::Clock) {
+        nemeses.push(tokio::spawn(nemesis::clock::run(
+            Arc::clone(&ctx),
+            seed_for(2),
+        )));
+    }
+    if config.nemeses.contains(&Kind::ClientPause) {
+        nemeses.push(tokio::spawn(nemesis::client_pause::run(
+            Arc::clone(&ctx),
+            seed_for(3),
+        )));
+    }
+    if config.nemeses.contains(&Kind::Revoke) {
+        nemeses.push(tokio::spawn(nemesis::revoke::run(
+            Arc::clone(&ctx),
+            seed_for(4),
+        )));
+    }
+
+    let interrupted = progress_until(
+        Instant::now() + config.time,
+        "faults",
+        &recorder,
+        &shared,
+        &probe,
+    )
+    .await;
+    // Stop faults: each nemesis heals what it holds.
+    let _ = stop_tx.send(true);
+    let mut nemesis_error = None;
+    for task in nemeses {
+        match tokio::time::timeout(NEMESIS_STOP_TIMEOUT, task).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(e))) => nemesis_error = Some(e),
+            Ok(Err(e)) => nemesis_error = Some(anyhow::anyhow!("a nemesis task panicked: {e}")),
+            Err(_) => {
+                nemesis_error = Some(anyhow::anyhow!(
+                    "a nemesis did not stop within {NEMESIS_STOP_TIMEOUT:?}"
+                ))
+            }
+        }
+    }
+    if let Some(e) = nemesis_error {
+        shared.stop.store(true, Ordering::SeqCst);
+        return Err(e.context("a nemesis failed; the run has no verdict"));
+    }
+    if interrupted {
+        shared.stop.store(true, Ordering::SeqCst);
+        bail!("interrupted (Ctrl-C); the run has no verdict");
+    }
+    // The quiet tail, for the recovery property.
+    if progress_until(
+        Instant::now() + config.tail,
+        "tail",
+        &recorder,
+        &shared,
+        &probe,
+    )
+    .await
+    {
+        shared.stop.store(true, Ordering::SeqCst);
+        bail!("interrupted (Ctrl-C); the run has no verdict");
+    }
+    shared.stop.store(true, Ordering::SeqCst);
+    let client_stop_timeout = config.max_wait + config.ttl * 4 + Duration::from_secs(15);
+    for task in clients {
+        if tokio::time::timeout(client_stop_timeout, task)
+            .await
+            .is_err()
+        {
+            // Its operation in flight stays without a completion: the checker reads it as
+            // an unknown outcome, which is what it is.
+            eprintln!("lock-jepsen: a client did not stop within {client_stop_timeout:?}");
+        }
+    }
+    eprintln!(
+        "lock-jepsen: done: {} history lines, {} grants",
+        recorder.count(),
+        shared.granted.load(Ordering::Relaxed)
+    );
+    Ok(recorder)
+}
+
+/// Prints a progress line every [`PROGRESS_EVERY`] until `until`; `true` if interrupted by
+/// Ctrl-C.
+async fn progress_until(
+    until: Instant,
+    phase: &str,
+    recorder: &Recorder,
+    shared: &Shared,
+    probe: &crate::cluster::StatusProbe,
+) -> bool {
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return false;
+        }
+        tokio::select! {
+            () = tokio::time::sleep(left.min(PROGRESS_EVERY)) => {}
+            _ = tokio::signal::ctrl_c() => return true,
+        }
+        let leader = probe.leader().await;
+        eprintln!(
+            "[{:>6.1}s {phase}] history lines {:>7}  grants {:>6}  leader {}",
+            recorder.now_ns() as f64 / 1e9,
+            recorder.count(),
+            shared.granted.load(Ordering::Relaxed),
+            leader.map_or("none".to_owned(), |l| format!("n{l}"))
+        );
+    }
+}
+
+/// The lockd binary: `explicit`, else `$LOCKD_BIN`, else `lockd` next to this executable or
+/// one folder up (a test executable lives in `target/<profile>/deps/`).
+pub fn find_lockd(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
+    if let Some(p) = explicit {
+        return Ok(p.to_path_buf());
+    }
+    if let Some(p) = std::env::var_os("LOCKD_BIN") {
+        return Ok(PathBuf::from(p));
+    }
+    let exe = std::env::current_exe().context("finding this executable")?;
+    for dir in exe.ancestors().skip(1).take(2) {
+        let candidate = dir.join("lockd");
+        if candidate.is_file() {
+            return Ok(candidate);
+        }
+    }
+    bail!(
+        "lockd binary not found next to {}; build it with `cargo build -p lockd`, or pass --lockd / set LOCKD_BIN",
+        exe.display()
+    )
+}
