@@ -13,12 +13,14 @@ use std::time::Duration;
 pub const HEARTBEAT_INTERVAL_MS: u64 = 100;
 
 /// Lower bound of the randomized election timeout given to test nodes
-/// (`--election-timeout-min-ms`): five heartbeats, so one late heartbeat never starts an election.
-pub const ELECTION_TIMEOUT_MIN_MS: u64 = 500;
+/// (`--election-timeout-min-ms`): four heartbeats, so one late heartbeat never starts an election.
+pub const ELECTION_TIMEOUT_MIN_MS: u64 = 400;
 
 /// Upper bound of the randomized election timeout (`--election-timeout-max-ms`). Twice the
-/// minimum, so split votes are rare. Failover bounds in the tests are multiples of it.
-pub const ELECTION_TIMEOUT_MAX_MS: u64 = 1000;
+/// minimum, so split votes are rare; below the shortest lease (`TTL_MIN`), which lockd requires
+/// so that a failover does not routinely outlast every lease. Failover bounds in the tests are
+/// multiples of it.
+pub const ELECTION_TIMEOUT_MAX_MS: u64 = 800;
 
 /// How long one node may take from spawn to its `lockd ready` line. Generous because two cores
 /// are shared with compilers: a cold start of a debug binary can take seconds there.
@@ -34,6 +36,7 @@ pub const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 
 const _: () = assert!(ELECTION_TIMEOUT_MIN_MS >= 3 * HEARTBEAT_INTERVAL_MS);
 const _: () = assert!(ELECTION_TIMEOUT_MIN_MS < ELECTION_TIMEOUT_MAX_MS);
+const _: () = assert!((ELECTION_TIMEOUT_MAX_MS as u128) < lock_api::limits::TTL_MIN.as_millis());
 
 /// The shape and timing of a test cluster. `ClusterConfig::default()` is three nodes with the
 /// timing constants of this module; change fields for special cases.

@@ -103,12 +103,12 @@ async fn blank_oversized_and_control_character_keys_are_invalid() {
     let f = Fixture::new().await;
     let sid = f.holder.id.as_str();
     let oversized = "k".repeat(KEY_LEN_MAX + 1);
-    let huge = "k".repeat(1024 * 1024);
+    let large = "k".repeat(64 * 1024);
     for (name, key) in [
         ("empty key", ""),
         ("blank key", "   "),
         ("oversized key", oversized.as_str()),
-        ("1 MiB key", huge.as_str()),
+        ("64 KiB key", large.as_str()),
         ("key with a newline", "a\nb"),
     ] {
         assert_invalid(
@@ -134,6 +134,20 @@ async fn blank_oversized_and_control_character_keys_are_invalid() {
         );
         f.assert_unharmed(name).await;
     }
+    // A request above the node's gRPC message-size limit is refused by the transport before
+    // lockd sees it: no grant, and (the status carrying no lockd detail) it decodes as
+    // retry-safe `Contention`, or `InvalidArgument` if the node labels it so.
+    let huge = "k".repeat(2 * 1024 * 1024);
+    match f.at.try_acquire(sid, &huge, LONG_TTL).await {
+        Err(LockError::Contention { message }) => {
+            println!("TryAcquire, 2 MiB key: Contention: {message}")
+        }
+        Err(LockError::InvalidArgument { message }) => {
+            println!("TryAcquire, 2 MiB key: InvalidArgument: {message}")
+        }
+        other => panic!("TryAcquire, 2 MiB key: expected a refusal, got {other:?}"),
+    }
+    f.assert_unharmed("a 2 MiB key").await;
     // The limit itself is allowed.
     let longest = "k".repeat(KEY_LEN_MAX);
     let grant =

@@ -1,0 +1,244 @@
+//! The Rust SDK (`lock-client`) against real three-node clusters: leader discovery from
+//! followers only, a kept-alive handle surviving a leader failover, session death firing the
+//! lost-lock listener, and a dropped acquire leaving neither a waiter nor a grant behind.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use lock_api::{LockError, LockHandle, LockService};
+use lock_client::{ClientConfig, LockClient};
+use lock_tests::{Cluster, poll_until};
+
+/// How long a test waits for the SDK or the cluster to react (heartbeat rounds, an election,
+/// a commit) on two loaded cores.
+const REACTION_MAX: Duration = Duration::from_secs(20);
+
+/// A lease that does not run out during a test unless the test wants it to.
+const LONG_TTL: Duration = Duration::from_secs(60);
+
+fn config() -> ClientConfig {
+    ClientConfig {
+        // Short enough that a session death is noticed within seconds, long enough to ride
+        // out an election (the harness's election timeout is at most 1 s).
+        session_ttl: Duration::from_secs(6),
+        ..ClientConfig::default()
+    }
+}
+
+async fn connect(endpoints: &[String]) -> LockClient {
+    LockClient::connect_with(endpoints, config())
+        .await
+        .expect("connect to the cluster")
+}
+
+/// The leader's leader-confirmed view of `key`: `(token, waiter count)`, or `None` if unheld.
+async fn key_state(cluster: &mut Cluster, key: &str) -> Result<Option<(u64, u32)>, String> {
+    let leader = cluster.leader().await;
+    cluster
+        .client(leader)
+        .inspect(key, true)
+        .await
+        .map(|info| info.map(|i| (i.fencing_token, i.waiter_count)))
+        .map_err(|e| e.to_string())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t40_client_finds_the_leader_from_followers_only() {
+    let mut cluster = Cluster::start(3).await;
+    let leader = cluster.leader().await;
+    let followers = cluster.followers().await;
+    let endpoints: Vec<String> = followers.iter().map(|&id| cluster.endpoint(id)).collect();
+
+    let client = connect(&endpoints).await;
+    let session = client.open_session("t40-discovery").await.expect("session");
+    let handle = session
+        .try_acquire("t40/discovery", "t40-discovery", LONG_TTL)
+        .await
+        .expect("try_acquire")
+        .expect("granted: the key is free");
+    assert_eq!(client.believed_leader(), cluster.addr(leader));
+    assert!(
+        client.endpoints().contains(&cluster.addr(leader)),
+        "{:?}",
+        client.endpoints()
+    );
+    assert_eq!(
+        key_state(&mut cluster, "t40/discovery").await,
+        Ok(Some((handle.fencing_token, 0)))
+    );
+    assert_eq!(session.release(&handle).await, Ok(true));
+    assert_eq!(session.close().await, Ok(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t40_client_kept_alive_handle_survives_a_leader_failover() {
+    let mut cluster = Cluster::start(3).await;
+    let old_leader = cluster.leader().await;
+    let client = connect(&cluster.endpoints()).await;
+    let session = client.open_session("t40-failover").await.expect("session");
+    let lost: Arc<Mutex<Vec<LockHandle>>> = Arc::default();
+    let sink = Arc::clone(&lost);
+    session.on_lock_lost(move |h| sink.lock().expect("lost list").push(h.clone()));
+    // A 6 s lease: keep-alive renews every 2 s, so the failover falls inside one lease.
+    let handle = session
+        .acquire(
+            "t40/failover",
+            "t40-failover",
+            Duration::from_secs(6),
+            Duration::ZERO,
+        )
+        .await
+        .expect("acquire")
+        .expect("granted");
+    session.keep_alive(&handle).expect("keep alive");
+
+    cluster.kill(old_leader);
+    let new_leader = cluster.leader().await;
+    assert_ne!(new_leader, old_leader);
+
+    // Past the first handle's deadline, and renewed at the new leader since.
+    let latest = poll_until(
+        "a renewal at the new leader, past the first deadline",
+        REACTION_MAX,
+        || {
+            let latest = session.latest(&handle);
+            async move {
+                match latest {
+                    Ok(h)
+                        if Instant::now() > handle.client_deadline
+                            && h.client_deadline > handle.client_deadline =>
+                    {
+                        Ok(h)
+                    }
+                    other => Err(format!("{other:?}")),
+                }
+            }
+        },
+    )
+    .await
+    .expect("the handle is still being renewed");
+    assert_eq!(latest.fencing_token, handle.fencing_token);
+    assert_eq!(session.check_still_held(&handle), Ok(()));
+    assert_eq!(session.check_still_held_confirmed(&handle).await, Ok(()));
+    assert!(session.is_alive());
+    assert!(lost.lock().expect("lost list").is_empty());
+    assert_eq!(
+        key_state(&mut cluster, "t40/failover").await,
+        Ok(Some((handle.fencing_token, 0)))
+    );
+    assert_eq!(session.release(&handle).await, Ok(true));
+    session.close().await.expect("close");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t40_client_session_death_fires_the_listener() {
+    let mut cluster = Cluster::start(3).await;
+    let client = connect(&cluster.endpoints()).await;
+    let session = client.open_session("t40-death").await.expect("session");
+    let lost: Arc<Mutex<Vec<LockHandle>>> = Arc::default();
+    let sink = Arc::clone(&lost);
+    session.on_lock_lost(move |h| sink.lock().expect("lost list").push(h.clone()));
+    let handle = session
+        .try_acquire("t40/death", "t40-death", LONG_TTL)
+        .await
+        .expect("try_acquire")
+        .expect("granted");
+
+    // The session ends on the server behind the SDK's back (an operator, or a long pause of
+    // this process would do the same); the next heartbeat learns it.
+    let other = connect(&cluster.endpoints()).await;
+    assert_eq!(other.close_session(session.session_id()).await, Ok(1));
+
+    let fired = poll_until("the lost-lock listener", REACTION_MAX, || {
+        let seen = lost.lock().expect("lost list").clone();
+        async move {
+            match seen.as_slice() {
+                [one] => Ok(one.clone()),
+                other => Err(format!("{} calls", other.len())),
+            }
+        }
+    })
+    .await
+    .expect("the listener fires");
+    assert_eq!(fired.key, "t40/death");
+    assert_eq!(fired.fencing_token, handle.fencing_token);
+    assert!(!session.is_alive());
+    assert_eq!(
+        session.check_still_held(&handle),
+        Err(LockError::LockLost {
+            key: "t40/death".into()
+        })
+    );
+    assert!(matches!(
+        session
+            .try_acquire("t40/death", "t40-death", LONG_TTL)
+            .await,
+        Err(LockError::InvalidArgument { .. })
+    ));
+    assert_eq!(key_state(&mut cluster, "t40/death").await, Ok(None));
+    assert_eq!(lost.lock().expect("lost list").len(), 1, "fired once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t40_client_dropped_acquire_leaves_no_waiter_and_no_grant() {
+    let mut cluster = Cluster::start(3).await;
+    let client = connect(&cluster.endpoints()).await;
+    let holder = client.open_session("t40-holder").await.expect("holder");
+    let held = holder
+        .try_acquire("t40/cancel", "t40-holder", LONG_TTL)
+        .await
+        .expect("try_acquire")
+        .expect("granted");
+
+    let waiter = Arc::new(client.open_session("t40-waiter").await.expect("waiter"));
+    let waiting = {
+        let waiter = Arc::clone(&waiter);
+        tokio::spawn(async move {
+            waiter
+                .acquire(
+                    "t40/cancel",
+                    "t40-waiter",
+                    LONG_TTL,
+                    Duration::from_secs(60),
+                )
+                .await
+        })
+    };
+    poll_until("the waiter to queue", REACTION_MAX, || {
+        let client = client.clone();
+        async move {
+            match client.inspect("t40/cancel").await {
+                Ok(Some(info)) if info.waiter_count == 1 => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        }
+    })
+    .await
+    .expect("queued");
+
+    // Dropping the acquire future (aborting its task) must withdraw the waiter.
+    waiting.abort();
+    assert!(waiting.await.is_err_and(|e| e.is_cancelled()));
+    poll_until("the waiter to leave the queue", REACTION_MAX, || {
+        let client = client.clone();
+        async move {
+            match client.inspect("t40/cancel").await {
+                Ok(Some(info)) if info.waiter_count == 0 => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        }
+    })
+    .await
+    .expect("no waiter left");
+
+    // With no waiter left, the release frees the key instead of handing it over.
+    assert_eq!(holder.release(&held).await, Ok(true));
+    assert_eq!(key_state(&mut cluster, "t40/cancel").await, Ok(None));
+    let waiter_id = waiter.session_id().to_owned();
+    let leader = cluster.leader().await;
+    assert_eq!(
+        cluster.client(leader).locks_of(&waiter_id).await,
+        Ok(vec![])
+    );
+    holder.close().await.expect("close holder");
+}
