@@ -39,7 +39,9 @@ fn init_logging(format: LogFormat) {
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(LOG_FILTER_DEFAULT));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        // Colour only on a terminal: `lockd dev` and the test harness send stderr to files.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
     match format {
         LogFormat::Human => builder.init(),
         LogFormat::Json => builder.json().init(),
