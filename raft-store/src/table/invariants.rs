@@ -248,3 +248,130 @@ impl LockTable {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! `check_invariants` must be able to fail: each test breaks one rule by hand (which `apply`
+    //! never does) and expects that rule, and the key or session, to be named.
+
+    use super::*;
+    use crate::command::{Command, Event};
+
+    fn table() -> LockTable {
+        let mut t = LockTable::new();
+        let mut events = Vec::new();
+        for s in ["s1", "s2"] {
+            t.apply(
+                1000,
+                Command::OpenSession {
+                    session_id: s.into(),
+                    owner_id: format!("owner-{s}"),
+                    ttl_ms: 10_000,
+                },
+                &mut events,
+            );
+        }
+        t.apply(
+            1000,
+            Command::Acquire {
+                session_id: "s1".into(),
+                request_id: 1,
+                key: "a".into(),
+                ttl_ms: 5000,
+                wait_ms: 0,
+            },
+            &mut events,
+        );
+        t.apply(
+            1000,
+            Command::Acquire {
+                session_id: "s2".into(),
+                request_id: 1,
+                key: "a".into(),
+                ttl_ms: 5000,
+                wait_ms: 60_000,
+            },
+            &mut events,
+        );
+        assert!(matches!(events.last(), Some(Event::Granted { .. })));
+        t.check_invariants()
+            .expect("a table built by apply is valid");
+        t
+    }
+
+    fn broken_rule(t: &LockTable) -> (&'static str, String) {
+        let v = t
+            .check_invariants()
+            .expect_err("the corruption is detected");
+        let shown = v.to_string();
+        (v.invariant, shown)
+    }
+
+    #[test]
+    fn a_token_above_the_floor_is_caught() {
+        let mut t = table();
+        t.last_token = 0;
+        let (rule, shown) = broken_rule(&t);
+        assert_eq!(rule, "every token is issued");
+        assert!(shown.contains("key a"), "{shown}");
+    }
+
+    #[test]
+    fn two_grants_with_one_token_are_caught() {
+        let mut t = table();
+        let mut copy = t.grants["a"].clone();
+        copy.key = "b".into();
+        t.grants.insert("b".into(), copy);
+        t.sessions
+            .get_mut("s1")
+            .expect("live")
+            .locks
+            .insert("b".into());
+        assert_eq!(broken_rule(&t).0, "no two grants share a token");
+    }
+
+    #[test]
+    fn a_holder_without_a_session_is_caught() {
+        let mut t = table();
+        t.sessions.remove("s1");
+        let (rule, shown) = broken_rule(&t);
+        assert_eq!(rule, "every holder's session is live");
+        assert!(shown.contains("s1"), "{shown}");
+    }
+
+    #[test]
+    fn a_waiter_on_a_free_key_is_caught() {
+        let mut t = table();
+        t.grants.remove("a");
+        t.sessions.get_mut("s1").expect("live").locks.remove("a");
+        assert_eq!(broken_rule(&t).0, "waiters only queue on held keys");
+    }
+
+    #[test]
+    fn a_session_lock_set_out_of_step_is_caught() {
+        let mut t = table();
+        t.sessions
+            .get_mut("s2")
+            .expect("live")
+            .locks
+            .insert("a".into());
+        let (rule, shown) = broken_rule(&t);
+        assert_eq!(rule, "session lock sets agree with grants");
+        assert!(shown.contains("s2") && shown.contains("key a"), "{shown}");
+    }
+
+    #[test]
+    fn a_waiter_queued_twice_is_caught() {
+        let mut t = table();
+        let again = t.queues["a"][0].clone();
+        t.queues.get_mut("a").expect("queued").push_back(again);
+        assert_eq!(broken_rule(&t).0, "no waiter queued twice");
+    }
+
+    #[test]
+    fn an_unindexed_waiter_is_caught() {
+        let mut t = table();
+        t.wait_deadlines.clear();
+        assert_eq!(broken_rule(&t).0, "the deadline index lists every waiter");
+    }
+}

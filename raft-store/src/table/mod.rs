@@ -163,3 +163,99 @@ impl LockTable {
         self.last_token
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The storage snapshots the table with postcard; a round trip must give the same table.
+    #[test]
+    fn the_table_round_trips_through_postcard() {
+        let mut t = LockTable::new();
+        let mut events = Vec::new();
+        let commands = [
+            Command::OpenSession {
+                session_id: "s1".into(),
+                owner_id: "o1".into(),
+                ttl_ms: 10_000,
+            },
+            Command::OpenSession {
+                session_id: "s2".into(),
+                owner_id: "o2".into(),
+                ttl_ms: 10_000,
+            },
+            Command::Acquire {
+                session_id: "s1".into(),
+                request_id: 1,
+                key: "a".into(),
+                ttl_ms: 5000,
+                wait_ms: 0,
+            },
+            Command::Acquire {
+                session_id: "s2".into(),
+                request_id: 1,
+                key: "a".into(),
+                ttl_ms: 5000,
+                wait_ms: 60_000,
+            },
+            Command::ForceRevoke {
+                key: "b".into(),
+                operator: "op".into(),
+                reason: "drill".into(),
+            },
+        ];
+        for c in commands {
+            t.apply(1000, c, &mut events);
+        }
+        let bytes = postcard::to_allocvec(&t).expect("serializes");
+        let back: LockTable = postcard::from_bytes(&bytes).expect("deserializes");
+        assert_eq!(back, t);
+        assert_eq!(back.waiter_count("a"), 1);
+        assert_eq!(back.last_token(), 2);
+    }
+
+    /// Debug builds check the invariants after every apply and name the command that broke
+    /// them.
+    #[test]
+    #[cfg(debug_assertions)]
+    fn a_broken_invariant_panics_naming_the_command() {
+        let mut t = LockTable::new();
+        let mut events = Vec::new();
+        t.apply(
+            1,
+            Command::OpenSession {
+                session_id: "s1".into(),
+                owner_id: "o1".into(),
+                ttl_ms: 10_000,
+            },
+            &mut events,
+        );
+        // A grant of a session that does not exist: corrupt on purpose.
+        t.last_token = 1;
+        t.grants.insert(
+            "z".into(),
+            Grant {
+                key: "z".into(),
+                owner_id: "o1".into(),
+                session_id: "ghost".into(),
+                request_id: 1,
+                token: 1,
+                ttl_ms: 1000,
+                acquired_at_ms: 1,
+                expires_at_ms: 1001,
+            },
+        );
+        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            t.apply(2, Command::Promote, &mut events);
+        }));
+        let message = caught
+            .expect_err("the corrupt table is caught")
+            .downcast::<String>()
+            .map(|m| *m)
+            .unwrap_or_default();
+        assert!(
+            message.contains("Promote") && message.contains("ghost"),
+            "{message}"
+        );
+    }
+}
