@@ -706,14 +706,15 @@ impl LockTable {
     /// Drops every waiter whose deadline is before `stamp_ms`, in (deadline, session, key)
     /// order, and settles their acquires as `NotGranted`.
     fn drop_lapsed_waiters(&mut self, stamp_ms: u64, events: &mut Vec<Event>) {
-        while let Some((deadline_ms, session_id, key)) = self.wait_deadlines.first().cloned() {
-            if deadline_ms >= stamp_ms {
+        while self
+            .wait_deadlines
+            .first()
+            .is_some_and(|(deadline_ms, _, _)| *deadline_ms < stamp_ms)
+        {
+            let Some((_, session_id, key)) = self.wait_deadlines.pop_first() else {
                 break;
-            }
-            // Also removes the index entry, so the loop advances.
+            };
             self.unqueue(&key, &session_id);
-            self.wait_deadlines
-                .remove(&(deadline_ms, session_id.clone(), key.clone()));
             let request_id = self.sessions.get_mut(&session_id).and_then(|s| {
                 let id = s.waits.remove(&key)?;
                 s.settle(id, Response::NotGranted);
