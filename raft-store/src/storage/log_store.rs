@@ -3,7 +3,7 @@
 //! Owns the meaning of the engine's records (entries, vote, committed, last purged) and the
 //! durability promise: **durable before acknowledged**. An `append` writes its entries to sled in
 //! one atomic batch (readable as soon as `append` returns) and hands openraft's callback to the
-//! log's flush thread, which fires it only after [`Engine::sync`] (sled flush + `fdatasync`)
+//! log's flush thread, which fires it only after `Engine::sync` (sled flush + `fdatasync`)
 //! covered the batch. `save_vote`, `truncate` and `purge` return only once synced. The flush
 //! thread takes every job queued while it was syncing and covers them with one sync (group
 //! commit), so each call costs at most one sync and concurrent appends share one. Jobs complete
