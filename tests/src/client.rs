@@ -602,7 +602,19 @@ impl ClusterClient {
         ttl: Duration,
         max_wait: Duration,
     ) -> Result<Option<Grant>, LockError> {
-        let request_id = next_request_id();
+        self.acquire_with_request_id(session_id, next_request_id(), key, ttl, max_wait)
+            .await
+    }
+
+    /// [`NodeClient::acquire_with_request_id`] at the leader.
+    pub async fn acquire_with_request_id(
+        &self,
+        session_id: &str,
+        request_id: u64,
+        key: &str,
+        ttl: Duration,
+        max_wait: Duration,
+    ) -> Result<Option<Grant>, LockError> {
         self.call(|c| async move {
             c.acquire_with_request_id(session_id, request_id, key, ttl, max_wait)
                 .await
@@ -617,12 +629,34 @@ impl ClusterClient {
         key: &str,
         ttl: Duration,
     ) -> Result<Option<Grant>, LockError> {
-        let request_id = next_request_id();
+        self.try_acquire_with_request_id(session_id, next_request_id(), key, ttl)
+            .await
+    }
+
+    /// [`NodeClient::try_acquire_with_request_id`] at the leader.
+    pub async fn try_acquire_with_request_id(
+        &self,
+        session_id: &str,
+        request_id: u64,
+        key: &str,
+        ttl: Duration,
+    ) -> Result<Option<Grant>, LockError> {
         self.call(|c| async move {
             c.try_acquire_with_request_id(session_id, request_id, key, ttl)
                 .await
         })
         .await
+    }
+
+    /// [`NodeClient::cancel_acquire`] at the leader.
+    pub async fn cancel_acquire(
+        &self,
+        session_id: &str,
+        request_id: u64,
+        key: &str,
+    ) -> Result<bool, LockError> {
+        self.call(|c| async move { c.cancel_acquire(session_id, request_id, key).await })
+            .await
     }
 
     /// [`NodeClient::renew`] at the leader, one request id for all retries.
@@ -633,7 +667,19 @@ impl ClusterClient {
         fencing_token: u64,
         ttl: Duration,
     ) -> Result<Option<Grant>, LockError> {
-        let request_id = next_request_id();
+        self.renew_with_request_id(session_id, next_request_id(), key, fencing_token, ttl)
+            .await
+    }
+
+    /// [`NodeClient::renew_with_request_id`] at the leader.
+    pub async fn renew_with_request_id(
+        &self,
+        session_id: &str,
+        request_id: u64,
+        key: &str,
+        fencing_token: u64,
+        ttl: Duration,
+    ) -> Result<Option<Grant>, LockError> {
         self.call(|c| async move {
             c.renew_with_request_id(session_id, request_id, key, fencing_token, ttl)
                 .await
@@ -648,7 +694,18 @@ impl ClusterClient {
         key: &str,
         fencing_token: u64,
     ) -> Result<bool, LockError> {
-        let request_id = next_request_id();
+        self.release_with_request_id(session_id, next_request_id(), key, fencing_token)
+            .await
+    }
+
+    /// [`NodeClient::release_with_request_id`] at the leader.
+    pub async fn release_with_request_id(
+        &self,
+        session_id: &str,
+        request_id: u64,
+        key: &str,
+        fencing_token: u64,
+    ) -> Result<bool, LockError> {
         self.call(|c| async move {
             c.release_with_request_id(session_id, request_id, key, fencing_token)
                 .await
@@ -656,10 +713,20 @@ impl ClusterClient {
         .await
     }
 
+    /// [`NodeClient::inspect`]: with `leader_confirmed` at the leader, else at whichever node
+    /// this client currently talks to (a possibly stale follower read).
+    pub async fn inspect(
+        &self,
+        key: &str,
+        leader_confirmed: bool,
+    ) -> Result<Option<LockInfo>, LockError> {
+        self.call(|c| async move { c.inspect(key, leader_confirmed).await })
+            .await
+    }
+
     /// [`NodeClient::inspect`] with `leader_confirmed` set, at the leader.
     pub async fn inspect_confirmed(&self, key: &str) -> Result<Option<LockInfo>, LockError> {
-        self.call(|c| async move { c.inspect(key, true).await })
-            .await
+        self.inspect(key, true).await
     }
 
     /// [`NodeClient::force_revoke`] at the leader, one request id for all retries.
@@ -669,7 +736,18 @@ impl ClusterClient {
         operator: &str,
         reason: &str,
     ) -> Result<LockOutcome, LockError> {
-        let request_id = next_request_id();
+        self.force_revoke_with_request_id(key, operator, reason, next_request_id())
+            .await
+    }
+
+    /// [`NodeClient::force_revoke_with_request_id`] at the leader.
+    pub async fn force_revoke_with_request_id(
+        &self,
+        key: &str,
+        operator: &str,
+        reason: &str,
+        request_id: u64,
+    ) -> Result<LockOutcome, LockError> {
         self.call(|c| async move {
             c.force_revoke_with_request_id(key, operator, reason, request_id)
                 .await

@@ -8,19 +8,21 @@ use std::time::Duration;
 
 /// Raft heartbeat interval given to test nodes (`--heartbeat-interval-ms`).
 ///
-/// Faster than the production default so failovers in tests are quick, but not so fast that
-/// two loaded shared cores miss heartbeats and cause spurious elections.
-pub const HEARTBEAT_INTERVAL_MS: u64 = 100;
+/// Half again lockd's default (100 ms): openraft times a replication RPC out after one
+/// heartbeat interval, and on two cores shared with compilers 100 ms appends time out often
+/// enough to make leader-confirmed reads answer `Contention` and to cause spurious elections.
+pub const HEARTBEAT_INTERVAL_MS: u64 = 150;
 
 /// Lower bound of the randomized election timeout given to test nodes
-/// (`--election-timeout-min-ms`): four heartbeats, so one late heartbeat never starts an election.
-pub const ELECTION_TIMEOUT_MIN_MS: u64 = 400;
+/// (`--election-timeout-min-ms`): three heartbeats, so one late heartbeat never starts an
+/// election.
+pub const ELECTION_TIMEOUT_MIN_MS: u64 = 450;
 
 /// Upper bound of the randomized election timeout (`--election-timeout-max-ms`). Twice the
 /// minimum, so split votes are rare; below the shortest lease (`TTL_MIN`), which lockd requires
 /// so that a failover does not routinely outlast every lease. Failover bounds in the tests are
 /// multiples of it.
-pub const ELECTION_TIMEOUT_MAX_MS: u64 = 800;
+pub const ELECTION_TIMEOUT_MAX_MS: u64 = 900;
 
 /// How long one node may take from spawn to its `lockd ready` line. Generous because two cores
 /// are shared with compilers: a cold start of a debug binary can take seconds there.

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use lock_tests::{Cluster, FencedRegister, Grant, LockError, NodeClient, poll_until};
+use lock_tests::{Cluster, ClusterClient, FencedRegister, Grant, LockError, poll_until};
 use tokio::task::JoinHandle;
 
 /// Lease of grants and sessions that must not expire during a test.
@@ -23,7 +23,7 @@ const EXPIRY_SLACK: Duration = Duration::from_secs(5);
 
 /// Spawns a blocking `Acquire` of `key` by `session_id` at `client`.
 fn spawn_waiter(
-    client: &NodeClient,
+    client: &ClusterClient,
     session_id: &str,
     key: &str,
 ) -> JoinHandle<(Result<Option<Grant>, LockError>, Instant)> {
@@ -39,7 +39,7 @@ fn spawn_waiter(
 }
 
 /// Waits until `key`'s queue at the leader holds `count` waiters.
-async fn wait_for_waiters(client: &NodeClient, key: &str, count: u32) {
+async fn wait_for_waiters(client: &ClusterClient, key: &str, count: u32) {
     poll_until(
         &format!("{count} waiter(s) queued on {key:?}"),
         Duration::from_secs(10),
@@ -75,7 +75,7 @@ async fn granted(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unheartbeated_session_loses_its_locks_to_the_next_waiter() {
-    let mut cluster = Cluster::start(3).await;
+    let cluster = Cluster::start(3).await;
     let any = cluster.cluster_client();
     let doomed = any
         .open_session("doomed", SHORT_TTL)
@@ -85,7 +85,7 @@ async fn an_unheartbeated_session_loses_its_locks_to_the_next_waiter() {
         .open_session("waiter", LONG_TTL)
         .await
         .expect("open waiter");
-    let at = cluster.leader_client().await;
+    let at = cluster.cluster_client();
     // The grant outlives the session: only the session's expiry can free the key.
     let held = at
         .try_acquire(&doomed.id, "k", LONG_TTL)
@@ -136,7 +136,7 @@ async fn an_unheartbeated_session_loses_its_locks_to_the_next_waiter() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unrenewed_grant_expires_and_the_next_waiter_gets_it() {
-    let mut cluster = Cluster::start(3).await;
+    let cluster = Cluster::start(3).await;
     let any = cluster.cluster_client();
     let holder = any
         .open_session("holder", LONG_TTL)
@@ -146,7 +146,7 @@ async fn an_unrenewed_grant_expires_and_the_next_waiter_gets_it() {
         .open_session("waiter", LONG_TTL)
         .await
         .expect("open waiter");
-    let at = cluster.leader_client().await;
+    let at = cluster.cluster_client();
     let sent = Instant::now();
     let held = at
         .try_acquire(&holder.id, "k", SHORT_TTL)
@@ -185,11 +185,11 @@ async fn an_unrenewed_grant_expires_and_the_next_waiter_gets_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn closing_a_session_releases_everything_it_held() {
-    let mut cluster = Cluster::start(3).await;
+    let cluster = Cluster::start(3).await;
     let any = cluster.cluster_client();
     let closing = any.open_session("closing", LONG_TTL).await.expect("open");
     let waiter = any.open_session("waiter", LONG_TTL).await.expect("open");
-    let at = cluster.leader_client().await;
+    let at = cluster.cluster_client();
     let mut tokens = Vec::new();
     for key in ["a", "b", "c"] {
         let grant = at
@@ -231,11 +231,11 @@ async fn closing_a_session_releases_everything_it_held() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn force_revoke_fences_out_the_displaced_holder() {
-    let mut cluster = Cluster::start(3).await;
+    let cluster = Cluster::start(3).await;
     let any = cluster.cluster_client();
     let displaced = any.open_session("displaced", LONG_TTL).await.expect("open");
     let next = any.open_session("next", LONG_TTL).await.expect("open");
-    let at = cluster.leader_client().await;
+    let at = cluster.cluster_client();
     let register = FencedRegister::new("k");
 
     let old = at
@@ -265,7 +265,35 @@ async fn force_revoke_fences_out_the_displaced_holder() {
         old.fencing_token
     );
     // The API has no read-back of the audit record's operator and reason (LockOutcome does not
-    // carry them); the revoke above passing validation with both set is what can be checked.
+    // carry them). The leader's log is the audit trail an operator sees: it must name both.
+    let log_paths: Vec<_> = cluster
+        .ids()
+        .into_iter()
+        .map(|id| cluster.log_path(id))
+        .collect();
+    poll_until(
+        "a node's log to record the revoke's operator and reason",
+        Duration::from_secs(5),
+        || {
+            let log_paths = log_paths.clone();
+            async move {
+                for path in &log_paths {
+                    let log = std::fs::read_to_string(path).map_err(|e| e.to_string())?;
+                    if log
+                        .lines()
+                        .any(|l| l.contains("oncall@example") && l.contains("OPS-1"))
+                    {
+                        return Ok(());
+                    }
+                }
+                Err(format!(
+                    "no line in {log_paths:?} names the operator and the reason"
+                ))
+            }
+        },
+    )
+    .await
+    .expect("the revoke is audited in the log");
 
     let (new, _) = granted(pending, "waiter of k").await;
     assert_eq!(new.session_id, next.id);
@@ -335,10 +363,10 @@ async fn force_revoke_fences_out_the_displaced_holder() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiters_are_granted_in_arrival_order() {
     const WAITERS: usize = 5;
-    let mut cluster = Cluster::start(3).await;
+    let cluster = Cluster::start(3).await;
     let any = cluster.cluster_client();
     let holder = any.open_session("holder", LONG_TTL).await.expect("open");
-    let at = cluster.leader_client().await;
+    let at = cluster.cluster_client();
     let first = at
         .try_acquire(&holder.id, "fifo", LONG_TTL)
         .await
@@ -485,5 +513,139 @@ async fn a_full_restart_keeps_grants_sessions_and_the_token_counter() {
         fresh.fencing_token > highest,
         "token {} reused or below the pre-restart high water {highest}",
         fresh.fencing_token
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_request_gets_the_remembered_answer() {
+    let cluster = Cluster::start(3).await;
+    let any = cluster.cluster_client();
+    let session = any.open_session("retrier", LONG_TTL).await.expect("open");
+    let other = any.open_session("other", LONG_TTL).await.expect("open");
+    let at = cluster.cluster_client();
+
+    // A retried acquire (same request id) answers the same grant; it never grants twice.
+    let acquire_id = lock_tests::next_request_id();
+    let first = at
+        .try_acquire_with_request_id(&session.id, acquire_id, "k", LONG_TTL)
+        .await
+        .expect("try_acquire")
+        .expect("granted");
+    let again = at
+        .try_acquire_with_request_id(&session.id, acquire_id, "k", LONG_TTL)
+        .await
+        .expect("the retry answers")
+        .expect("the retry answers the grant it made");
+    assert_eq!(
+        again.fencing_token, first.fencing_token,
+        "a retry must not make a second grant"
+    );
+    let next = at
+        .try_acquire(&other.id, "probe", LONG_TTL)
+        .await
+        .expect("try_acquire")
+        .expect("granted");
+    assert_eq!(
+        next.fencing_token,
+        first.fencing_token + 1,
+        "the retry consumed a token (tokens are one global counter)"
+    );
+
+    // A retried release answers what the first one did.
+    let release_id = lock_tests::next_request_id();
+    let released = at
+        .release_with_request_id(&session.id, release_id, "k", first.fencing_token)
+        .await
+        .expect("release");
+    assert!(released);
+    let released_again = at
+        .release_with_request_id(&session.id, release_id, "k", first.fencing_token)
+        .await
+        .expect("the retry answers");
+    assert!(
+        released_again,
+        "the retried release must answer the remembered `true`"
+    );
+    assert_eq!(at.inspect("k", true).await.expect("inspect"), None);
+    // A new request (new id) for the same grant is a new question: it is gone now.
+    assert!(
+        !at.release(&session.id, "k", first.fencing_token)
+            .await
+            .expect("release")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_wait_leaves_no_waiter_and_no_grant() {
+    let cluster = Cluster::start(3).await;
+    let any = cluster.cluster_client();
+    let holder = any.open_session("holder", LONG_TTL).await.expect("open");
+    let waiter = any.open_session("waiter", LONG_TTL).await.expect("open");
+    let at = cluster.cluster_client();
+    let held = at
+        .try_acquire(&holder.id, "k", LONG_TTL)
+        .await
+        .expect("try_acquire")
+        .expect("granted");
+
+    let request_id = lock_tests::next_request_id();
+    let pending = {
+        let at = at.clone();
+        let session_id = waiter.id.clone();
+        tokio::spawn(async move {
+            let sent = Instant::now();
+            let answer = at
+                .acquire_with_request_id(&session_id, request_id, "k", LONG_TTL, WAITER_MAX_WAIT)
+                .await;
+            (answer, sent.elapsed())
+        })
+    };
+    wait_for_waiters(&at, "k", 1).await;
+    assert!(
+        !at.cancel_acquire(&waiter.id, request_id, "k")
+            .await
+            .expect("cancel"),
+        "the wait had not been granted, so nothing was released"
+    );
+    let (answer, waited) = tokio::time::timeout(Duration::from_secs(10), pending)
+        .await
+        .expect("the cancelled acquire answers")
+        .expect("the task did not panic");
+    assert_eq!(answer, Ok(None), "a cancelled wait answers 'not granted'");
+    assert!(
+        waited < WAITER_MAX_WAIT,
+        "the cancelled wait lasted its whole max_wait"
+    );
+    let info = at.inspect("k", true).await.expect("inspect").expect("held");
+    assert_eq!(info.waiter_count, 0, "the cancelled waiter is still queued");
+    assert!(
+        at.release(&holder.id, "k", held.fencing_token)
+            .await
+            .expect("release")
+    );
+    assert_eq!(
+        at.inspect("k", true).await.expect("inspect"),
+        None,
+        "a released key went to a cancelled waiter"
+    );
+
+    // Cancelling an acquire that was already granted releases the grant.
+    let granted_id = lock_tests::next_request_id();
+    let grant = at
+        .acquire_with_request_id(&waiter.id, granted_id, "k", LONG_TTL, WAITER_MAX_WAIT)
+        .await
+        .expect("acquire")
+        .expect("a free key is granted");
+    assert!(
+        at.cancel_acquire(&waiter.id, granted_id, "k")
+            .await
+            .expect("cancel"),
+        "cancelling a granted acquire releases its grant"
+    );
+    assert_eq!(at.inspect("k", true).await.expect("inspect"), None);
+    assert!(
+        !at.release(&waiter.id, "k", grant.fencing_token)
+            .await
+            .expect("release")
     );
 }

