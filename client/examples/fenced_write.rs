@@ -29,9 +29,13 @@ struct Ledger {
 }
 
 impl Ledger {
-    fn append(&mut self, token: u64, entry: &str) -> Result<(), LockError> {
-        self.fence.admit(token)?; // FencedOut if a newer holder already wrote
-        self.entries.push((token, entry.to_owned()));
+    /// One fenced write: all of `entries`, or none. The fence admits each token once (equal is
+    /// rejected), so a holder makes its changes in one write per grant, as a database would in
+    /// one transaction that also stores the token.
+    fn append(&mut self, token: u64, entries: &[&str]) -> Result<(), LockError> {
+        self.fence.admit(token)?; // FencedOut if this or a newer holder already wrote
+        self.entries
+            .extend(entries.iter().map(|e| (token, (*e).to_owned())));
         Ok(())
     }
 }
@@ -76,29 +80,22 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     session.keep_alive(&handle)?;
     println!("acquired {KEY} with fencing token {}", handle.fencing_token);
 
-    for step in 1..=3 {
-        // Stops doomed work early; it does not prove the lock is held at the write.
-        if lost.load(Ordering::SeqCst) {
-            println!("lock lost; abandoning the work");
-            break;
-        }
+    // Stops doomed work early; it does not prove the lock is held at the write.
+    if lost.load(Ordering::SeqCst) {
+        println!("lock lost before the write; abandoning the work");
+    } else {
         match session.check_still_held(&handle) {
-            Ok(()) => {}
-            Err(LockError::LockLost { .. }) => {
-                println!("lock lost; abandoning the work");
-                break;
-            }
+            Err(LockError::LockLost { .. }) => println!("lock lost; abandoning the work"),
             Err(other) => return Err(other.into()),
-        }
-        // The token, presented to the resource, is what decides.
-        match ledger.append(handle.fencing_token, &format!("step {step}")) {
-            Ok(()) => println!("wrote step {step} with token {}", handle.fencing_token),
-            Err(err @ LockError::FencedOut { .. }) => {
-                // Superseded: another holder may already have done this work. Never retry it.
-                println!("{err}; stopping");
-                break;
-            }
-            Err(other) => return Err(other.into()),
+            // The token, presented to the resource, is what decides.
+            Ok(()) => match ledger.append(handle.fencing_token, &["debit 10", "credit 10"]) {
+                Ok(()) => println!("wrote with token {}", handle.fencing_token),
+                Err(err @ LockError::FencedOut { .. }) => {
+                    // Superseded: another holder may already have done this work. Never retry.
+                    println!("{err}; stopping");
+                }
+                Err(other) => return Err(other.into()),
+            },
         }
     }
     let stale_token = handle.fencing_token;
@@ -111,9 +108,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .try_acquire(KEY, "example-newer", Duration::from_secs(10))
         .await?
     {
-        ledger.append(h.fencing_token, "newer holder")?;
+        ledger.append(h.fencing_token, &["newer holder"])?;
         println!("newer holder wrote with token {}", h.fencing_token);
-        match ledger.append(stale_token, "stale write") {
+        match ledger.append(stale_token, &["stale write"]) {
             Err(LockError::FencedOut {
                 presented, stored, ..
             }) => println!(

@@ -66,8 +66,13 @@ enum Life {
     Open,
     /// Closed, dropped or detached by the caller.
     Closed,
-    /// The server declared it dead, or its local deadline passed; the reason, for errors.
-    Dead(String),
+    /// The server declared it dead, or its local deadline passed.
+    Dead {
+        /// Why, for errors.
+        reason: String,
+        /// The server itself said so (then it holds nothing of the session any more).
+        by_server: bool,
+    },
 }
 
 struct Held {
@@ -179,7 +184,7 @@ impl SessionInner {
                 "session {} is closed; open a new session",
                 self.session_id
             ))),
-            Life::Dead(reason) => Err(LockError::invalid(format!(
+            Life::Dead { reason, .. } => Err(LockError::invalid(format!(
                 "session {} is dead ({reason}); its locks are gone — open a new session",
                 self.session_id
             ))),
@@ -285,14 +290,15 @@ impl SessionInner {
     }
 
     /// Ends the session as dead: every held grant is lost (listeners fire), tasks stop.
-    fn die(&self, reason: String) {
+    /// `by_server`: the server answered that the session is gone.
+    fn die(&self, reason: String, by_server: bool) {
         let handles: Vec<LockHandle> = {
             let mut state = self.state();
             if state.life != Life::Open {
                 return;
             }
             tracing::warn!(session = %self.session_id, %reason, "session dead");
-            state.life = Life::Dead(reason);
+            state.life = Life::Dead { reason, by_server };
             state.held.values().map(|h| h.handle.clone()).collect()
         };
         let _ = self.shutdown.send(true);
@@ -327,7 +333,7 @@ impl SessionInner {
         };
         let state = self.state();
         let id = (handle.key.clone(), handle.fencing_token);
-        if state.lost.contains(&id) || matches!(state.life, Life::Dead(_)) {
+        if state.lost.contains(&id) || matches!(state.life, Life::Dead { .. }) {
             return Err(lost());
         }
         let own = state
@@ -724,7 +730,10 @@ async fn heartbeat(inner: Arc<SessionInner>) {
         let deadline = inner.state().deadline;
         let sent_at = Instant::now();
         if sent_at >= deadline {
-            inner.die("no heartbeat was answered before the session's local deadline".into());
+            inner.die(
+                "no heartbeat was answered before the session's local deadline".into(),
+                false,
+            );
             return;
         }
         match inner
@@ -740,12 +749,12 @@ async fn heartbeat(inner: Arc<SessionInner>) {
                 next = sent_at + interval;
             }
             Ok(None) => {
-                inner.die("the server reports the session dead".into());
+                inner.die("the server reports the session dead".into(), true);
                 return;
             }
             Err(LockError::InvalidArgument { message })
             | Err(LockError::LockLost { key: message }) => {
-                inner.die(format!("the server refused the heartbeat: {message}"));
+                inner.die(format!("the server refused the heartbeat: {message}"), true);
                 return;
             }
             Err(err) => {
@@ -775,7 +784,10 @@ async fn watchdog(inner: Arc<SessionInner>) {
             (state.deadline, due, next)
         };
         if session_deadline <= now {
-            inner.die("no heartbeat was answered before the session's local deadline".into());
+            inner.die(
+                "no heartbeat was answered before the session's local deadline".into(),
+                false,
+            );
             return;
         }
         for handle in due {
@@ -957,8 +969,11 @@ impl LockClientSession {
     pub async fn close(mut self) -> Result<u32, LockError> {
         self.finished = true;
         let server_said_dead = matches!(
-            &self.inner.state().life,
-            Life::Dead(reason) if reason.starts_with("the server")
+            self.inner.state().life,
+            Life::Dead {
+                by_server: true,
+                ..
+            }
         );
         self.inner.finish();
         if server_said_dead {
