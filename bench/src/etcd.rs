@@ -1,0 +1,349 @@
+//! etcd under test: starts a three-member cluster of Debian's `etcd` (3.4) on free loopback
+//! ports with data on disk, finds the leader, and drives it over etcd's own gRPC API: one
+//! lease per worker, v3lock `Lock`/`Unlock`, token = the response header's revision. Owns
+//! nothing of the workloads.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use tokio::sync::{mpsc, watch};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::Channel;
+
+use crate::lockd::channel;
+use crate::procs::{NodeProcess, free_ports};
+use crate::system::{KEEPER_TASKS, KeeperCounters, Keepers, LockSystem, LockWorker, keepalive_due};
+
+/// The generated etcd stubs (see `build.rs` and `proto/etcd/`).
+#[allow(
+    clippy::all,
+    clippy::pedantic,
+    missing_docs,
+    missing_debug_implementations
+)]
+pub mod wire {
+    /// etcd's server API (leases, maintenance).
+    pub mod etcdserverpb {
+        tonic::include_proto!("etcdserverpb");
+    }
+    /// etcd's v3lock service.
+    pub mod v3lockpb {
+        tonic::include_proto!("v3lockpb");
+    }
+}
+
+use wire::etcdserverpb::lease_client::LeaseClient;
+use wire::etcdserverpb::maintenance_client::MaintenanceClient;
+use wire::etcdserverpb::{LeaseGrantRequest, LeaseKeepAliveRequest, StatusRequest};
+use wire::v3lockpb::lock_client::LockClient;
+use wire::v3lockpb::{LockRequest, UnlockRequest};
+
+/// Members in the cluster.
+const MEMBERS: usize = 3;
+/// How long the cluster gets to elect a leader that every member knows.
+const LEADER_WAIT: Duration = Duration::from_secs(60);
+/// Pause between two status polls while waiting for the leader.
+const POLL_INTERVAL: Duration = Duration::from_millis(100);
+/// TTL of a worker's lease, in seconds: longer than any run, so it needs no keep-alives.
+const WORKER_LEASE_TTL_SECS: i64 = 600;
+/// Room in a keep-alive stream's send queue.
+const KEEPALIVE_QUEUE: usize = 1024;
+
+/// A running three-member etcd cluster.
+#[derive(Debug)]
+pub struct EtcdCluster {
+    members: Vec<NodeProcess>,
+    leader_addr: String,
+    maintenance: MaintenanceClient<Channel>,
+}
+
+impl EtcdCluster {
+    /// Starts three etcd members with data under `data_dir` and waits until every member
+    /// knows the same leader.
+    pub async fn start(bin: &Path, data_dir: &Path) -> Result<Self> {
+        let ports = free_ports(2 * MEMBERS)?;
+        let client_addrs: Vec<String> = ports[..MEMBERS]
+            .iter()
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect();
+        let peer_urls: Vec<String> = ports[MEMBERS..]
+            .iter()
+            .map(|p| format!("http://127.0.0.1:{p}"))
+            .collect();
+        let initial_cluster = peer_urls
+            .iter()
+            .enumerate()
+            .map(|(i, url)| format!("e{}={url}", i + 1))
+            .collect::<Vec<_>>()
+            .join(",");
+        let token = format!("lock-bench-{}", std::process::id());
+        let mut members = Vec::with_capacity(MEMBERS);
+        for i in 0..MEMBERS {
+            let name = format!("e{}", i + 1);
+            let dir = data_dir.join(format!("etcd-{}", i + 1));
+            let client_url = format!("http://{}", client_addrs[i]);
+            let args = vec![
+                format!("--name={name}"),
+                format!("--data-dir={}", dir.display()),
+                format!("--listen-client-urls={client_url}"),
+                format!("--advertise-client-urls={client_url}"),
+                format!("--listen-peer-urls={}", peer_urls[i]),
+                format!("--initial-advertise-peer-urls={}", peer_urls[i]),
+                format!("--initial-cluster={initial_cluster}"),
+                "--initial-cluster-state=new".to_owned(),
+                format!("--initial-cluster-token={token}"),
+                "--logger=zap".to_owned(),
+                "--log-outputs=stderr".to_owned(),
+            ];
+            members.push(NodeProcess::spawn(
+                &format!("etcd-{}", i + 1),
+                bin,
+                &args,
+                data_dir,
+            )?);
+        }
+        let deadline = Instant::now() + LEADER_WAIT;
+        let leader_addr = loop {
+            for member in &mut members {
+                member.check_running()?;
+            }
+            if let Some(leader) = agreed_leader(&client_addrs).await {
+                break leader;
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "etcd: no leader known to all {MEMBERS} members within {LEADER_WAIT:?}; see \
+                     the member logs in {}",
+                    data_dir.display()
+                );
+            }
+            tokio::time::sleep(POLL_INTERVAL).await;
+        };
+        let maintenance = MaintenanceClient::new(channel(&leader_addr).await?);
+        Ok(Self {
+            members,
+            leader_addr,
+            maintenance,
+        })
+    }
+
+    /// The leader's client address.
+    pub fn leader_addr(&self) -> &str {
+        &self.leader_addr
+    }
+
+    /// Stops every member (SIGTERM).
+    pub async fn stop(self) -> Result<()> {
+        let mut first_error = None;
+        for member in self.members {
+            if let Err(e) = member.stop().await {
+                first_error.get_or_insert(e);
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+}
+
+/// The leader's client address if every member reports the same leader, else `None`.
+async fn agreed_leader(addrs: &[String]) -> Option<String> {
+    let mut leader = None;
+    let mut leader_addr = None;
+    for addr in addrs {
+        let mut client = MaintenanceClient::new(channel(addr).await.ok()?);
+        let status = client.status(StatusRequest {}).await.ok()?.into_inner();
+        if status.leader == 0 || leader.is_some_and(|l| l != status.leader) {
+            return None;
+        }
+        leader = Some(status.leader);
+        if status.header.is_some_and(|h| h.member_id == status.leader) {
+            leader_addr = Some(addr.clone());
+        }
+    }
+    leader_addr
+}
+
+/// Grants a lease of `ttl_secs` and answers its id.
+async fn grant_lease(leases: &mut LeaseClient<Channel>, ttl_secs: i64) -> Result<i64> {
+    let answer = leases
+        .lease_grant(LeaseGrantRequest {
+            ttl: ttl_secs,
+            id: 0,
+        })
+        .await
+        .context("etcd LeaseGrant")?
+        .into_inner();
+    if !answer.error.is_empty() {
+        bail!("etcd LeaseGrant: {}", answer.error);
+    }
+    Ok(answer.id)
+}
+
+impl LockSystem for EtcdCluster {
+    type Worker = EtcdWorker;
+
+    async fn worker(&self, _index: usize) -> Result<EtcdWorker> {
+        let channel = channel(&self.leader_addr).await?;
+        let lease = grant_lease(
+            &mut LeaseClient::new(channel.clone()),
+            WORKER_LEASE_TTL_SECS,
+        )
+        .await?;
+        Ok(EtcdWorker {
+            lock: LockClient::new(channel),
+            lease,
+            held: None,
+        })
+    }
+
+    async fn start_keepers(&self, count: usize, ttl: Duration) -> Result<Keepers> {
+        let started = Instant::now();
+        let counters = Arc::new(KeeperCounters::default());
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let (opened_tx, mut opened_rx) = mpsc::channel::<Result<()>>(KEEPER_TASKS);
+        let ttl_secs = ttl.as_secs().max(1) as i64;
+        let mut tasks = Vec::with_capacity(KEEPER_TASKS);
+        for task in 0..KEEPER_TASKS {
+            let share = count / KEEPER_TASKS + usize::from(task < count % KEEPER_TASKS);
+            let addr = self.leader_addr.clone();
+            let counters = counters.clone();
+            let opened_tx = opened_tx.clone();
+            let mut stop = stop_rx.clone();
+            tasks.push(tokio::spawn(async move {
+                let opened = async {
+                    let channel = channel(&addr).await?;
+                    let mut leases = LeaseClient::new(channel);
+                    let mut ids = Vec::with_capacity(share);
+                    for _ in 0..share {
+                        ids.push(grant_lease(&mut leases, ttl_secs).await?);
+                    }
+                    anyhow::Ok((leases, ids))
+                }
+                .await;
+                let (mut leases, ids) = match opened {
+                    Ok(v) => {
+                        let _ = opened_tx.send(Ok(())).await;
+                        v
+                    }
+                    Err(e) => {
+                        let _ = opened_tx.send(Err(e)).await;
+                        return;
+                    }
+                };
+                if ids.is_empty() {
+                    return;
+                }
+                // The writer paces the keep-alives into the stream; it runs on its own task
+                // because the call answers only once the server has sent its headers.
+                let (tx, rx) = mpsc::channel(KEEPALIVE_QUEUE);
+                let period = ttl / 3;
+                let mut writer_stop = stop.clone();
+                let writer = tokio::spawn(async move {
+                    let start = Instant::now();
+                    for n in 0u64.. {
+                        let due = keepalive_due(start, period, ids.len(), n);
+                        tokio::select! {
+                            _ = tokio::time::sleep_until(due.into()) => {}
+                            _ = writer_stop.changed() => return,
+                        }
+                        let id = ids[(n % ids.len() as u64) as usize];
+                        if tx.send(LeaseKeepAliveRequest { id }).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+                let mut responses = match leases.lease_keep_alive(ReceiverStream::new(rx)).await {
+                    Ok(r) => r.into_inner(),
+                    Err(_) => {
+                        counters.errors.fetch_add(1, Ordering::Relaxed);
+                        writer.abort();
+                        return;
+                    }
+                };
+                loop {
+                    tokio::select! {
+                        message = responses.message() => match message {
+                            Ok(Some(answer)) if answer.ttl > 0 => {
+                                counters.ok.fetch_add(1, Ordering::Relaxed);
+                            }
+                            Ok(Some(_)) => {
+                                counters.errors.fetch_add(1, Ordering::Relaxed);
+                            }
+                            Ok(None) | Err(_) => {
+                                counters.errors.fetch_add(1, Ordering::Relaxed);
+                                break;
+                            }
+                        },
+                        _ = stop.changed() => break,
+                    }
+                }
+                writer.abort();
+            }));
+        }
+        drop(opened_tx);
+        while let Some(opened) = opened_rx.recv().await {
+            if let Err(e) = opened {
+                let _ = stop_tx.send(true);
+                return Err(e.context("etcd: granting the W4 leases"));
+            }
+        }
+        Ok(Keepers::new(
+            counters,
+            stop_tx,
+            tasks,
+            count,
+            started.elapsed().as_secs_f64(),
+        ))
+    }
+
+    async fn log_position(&self) -> Result<u64> {
+        let status = self
+            .maintenance
+            .clone()
+            .status(StatusRequest {})
+            .await
+            .context("etcd Maintenance.Status")?;
+        Ok(status.into_inner().raft_index)
+    }
+}
+
+/// An etcd benchmark worker: one connection and one lease.
+#[derive(Debug)]
+pub struct EtcdWorker {
+    lock: LockClient<Channel>,
+    lease: i64,
+    held: Option<Vec<u8>>,
+}
+
+impl LockWorker for EtcdWorker {
+    async fn acquire(&mut self, key: &str) -> Result<u64> {
+        let answer = self
+            .lock
+            .lock(LockRequest {
+                name: key.as_bytes().to_vec(),
+                lease: self.lease,
+            })
+            .await
+            .with_context(|| format!("etcd Lock {key}"))?
+            .into_inner();
+        let revision = answer
+            .header
+            .map(|h| h.revision)
+            .with_context(|| format!("etcd Lock {key}: answer without a header"))?;
+        self.held = Some(answer.key);
+        u64::try_from(revision).with_context(|| format!("etcd Lock {key}: revision {revision}"))
+    }
+
+    async fn release(&mut self) -> Result<()> {
+        let Some(key) = self.held.take() else {
+            bail!("release without a held lock");
+        };
+        self.lock
+            .unlock(UnlockRequest { key })
+            .await
+            .context("etcd Unlock")?;
+        Ok(())
+    }
+}

@@ -1,0 +1,106 @@
+//! The floors under every lock operation on this machine: one `fdatasync` on the data disk and
+//! one gRPC unary round trip over loopback. A Raft commit costs at least one fdatasync, and a
+//! client operation at least one round trip to the leader plus one leader → follower, so these
+//! bound what W3 can reach. Owns its probe file and its in-process server; nothing else.
+
+use std::io::Write;
+use std::path::Path;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use serde::Serialize;
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_client::HealthClient;
+
+use crate::stats::{Samples, Summary};
+
+/// Bytes appended before each fdatasync: one page, like a small Raft log append.
+const FSYNC_WRITE_BYTES: usize = 4096;
+
+/// The measured floors.
+#[derive(Debug, Clone, Serialize)]
+pub struct Floors {
+    /// fdatasync of a 4 KiB append to a file in the data directory.
+    pub fdatasync: Summary,
+    /// A unary gRPC call (grpc.health.v1 Check) to an in-process tonic server over loopback.
+    pub grpc_round_trip: Summary,
+}
+
+/// Measures both floors: `fsyncs` fdatasyncs in `dir`, then `round_trips` gRPC calls.
+pub async fn measure(dir: &Path, fsyncs: usize, round_trips: usize) -> Result<Floors> {
+    let dir = dir.to_path_buf();
+    let fdatasync = tokio::task::spawn_blocking(move || fdatasync_samples(&dir, fsyncs))
+        .await
+        .context("the fdatasync probe panicked")??;
+    let grpc_round_trip = round_trip_samples(round_trips).await?;
+    Ok(Floors {
+        fdatasync: fdatasync.summary(),
+        grpc_round_trip: grpc_round_trip.summary(),
+    })
+}
+
+fn fdatasync_samples(dir: &Path, count: usize) -> Result<Samples> {
+    let path = dir.join("fdatasync-probe");
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .with_context(|| format!("creating {}", path.display()))?;
+    let page = [0x5a_u8; FSYNC_WRITE_BYTES];
+    let mut samples = Samples::with_capacity(count);
+    for _ in 0..count {
+        file.write_all(&page)
+            .with_context(|| format!("writing {}", path.display()))?;
+        let t0 = Instant::now();
+        file.sync_data()
+            .with_context(|| format!("fdatasync of {}", path.display()))?;
+        samples.push(t0.elapsed());
+    }
+    drop(file);
+    std::fs::remove_file(&path).with_context(|| format!("removing {}", path.display()))?;
+    Ok(samples)
+}
+
+async fn round_trip_samples(count: usize) -> Result<Samples> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .context("binding the loopback probe server")?;
+    let addr = listener.local_addr().context("reading the probe address")?;
+    let incoming = TcpListenerStream::new(listener).map(|stream| {
+        let stream = stream?;
+        stream.set_nodelay(true)?;
+        Ok::<_, std::io::Error>(stream)
+    });
+    let (_reporter, service) = tonic_health::server::health_reporter();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming_shutdown(incoming, async {
+                let _ = stop_rx.await;
+            }),
+    );
+    let mut client = HealthClient::new(crate::lockd::channel(&addr.to_string()).await?);
+    let mut samples = Samples::with_capacity(count);
+    // A few calls first so the connection and the server task are warm.
+    for i in 0..count + 50 {
+        let t0 = Instant::now();
+        client
+            .check(HealthCheckRequest {
+                service: String::new(),
+            })
+            .await
+            .context("loopback grpc.health.v1 Check")?;
+        if i >= 50 {
+            samples.push(t0.elapsed());
+        }
+    }
+    let _ = stop_tx.send(());
+    server
+        .await
+        .context("the probe server panicked")?
+        .context("the probe server failed")?;
+    Ok(samples)
+}

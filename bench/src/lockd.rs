@@ -1,0 +1,334 @@
+//! lockd under test: starts a three-node cluster of real `lockd run` processes on free
+//! loopback ports with data on disk, finds the leader, and drives it over the raw gRPC API of
+//! `lock-proto` (sessions, Acquire, Release, Heartbeat). Owns nothing of the workloads.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use lock_proto::v1::admin_service_client::AdminServiceClient;
+use lock_proto::v1::lock_service_client::LockServiceClient;
+use lock_proto::v1::session_service_client::SessionServiceClient;
+use lock_proto::v1::{
+    AcquireRequest, HeartbeatRequest, OpenSessionRequest, ReleaseRequest, StatusRequest,
+};
+use tokio::sync::{mpsc, watch};
+use tonic::transport::Channel;
+
+use crate::procs::{NodeProcess, free_ports};
+use crate::system::{KEEPER_TASKS, KeeperCounters, Keepers, LockSystem, LockWorker, keepalive_due};
+
+/// Nodes in the cluster.
+const NODES: usize = 3;
+/// How long the cluster gets to elect a leader that every node knows.
+const LEADER_WAIT: Duration = Duration::from_secs(60);
+/// Pause between two status polls while waiting for the leader.
+const POLL_INTERVAL: Duration = Duration::from_millis(100);
+/// Lease of a benchmark grant; far longer than any pair takes.
+const GRANT_TTL_MS: u64 = 30_000;
+/// How long a blocking acquire may wait server-side (W2 waits for at most 15 hand-offs).
+const ACQUIRE_MAX_WAIT_MS: u64 = 60_000;
+/// TTL of a worker's own session: longer than any run, so it needs no heartbeats.
+const WORKER_SESSION_TTL_MS: u64 = 600_000;
+/// Connect timeout for every channel.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Opens a plain-text HTTP/2 channel to `addr` (`host:port`), Nagle off.
+pub async fn channel(addr: &str) -> Result<Channel> {
+    tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .with_context(|| format!("bad address {addr}"))?
+        .tcp_nodelay(true)
+        .connect_timeout(CONNECT_TIMEOUT)
+        .connect()
+        .await
+        .with_context(|| format!("connecting to {addr}"))
+}
+
+/// A running three-node lockd cluster.
+#[derive(Debug)]
+pub struct LockdCluster {
+    nodes: Vec<NodeProcess>,
+    leader_addr: String,
+    admin: AdminServiceClient<Channel>,
+}
+
+impl LockdCluster {
+    /// Starts three `lockd run` nodes with data under `data_dir` (node 1 bootstraps) and waits
+    /// until every node knows the same leader.
+    pub async fn start(bin: &Path, data_dir: &Path) -> Result<Self> {
+        let ports = free_ports(NODES)?;
+        let addrs: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        let peers = addrs
+            .iter()
+            .enumerate()
+            .map(|(i, a)| format!("{}={a}", i + 1))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut nodes = Vec::with_capacity(NODES);
+        for (i, addr) in addrs.iter().enumerate() {
+            let id = i + 1;
+            let dir = data_dir.join(format!("lockd-{id}"));
+            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+            let mut args = vec![
+                "run".to_owned(),
+                "--node-id".to_owned(),
+                id.to_string(),
+                "--listen".to_owned(),
+                addr.clone(),
+                "--data-dir".to_owned(),
+                dir.display().to_string(),
+                "--peers".to_owned(),
+                peers.clone(),
+                "--log-format".to_owned(),
+                "human".to_owned(),
+            ];
+            if id == 1 {
+                args.push("--bootstrap".to_owned());
+            }
+            nodes.push(NodeProcess::spawn(
+                &format!("lockd-{id}"),
+                bin,
+                &args,
+                data_dir,
+            )?);
+        }
+        let deadline = Instant::now() + LEADER_WAIT;
+        let leader_addr = loop {
+            for node in &mut nodes {
+                node.check_running()?;
+            }
+            if let Some(leader) = agreed_leader(&addrs).await {
+                break leader;
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "lockd: no leader known to all {NODES} nodes within {LEADER_WAIT:?}; see the \
+                     node logs in {}",
+                    data_dir.display()
+                );
+            }
+            tokio::time::sleep(POLL_INTERVAL).await;
+        };
+        let admin = AdminServiceClient::new(channel(&leader_addr).await?);
+        Ok(Self {
+            nodes,
+            leader_addr,
+            admin,
+        })
+    }
+
+    /// The leader's client address.
+    pub fn leader_addr(&self) -> &str {
+        &self.leader_addr
+    }
+
+    /// Stops every node (SIGTERM).
+    pub async fn stop(self) -> Result<()> {
+        let mut first_error = None;
+        for node in self.nodes {
+            if let Err(e) = node.stop().await {
+                first_error.get_or_insert(e);
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+}
+
+/// The leader address if every node reports the same leader, else `None`.
+async fn agreed_leader(addrs: &[String]) -> Option<String> {
+    let mut leader: Option<(u64, String)> = None;
+    for addr in addrs {
+        let mut admin = AdminServiceClient::new(channel(addr).await.ok()?);
+        let status = admin.status(StatusRequest {}).await.ok()?.into_inner();
+        let id = status.leader_id?;
+        if status.leader_addr.is_empty() {
+            return None;
+        }
+        match &leader {
+            None => leader = Some((id, status.leader_addr)),
+            Some((known, _)) if *known != id => return None,
+            Some(_) => {}
+        }
+    }
+    leader.map(|(_, addr)| addr)
+}
+
+/// Opens a session of `ttl_ms` for `owner` and answers its id.
+async fn open_session(
+    sessions: &mut SessionServiceClient<Channel>,
+    owner: &str,
+    ttl_ms: u64,
+) -> Result<String> {
+    let answer = sessions
+        .open_session(OpenSessionRequest {
+            owner_id: owner.to_owned(),
+            ttl_ms,
+        })
+        .await
+        .with_context(|| format!("OpenSession for {owner}"))?;
+    Ok(answer.into_inner().session_id)
+}
+
+impl LockSystem for LockdCluster {
+    type Worker = LockdWorker;
+
+    async fn worker(&self, index: usize) -> Result<LockdWorker> {
+        let channel = channel(&self.leader_addr).await?;
+        let mut sessions = SessionServiceClient::new(channel.clone());
+        let session_id = open_session(
+            &mut sessions,
+            &format!("bench-worker-{index}"),
+            WORKER_SESSION_TTL_MS,
+        )
+        .await?;
+        Ok(LockdWorker {
+            lock: LockServiceClient::new(channel),
+            session_id,
+            next_request_id: 1,
+            held: None,
+        })
+    }
+
+    async fn start_keepers(&self, count: usize, ttl: Duration) -> Result<Keepers> {
+        let started = Instant::now();
+        let counters = Arc::new(KeeperCounters::default());
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let (opened_tx, mut opened_rx) = mpsc::channel::<Result<()>>(KEEPER_TASKS);
+        let ttl_ms = ttl.as_millis() as u64;
+        let mut tasks = Vec::with_capacity(KEEPER_TASKS);
+        for task in 0..KEEPER_TASKS {
+            let share = count / KEEPER_TASKS + usize::from(task < count % KEEPER_TASKS);
+            let addr = self.leader_addr.clone();
+            let counters = counters.clone();
+            let opened_tx = opened_tx.clone();
+            let mut stop = stop_rx.clone();
+            tasks.push(tokio::spawn(async move {
+                let opened = async {
+                    let channel = channel(&addr).await?;
+                    let mut sessions = SessionServiceClient::new(channel);
+                    let mut ids = Vec::with_capacity(share);
+                    for i in 0..share {
+                        let owner = format!("bench-keeper-{task}-{i}");
+                        ids.push(open_session(&mut sessions, &owner, ttl_ms).await?);
+                    }
+                    anyhow::Ok((sessions, ids))
+                }
+                .await;
+                let (mut sessions, ids) = match opened {
+                    Ok(v) => {
+                        let _ = opened_tx.send(Ok(())).await;
+                        v
+                    }
+                    Err(e) => {
+                        let _ = opened_tx.send(Err(e)).await;
+                        return;
+                    }
+                };
+                if ids.is_empty() {
+                    return;
+                }
+                let period = ttl / 3;
+                let start = Instant::now();
+                for n in 0u64.. {
+                    let due = keepalive_due(start, period, ids.len(), n);
+                    tokio::select! {
+                        _ = tokio::time::sleep_until(due.into()) => {}
+                        _ = stop.changed() => return,
+                    }
+                    let session_id = ids[(n % ids.len() as u64) as usize].clone();
+                    match sessions.heartbeat(HeartbeatRequest { session_id }).await {
+                        Ok(answer) if answer.get_ref().alive => {
+                            counters.ok.fetch_add(1, Ordering::Relaxed);
+                        }
+                        _ => {
+                            counters.errors.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+            }));
+        }
+        drop(opened_tx);
+        while let Some(opened) = opened_rx.recv().await {
+            if let Err(e) = opened {
+                let _ = stop_tx.send(true);
+                return Err(e.context("lockd: opening the W4 sessions"));
+            }
+        }
+        Ok(Keepers::new(
+            counters,
+            stop_tx,
+            tasks,
+            count,
+            started.elapsed().as_secs_f64(),
+        ))
+    }
+
+    async fn log_position(&self) -> Result<u64> {
+        let status = self
+            .admin
+            .clone()
+            .status(StatusRequest {})
+            .await
+            .context("lockd AdminService.Status")?;
+        Ok(status.into_inner().commit_index)
+    }
+}
+
+/// A lockd benchmark worker: one connection and one session.
+#[derive(Debug)]
+pub struct LockdWorker {
+    lock: LockServiceClient<Channel>,
+    session_id: String,
+    next_request_id: u64,
+    held: Option<(String, u64)>,
+}
+
+impl LockdWorker {
+    fn request_id(&mut self) -> u64 {
+        let id = self.next_request_id;
+        self.next_request_id += 1;
+        id
+    }
+}
+
+impl LockWorker for LockdWorker {
+    async fn acquire(&mut self, key: &str) -> Result<u64> {
+        let request = AcquireRequest {
+            session_id: self.session_id.clone(),
+            request_id: self.request_id(),
+            key: key.to_owned(),
+            ttl_ms: GRANT_TTL_MS,
+            max_wait_ms: ACQUIRE_MAX_WAIT_MS,
+        };
+        let answer = self.lock.acquire(request).await.map_err(|s| {
+            anyhow::anyhow!("Acquire {key}: {}", lock_proto::lock_error_from_status(&s))
+        })?;
+        let Some(grant) = answer.into_inner().grant else {
+            bail!("Acquire {key}: not granted within {ACQUIRE_MAX_WAIT_MS} ms");
+        };
+        self.held = Some((grant.key, grant.fencing_token));
+        Ok(grant.fencing_token)
+    }
+
+    async fn release(&mut self) -> Result<()> {
+        let Some((key, fencing_token)) = self.held.take() else {
+            bail!("release without a held grant");
+        };
+        let request = ReleaseRequest {
+            session_id: self.session_id.clone(),
+            request_id: self.request_id(),
+            key,
+            fencing_token,
+        };
+        let answer =
+            self.lock.release(request).await.map_err(|s| {
+                anyhow::anyhow!("Release: {}", lock_proto::lock_error_from_status(&s))
+            })?;
+        if !answer.into_inner().released {
+            bail!("Release of token {fencing_token}: answered released=false (grant lost)");
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,166 @@
+//! Child processes of the benchmark (lockd and etcd nodes): free loopback ports, finding the
+//! binaries, starting with logs to files, stopping with SIGTERM. Owns no protocol knowledge.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use tokio::process::{Child, Command};
+
+/// How long a node gets to exit after SIGTERM before it is killed.
+const STOP_GRACE: Duration = Duration::from_secs(10);
+
+/// Environment variable naming the `lockd` binary to benchmark.
+pub const LOCKD_BIN_ENV: &str = "LOCKD_BIN";
+
+/// Environment variable naming the `etcd` binary to benchmark against.
+pub const ETCD_BIN_ENV: &str = "ETCD_BIN";
+
+/// Where Debian's `etcd-server` package installs etcd (what CI installs with apt).
+pub const ETCD_BIN_DEFAULT: &str = "/usr/bin/etcd";
+
+/// Reserves `count` distinct free TCP ports on 127.0.0.1. The listeners are held until all
+/// ports are known, so no port is handed out twice; they are closed before returning, and the
+/// caller binds them moments later (a small race with unrelated processes, as in every
+/// "free port" helper).
+pub fn free_ports(count: usize) -> Result<Vec<u16>> {
+    let listeners = (0..count)
+        .map(|_| {
+            TcpListener::bind("127.0.0.1:0").context("binding 127.0.0.1:0 to find a free port")
+        })
+        .collect::<Result<Vec<_>>>()?;
+    listeners
+        .iter()
+        .map(|l| Ok(l.local_addr().context("reading a bound port")?.port()))
+        .collect()
+}
+
+/// The `lockd` binary: `--lockd-bin`, else `$LOCKD_BIN`, else `lockd` next to this executable
+/// (the same cargo profile: `target/release/lockd` for `cargo run --release`), else
+/// `target/release/lockd` when this executable is a test or debug build.
+pub fn lockd_binary(explicit: Option<&Path>) -> Result<PathBuf> {
+    if let Some(path) = explicit {
+        return existing(path, "--lockd-bin");
+    }
+    if let Some(path) = std::env::var_os(LOCKD_BIN_ENV) {
+        return existing(Path::new(&path), LOCKD_BIN_ENV);
+    }
+    let exe = std::env::current_exe().context("locating the lock-bench executable")?;
+    let mut candidates = Vec::new();
+    if let Some(dir) = exe.parent() {
+        candidates.push(dir.join("lockd"));
+        if let Some(profile_dir) = dir.parent() {
+            // `target/<profile>/deps/…` for test executables.
+            candidates.push(profile_dir.join("lockd"));
+            if let Some(target) = profile_dir.parent() {
+                candidates.push(target.join("release").join("lockd"));
+            }
+        }
+    }
+    candidates
+        .into_iter()
+        .find(|p| p.is_file())
+        .with_context(|| {
+            format!(
+                "lockd binary not found next to {}; build it with `cargo build --release -p lockd` \
+                 (same CARGO_TARGET_DIR) or set {LOCKD_BIN_ENV}",
+                exe.display()
+            )
+        })
+}
+
+/// The `etcd` binary: `--etcd-bin`, else `$ETCD_BIN`, else [`ETCD_BIN_DEFAULT`]. A missing
+/// binary is an error that says how to install it.
+pub fn etcd_binary(explicit: Option<&Path>) -> Result<PathBuf> {
+    let path = match explicit {
+        Some(p) => p.to_path_buf(),
+        None => std::env::var_os(ETCD_BIN_ENV)
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(ETCD_BIN_DEFAULT)),
+    };
+    if !path.is_file() {
+        bail!(
+            "etcd is missing: no file at {} — install Debian's etcd-server \
+             (`apt-get install etcd-server`), set {ETCD_BIN_ENV} or --etcd-bin, \
+             or run without etcd (`--systems lockd`)",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
+fn existing(path: &Path, source: &str) -> Result<PathBuf> {
+    if !path.is_file() {
+        bail!("{source}={} does not name a file", path.display());
+    }
+    Ok(path.to_path_buf())
+}
+
+/// A running node process; killed on drop if [`NodeProcess::stop`] was not called.
+#[derive(Debug)]
+pub struct NodeProcess {
+    name: String,
+    child: Child,
+}
+
+impl NodeProcess {
+    /// Starts `program args` with stdout and stderr appended to `<log_dir>/<name>.log`.
+    pub fn spawn(name: &str, program: &Path, args: &[String], log_dir: &Path) -> Result<Self> {
+        let log_path = log_dir.join(format!("{name}.log"));
+        let log = std::fs::File::create(&log_path)
+            .with_context(|| format!("creating {}", log_path.display()))?;
+        let log_err = log
+            .try_clone()
+            .with_context(|| format!("duplicating {}", log_path.display()))?;
+        let child = Command::new(program)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(log))
+            .stderr(Stdio::from(log_err))
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("starting {name}: {}", program.display()))?;
+        Ok(Self {
+            name: name.to_owned(),
+            child,
+        })
+    }
+
+    /// Fails if the process has already exited (it crashed or rejected its flags).
+    pub fn check_running(&mut self) -> Result<()> {
+        match self.child.try_wait() {
+            Ok(None) => Ok(()),
+            Ok(Some(status)) => bail!("{} exited early with {status}; see its log", self.name),
+            Err(e) => bail!("checking {}: {e}", self.name),
+        }
+    }
+
+    /// SIGTERM, then wait up to [`STOP_GRACE`], then SIGKILL.
+    pub async fn stop(mut self) -> Result<()> {
+        let Some(pid) = self.child.id() else {
+            return Ok(()); // already reaped
+        };
+        let pid = rustix::process::Pid::from_raw(pid as i32)
+            .with_context(|| format!("{} has an invalid pid {pid}", self.name))?;
+        // The process may have exited between `id()` and here; ESRCH is then fine.
+        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        let started = Instant::now();
+        match tokio::time::timeout(STOP_GRACE, self.child.wait()).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => bail!("waiting for {} to exit: {e}", self.name),
+            Err(_) => {
+                self.child
+                    .kill()
+                    .await
+                    .with_context(|| format!("killing {}", self.name))?;
+                bail!(
+                    "{} ignored SIGTERM for {:?} and was killed",
+                    self.name,
+                    started.elapsed()
+                )
+            }
+        }
+    }
+}

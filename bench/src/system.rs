@@ -1,0 +1,125 @@
+//! The seam between the workloads and a lock system under test: what a workload needs from
+//! lockd or etcd, and nothing else. Implemented in `lockd.rs` and `etcd.rs`.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// A running lock cluster the workloads drive.
+pub trait LockSystem: Send + Sync + 'static {
+    /// One worker's connection and identity (a lockd session, an etcd lease).
+    type Worker: LockWorker;
+
+    /// Creates worker `index`: its own connection to the leader and its own owner identity.
+    fn worker(&self, index: usize) -> impl Future<Output = Result<Self::Worker>> + Send;
+
+    /// Opens `count` sessions (lockd) or leases (etcd) of `ttl` and keeps each alive every
+    /// `ttl / 3` until stopped. Answers once every one is open and beating.
+    fn start_keepers(
+        &self,
+        count: usize,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<Keepers>> + Send;
+
+    /// The leader's replicated-log position (lockd: Raft commit index; etcd: raft index), to
+    /// count log entries per hand-off.
+    fn log_position(&self) -> impl Future<Output = Result<u64>> + Send;
+}
+
+/// One benchmark worker: holds at most one grant at a time.
+pub trait LockWorker: Send + 'static {
+    /// Blocking acquire of `key`; answers the grant's fencing token.
+    fn acquire(&mut self, key: &str) -> impl Future<Output = Result<u64>> + Send;
+
+    /// Releases the grant the last `acquire` answered.
+    fn release(&mut self) -> impl Future<Output = Result<()>> + Send;
+}
+
+/// Counters shared by the keep-alive tasks of a [`Keepers`] load.
+#[derive(Debug, Default)]
+pub struct KeeperCounters {
+    /// Keep-alives answered "alive".
+    pub ok: AtomicU64,
+    /// Keep-alives that failed or answered "gone".
+    pub errors: AtomicU64,
+}
+
+/// A running background keep-alive load (W4): tasks that keep sessions or leases alive until
+/// [`Keepers::stop`].
+#[derive(Debug)]
+pub struct Keepers {
+    counters: Arc<KeeperCounters>,
+    stop: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+    sessions: usize,
+    open_secs: f64,
+    running_since: Instant,
+}
+
+impl Keepers {
+    /// Wraps tasks that watch `stop` and count into `counters`.
+    pub fn new(
+        counters: Arc<KeeperCounters>,
+        stop: watch::Sender<bool>,
+        tasks: Vec<JoinHandle<()>>,
+        sessions: usize,
+        open_secs: f64,
+    ) -> Self {
+        Self {
+            counters,
+            stop,
+            tasks,
+            sessions,
+            open_secs,
+            running_since: Instant::now(),
+        }
+    }
+
+    /// Stops every task and reports what the load did.
+    pub async fn stop(self) -> KeeperReport {
+        let _ = self.stop.send(true);
+        for task in self.tasks {
+            // A task that panicked has already stopped counting; its counts stay valid.
+            let _ = task.await;
+        }
+        let ok = self.counters.ok.load(Ordering::Relaxed);
+        KeeperReport {
+            sessions: self.sessions,
+            open_secs: self.open_secs,
+            keepalives_ok: ok,
+            keepalive_errors: self.counters.errors.load(Ordering::Relaxed),
+            keepalives_per_sec: ok as f64 / self.running_since.elapsed().as_secs_f64(),
+        }
+    }
+}
+
+/// What a keep-alive load did.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct KeeperReport {
+    /// Sessions or leases kept alive.
+    pub sessions: usize,
+    /// Time to open all of them, in seconds.
+    pub open_secs: f64,
+    /// Keep-alives sent and answered "alive".
+    pub keepalives_ok: u64,
+    /// Keep-alives that failed or answered "gone".
+    pub keepalive_errors: u64,
+    /// Keep-alives answered per second while the load ran.
+    pub keepalives_per_sec: f64,
+}
+
+/// How many tasks share a keep-alive load; each owns one connection and a slice of the
+/// sessions, as a client library multiplexes many sessions over few connections.
+pub const KEEPER_TASKS: usize = 32;
+
+/// Paces one keep-alive task: `count` items spread evenly over `period`, the first due one
+/// period after `start`; answers the instant item `n` (counting across periods) is due.
+pub fn keepalive_due(start: Instant, period: Duration, count: usize, n: u64) -> Instant {
+    let per_item = period.as_nanos() as u64 / count.max(1) as u64;
+    start + period + Duration::from_nanos(per_item.saturating_mul(n))
+}

@@ -1,0 +1,136 @@
+//! Smoke test of the benchmark tool: `lock-bench --quick` against lockd (and etcd when
+//! /usr/bin/etcd exists) must finish and write a well-formed table and JSON report. It
+//! asserts the shape of the output and that the workloads really ran, never any speed.
+
+use std::path::Path;
+use std::process::Command;
+
+/// Every row name the table must carry (issue 7's rows).
+const ROWS: &[&str] = &[
+    "W1 uncontended: pairs/s (32 workers, 100k keys)",
+    "W1 acquire p50 (ms)",
+    "W1 acquire p99 (ms)",
+    "W1 acquire p999 (ms)",
+    "W1 release p50 (ms)",
+    "W1 release p99 (ms)",
+    "W2 hot key: hand-offs/s (16 workers, 1 key)",
+    "W2 acquire p50 (ms)",
+    "W2 acquire p99 (ms)",
+    "W2 token-order violations",
+    "W3 one client: acquire p50 (ms)",
+    "W3 release p50 (ms)",
+    "W4 sessions: W1 pairs/s with the sessions",
+    "W4 cost to W1 (%)",
+];
+
+fn number(value: &serde_json::Value, what: &str) -> f64 {
+    value
+        .as_f64()
+        .unwrap_or_else(|| panic!("{what} is not a number: {value}"))
+}
+
+#[test]
+fn quick_run_writes_a_well_formed_table_and_json() {
+    let etcd = Path::new("/usr/bin/etcd").is_file();
+    let systems = if etcd { "lockd,etcd" } else { "lockd" };
+    let out = tempfile::tempdir().expect("a temporary output directory");
+    let output = Command::new(env!("CARGO_BIN_EXE_lock-bench"))
+        .args(["--quick", "--systems", systems, "--out"])
+        .arg(out.path())
+        .output()
+        .expect("running lock-bench");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "lock-bench --quick failed ({}):\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        output.status
+    );
+
+    // The markdown table: on stdout and in results.md, with every row.
+    let table = std::fs::read_to_string(out.path().join("results.md")).expect("results.md");
+    assert!(
+        stdout.contains(table.trim()),
+        "stdout does not carry the table:\n{stdout}"
+    );
+    assert!(table.starts_with("| workload / figure | lockd | etcd | lockd/etcd | target | met |"));
+    for row in ROWS {
+        assert!(
+            table.lines().any(|l| l.starts_with(&format!("| {row} |"))),
+            "table misses row {row:?}:\n{table}"
+        );
+    }
+
+    // The JSON report: every row, lockd figures that show the workloads ran.
+    let json = std::fs::read_to_string(out.path().join("results.json")).expect("results.json");
+    let report: serde_json::Value = serde_json::from_str(&json).expect("results.json is JSON");
+    let rows = report["rows"].as_array().expect("rows is an array");
+    for row in ROWS {
+        let found = rows
+            .iter()
+            .find(|r| r["name"] == *row)
+            .unwrap_or_else(|| panic!("JSON misses row {row:?}"));
+        number(&found["lockd"], &format!("lockd figure of {row:?}"));
+        if etcd {
+            number(&found["etcd"], &format!("etcd figure of {row:?}"));
+        } else {
+            assert!(found["etcd"].is_null(), "etcd figure without etcd: {found}");
+        }
+    }
+    let systems: Vec<&str> = if etcd {
+        vec!["lockd", "etcd"]
+    } else {
+        vec!["lockd"]
+    };
+    for system in systems {
+        let results = &report[system];
+        for workload in ["w1", "w2", "w3"] {
+            let pairs = number(
+                &results[workload]["pairs"],
+                &format!("{system} {workload} pairs"),
+            );
+            assert!(
+                pairs > 0.0,
+                "{system} {workload} completed no pair: {results}"
+            );
+        }
+        assert!(number(&results["w4"]["w1"]["pairs"], "w4 pairs") > 0.0);
+        assert_eq!(
+            number(&results["w4"]["keepers"]["sessions"], "w4 sessions"),
+            1000.0,
+            "--quick keeps 1,000 sessions alive"
+        );
+        assert_eq!(
+            number(&results["w2"]["token_order_violations"], "violations"),
+            0.0,
+            "{system}: W2 tokens out of grant order"
+        );
+        assert_eq!(number(&results["w2"]["overlaps"], "overlaps"), 0.0);
+    }
+    let floors = &report["floors"];
+    assert!(number(&floors["fdatasync"]["p50_ms"], "fdatasync p50") > 0.0);
+    assert!(number(&floors["grpc_round_trip"]["p50_ms"], "round-trip p50") > 0.0);
+}
+
+#[test]
+fn missing_etcd_is_named_clearly() {
+    let out = tempfile::tempdir().expect("a temporary output directory");
+    let output = Command::new(env!("CARGO_BIN_EXE_lock-bench"))
+        .args([
+            "--quick",
+            "--systems",
+            "etcd",
+            "--etcd-bin",
+            "/nonexistent/etcd",
+            "--out",
+        ])
+        .arg(out.path())
+        .output()
+        .expect("running lock-bench");
+    assert!(!output.status.success(), "a missing etcd must fail the run");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("etcd is missing") && stderr.contains("etcd-server"),
+        "stderr does not say etcd is missing: {stderr}"
+    );
+}
