@@ -40,8 +40,13 @@ pub const STATUS_TIMEOUT: Duration = Duration::from_millis(500);
 /// Port every node listens on (each on its own address inside the namespace).
 pub const NETNS_PORT: u16 = 7101;
 
-/// First port outside a namespace (all nodes on 127.0.0.1, node n on `BASE_PORT + n`).
-pub const BASE_PORT: u16 = 17100;
+/// Ports outside a namespace: all nodes on 127.0.0.1, node n on `BASE_PORT + 10 * slot + n`
+/// where `slot` comes from the harness's pid, so concurrent runs (parallel tests) rarely
+/// collide; a collision fails the start with an error naming the node's log.
+pub const BASE_PORT: u16 = 20000;
+
+/// Number of port slots outside a namespace (see [`BASE_PORT`]).
+const PORT_SLOTS: u32 = 3000;
 
 /// Raft timings given to every node: lockd's defaults, spelled out so a run's report says
 /// what it ran with.
@@ -211,7 +216,8 @@ impl Cluster {
             let addr = if config.in_netns {
                 format!("{}:{NETNS_PORT}", net::node_ip(id))
             } else {
-                let port = BASE_PORT + u16::try_from(id).context("too many nodes")?;
+                let slot = u16::try_from(std::process::id() % PORT_SLOTS).unwrap_or(0);
+                let port = BASE_PORT + 10 * slot + u16::try_from(id).context("too many nodes")?;
                 format!("127.0.0.1:{port}")
             };
             let data_dir = config.work_dir.join(format!("n{id}"));

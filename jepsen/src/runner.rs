@@ -169,7 +169,7 @@ async fn run_phases(
         keys: config.keys,
         ttl: config.ttl,
         max_wait: config.max_wait,
-        long_hold_fraction: 0.2,
+        long_hold_fraction: 0.15,
         seed: config.seed,
     };
     let mut clients = Vec::new();

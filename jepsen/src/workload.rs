@@ -259,7 +259,7 @@ async fn cycle(
 
     // Hold: usually briefly; sometimes for several TTLs, renewing every third of the TTL.
     if rng.gen_bool(config.long_hold_fraction) {
-        let hold_until = Instant::now() + config.ttl * 5 / 2;
+        let hold_until = Instant::now() + config.ttl * 3 / 2;
         while Instant::now() < hold_until {
             tokio::time::sleep(config.ttl / 3).await;
             if session.check_still_held(&handle).is_err() {
