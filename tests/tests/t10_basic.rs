@@ -346,3 +346,102 @@ async fn five_nodes_elect_one_leader_and_serve() {
         .expect("held");
     assert_eq!(info.fencing_token, grant.fencing_token);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_are_unique_and_follow_grant_order_under_contention() {
+    /// Contending clients, each with its own session.
+    const CLIENTS: usize = 4;
+    /// Attempts per client.
+    const ATTEMPTS: usize = 25;
+    /// Keys the clients fight over: few, so most attempts contend.
+    const KEYS: [&str; 2] = ["hot-a", "hot-b"];
+
+    /// One grant as a client saw it: when it sent the acquire, when the grant arrived, when
+    /// it sent the release.
+    #[derive(Debug)]
+    struct Held {
+        key: &'static str,
+        token: u64,
+        acquire_sent: Instant,
+        granted_at: Instant,
+        release_sent: Instant,
+    }
+
+    let cluster = Cluster::start(3).await;
+    let any = cluster.cluster_client();
+    let mut tasks = Vec::new();
+    for c in 0..CLIENTS {
+        let client = cluster.cluster_client();
+        let session = any
+            .open_session(&format!("c{c}"), LONG_TTL)
+            .await
+            .expect("open");
+        tasks.push(tokio::spawn(async move {
+            let mut held = Vec::new();
+            for i in 0..ATTEMPTS {
+                let key = KEYS[(c + i) % KEYS.len()];
+                let acquire_sent = Instant::now();
+                let grant = client
+                    .try_acquire(&session.id, key, LONG_TTL)
+                    .await
+                    .expect("try_acquire");
+                if let Some(grant) = grant {
+                    let granted_at = Instant::now();
+                    let release_sent = Instant::now();
+                    assert!(
+                        client
+                            .release(&session.id, key, grant.fencing_token)
+                            .await
+                            .expect("release"),
+                        "{key}: the holder's release of token {} found it gone",
+                        grant.fencing_token
+                    );
+                    held.push(Held {
+                        key,
+                        token: grant.fencing_token,
+                        acquire_sent,
+                        granted_at,
+                        release_sent,
+                    });
+                }
+            }
+            held
+        }));
+    }
+    let mut all = Vec::new();
+    for task in tasks {
+        all.extend(task.await.expect("client task"));
+    }
+    assert!(
+        all.len() >= CLIENTS,
+        "only {} grants in {} attempts",
+        all.len(),
+        CLIENTS * ATTEMPTS
+    );
+    let mut tokens: Vec<u64> = all.iter().map(|h| h.token).collect();
+    tokens.sort_unstable();
+    let before = tokens.len();
+    tokens.dedup();
+    assert_eq!(tokens.len(), before, "a fencing token was issued twice");
+    for key in KEYS {
+        let mut grants: Vec<&Held> = all.iter().filter(|h| h.key == key).collect();
+        grants.sort_by_key(|h| h.token);
+        for pair in grants.windows(2) {
+            let (a, b) = (pair[0], pair[1]);
+            // b was granted after a was freed, so a's release was sent before b's grant
+            // arrived; and a's acquire was sent before b's grant arrived.
+            assert!(
+                a.release_sent < b.granted_at && a.acquire_sent < b.granted_at,
+                "{key}: token {} ({a:?}) and token {} ({b:?}) are not in grant order",
+                a.token,
+                b.token
+            );
+        }
+    }
+    println!(
+        "{} grants under contention, tokens {:?}..{:?}",
+        all.len(),
+        tokens.first(),
+        tokens.last()
+    );
+}

@@ -504,3 +504,340 @@ async fn five_nodes_survive_two_crashes() {
         .expect("granted");
     assert!(next.fencing_token > held.fencing_token);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_queued_at_a_crashed_leader_is_served_by_the_next_one() {
+    let mut cluster = Cluster::start(3).await;
+    let any = cluster.cluster_client();
+    let holder = any.open_session("holder", LONG_TTL).await.expect("open");
+    let waiter = any.open_session("waiter", LONG_TTL).await.expect("open");
+    let held = any
+        .try_acquire(&holder.id, "k", LONG_TTL)
+        .await
+        .expect("try_acquire")
+        .expect("granted");
+    let old_leader = cluster.leader().await;
+    let request_id = lock_tests::next_request_id();
+    let max_wait = Duration::from_secs(20);
+    // The waiter talks to the leader alone first, so the crash cuts its call.
+    let first_try = {
+        let at = cluster.client(old_leader);
+        let session_id = waiter.id.clone();
+        tokio::spawn(async move {
+            at.acquire_with_request_id(&session_id, request_id, "k", LONG_TTL, max_wait)
+                .await
+        })
+    };
+    poll_until("the waiter to be queued", Duration::from_secs(10), || {
+        let any = any.clone();
+        async move {
+            match any.inspect_confirmed("k").await {
+                Ok(Some(info)) if info.waiter_count == 1 => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        }
+    })
+    .await
+    .expect("queued");
+
+    cluster.kill(old_leader);
+    let cut = tokio::time::timeout(Duration::from_secs(10), first_try)
+        .await
+        .expect("the crash ends the waiting call")
+        .expect("no panic");
+    match &cut {
+        Err(LockError::Contention { .. } | LockError::NotLeader { .. }) => {}
+        other => panic!("a wait cut by a leader crash answered {other:?} (must be retry-safe)"),
+    }
+    // The retry (same request id) waits at the new leader, in the same queue slot.
+    let retry = {
+        let any = any.clone();
+        let session_id = waiter.id.clone();
+        tokio::spawn(async move {
+            any.acquire_with_request_id(&session_id, request_id, "k", LONG_TTL, max_wait)
+                .await
+        })
+    };
+    cluster
+        .wait_for_leader(failover_bound(&cluster))
+        .await
+        .expect("a new leader");
+    poll_until(
+        "the queue to hold the waiter once after the failover",
+        Duration::from_secs(10),
+        || {
+            let any = any.clone();
+            async move {
+                match any.inspect_confirmed("k").await {
+                    Ok(Some(info)) if info.waiter_count == 1 => Ok(()),
+                    other => Err(format!("{other:?}")),
+                }
+            }
+        },
+    )
+    .await
+    .expect("one waiter, not two");
+    assert!(
+        any.release(&holder.id, "k", held.fencing_token)
+            .await
+            .expect("release")
+    );
+    let grant = tokio::time::timeout(max_wait + Duration::from_secs(5), retry)
+        .await
+        .expect("the retried wait answers")
+        .expect("no panic")
+        .expect("the retried wait succeeds")
+        .expect("the waiter is granted k");
+    assert_eq!(grant.session_id, waiter.id);
+    assert!(grant.fencing_token > held.fencing_token);
+    let info = any
+        .inspect_confirmed("k")
+        .await
+        .expect("inspect")
+        .expect("held");
+    assert_eq!(
+        (info.session_id.as_str(), info.waiter_count),
+        (waiter.id.as_str(), 0)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abandoned_session_still_expires_after_a_failover() {
+    let mut cluster = Cluster::start(3).await;
+    let any = cluster.cluster_client();
+    let abandoned = any
+        .open_session("abandoned", Duration::from_secs(2))
+        .await
+        .expect("open");
+    let other = any.open_session("other", LONG_TTL).await.expect("open");
+    let held = any
+        .try_acquire(&abandoned.id, "k", LONG_TTL)
+        .await
+        .expect("try_acquire")
+        .expect("granted");
+    let last_heartbeat_sent = Instant::now();
+    assert!(any.heartbeat(&abandoned.id).await.expect("heartbeat"));
+    let old_leader = cluster.leader().await;
+    cluster.kill(old_leader);
+    cluster
+        .wait_for_leader(failover_bound(&cluster))
+        .await
+        .expect("a new leader");
+    // The new leader restarts the lease (never shortens it) and must still reap it.
+    let freed_after = poll_until(
+        "the abandoned session's lock to be freed",
+        Duration::from_secs(20),
+        || {
+            let any = any.clone();
+            async move {
+                match any.inspect_confirmed("k").await {
+                    Ok(None) => Ok(last_heartbeat_sent.elapsed()),
+                    other => Err(format!("{other:?}")),
+                }
+            }
+        },
+    )
+    .await
+    .expect("the new leader expires the abandoned session");
+    println!(
+        "abandoned session (TTL {:?}) freed {freed_after:?} after its last heartbeat, across a failover",
+        abandoned.ttl
+    );
+    assert!(
+        freed_after >= abandoned.ttl,
+        "freed {freed_after:?} after the last heartbeat"
+    );
+    assert!(!any.heartbeat(&abandoned.id).await.expect("heartbeat"));
+    let next = any
+        .try_acquire(&other.id, "k", LONG_TTL)
+        .await
+        .expect("try_acquire")
+        .expect("granted");
+    assert!(next.fencing_token > held.fencing_token);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeated_leader_crashes_lose_no_acknowledged_grant() {
+    const ROUNDS: usize = 3;
+    let mut cluster = Cluster::start(3).await;
+    let any = cluster.cluster_client();
+    let owner = any.open_session("owner", LONG_TTL).await.expect("open");
+    let mut acknowledged: Vec<Grant> = Vec::new();
+    for round in 0..ROUNDS {
+        let grant = any
+            .try_acquire(&owner.id, &format!("round-{round}"), LONG_TTL)
+            .await
+            .expect("try_acquire")
+            .expect("granted");
+        if let Some(previous) = acknowledged.last() {
+            assert!(
+                grant.fencing_token > previous.fencing_token,
+                "round {round}"
+            );
+        }
+        acknowledged.push(grant);
+        let leader = cluster.leader().await;
+        cluster.kill(leader);
+        let started = Instant::now();
+        let next = cluster
+            .wait_for_leader(failover_bound(&cluster))
+            .await
+            .expect("a new leader");
+        println!(
+            "round {round}: killed {leader}, node {next} leads after {:?}",
+            started.elapsed()
+        );
+        cluster.start_node(leader).await;
+        for grant in &acknowledged {
+            let info = any
+                .inspect_confirmed(&grant.key)
+                .await
+                .expect("inspect")
+                .unwrap_or_else(|| panic!("round {round}: acknowledged grant {} lost", grant.key));
+            assert_eq!(
+                info.fencing_token, grant.fencing_token,
+                "round {round}: {}",
+                grant.key
+            );
+        }
+    }
+    assert_eq!(
+        any.locks_of(&owner.id).await.expect("locks_of"),
+        (0..ROUNDS)
+            .map(|r| format!("round-{r}"))
+            .collect::<Vec<_>>()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gracefully_stopped_leader_is_replaced() {
+    let mut cluster = Cluster::start(3).await;
+    let any = cluster.cluster_client();
+    let owner = any.open_session("owner", LONG_TTL).await.expect("open");
+    let held = any
+        .try_acquire(&owner.id, "k", LONG_TTL)
+        .await
+        .expect("try_acquire")
+        .expect("granted");
+    let leader = cluster.leader().await;
+    let started = Instant::now();
+    let status = cluster.stop(leader).await;
+    assert!(
+        status.success(),
+        "the leader exited with {status} after SIGTERM"
+    );
+    let next = cluster
+        .wait_for_leader(failover_bound(&cluster))
+        .await
+        .expect("a new leader");
+    println!(
+        "leader {leader} stopped in {:?}; node {next} leads",
+        started.elapsed()
+    );
+    let info = any
+        .inspect_confirmed("k")
+        .await
+        .expect("inspect")
+        .expect("held");
+    assert_eq!(info.fencing_token, held.fencing_token);
+    cluster.start_node(leader).await;
+    cluster
+        .wait_for_leader(Duration::from_secs(20))
+        .await
+        .expect("all agree");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_far_behind_catches_up_from_a_snapshot() {
+    /// Entries between snapshots: lockd's minimum, so a few hundred writes snapshot and
+    /// purge the log several times.
+    const SNAPSHOT_EVERY: u64 = 100;
+    /// Writes made while the follower is down: well past the log tail lockd keeps after a
+    /// snapshot, so the follower can only catch up by installing a snapshot.
+    const WRITES: usize = 600;
+    let config = ClusterConfig {
+        extra_args: vec![
+            "--snapshot-logs-since-last".into(),
+            SNAPSHOT_EVERY.to_string(),
+        ],
+        ..ClusterConfig::default()
+    };
+    let mut cluster = Cluster::start_with(config).await;
+    let any = cluster.cluster_client();
+    let owner = any.open_session("owner", LONG_TTL).await.expect("open");
+    let kept = any
+        .try_acquire(&owner.id, "kept", LONG_TTL)
+        .await
+        .expect("try_acquire")
+        .expect("granted");
+    let follower = cluster.followers().await[0];
+    cluster.kill(follower);
+    let started = Instant::now();
+    let mut last = kept.clone();
+    for i in 0..WRITES / 2 {
+        let grant = any
+            .try_acquire(&owner.id, "churn", LONG_TTL)
+            .await
+            .expect("try_acquire")
+            .unwrap_or_else(|| panic!("churn {i}: not granted"));
+        assert!(grant.fencing_token > last.fencing_token);
+        assert!(
+            any.release(&owner.id, "churn", grant.fencing_token)
+                .await
+                .expect("release")
+        );
+        last = grant;
+    }
+    println!("{WRITES} writes in {:?}", started.elapsed());
+    let leader = cluster.leader().await;
+    let leader_status = cluster.status(leader).await.expect("status");
+    println!(
+        "leader {leader}: last log index {}, applied {}",
+        leader_status.last_log_index, leader_status.applied_index
+    );
+
+    cluster.start_node(follower).await;
+    cluster
+        .wait_for_leader(Duration::from_secs(20))
+        .await
+        .expect("all agree");
+    cluster
+        .wait_caught_up(Duration::from_secs(20))
+        .await
+        .expect("the follower catches up");
+    let at = cluster.client(follower);
+    let info = at
+        .inspect("kept", false)
+        .await
+        .expect("a follower read")
+        .expect("the snapshot carries the grant");
+    assert_eq!(info.fencing_token, kept.fencing_token);
+    assert_eq!(at.inspect("churn", false).await.expect("read"), None);
+
+    // A full restart after the snapshots still keeps the counter: no token is reused.
+    for (id, status) in cluster.stop_all().await {
+        assert!(status.success(), "node {id} exited with {status}");
+    }
+    cluster.start_all().await;
+    cluster
+        .wait_for_leader(Duration::from_secs(20))
+        .await
+        .expect("a leader");
+    let next = any
+        .try_acquire(&owner.id, "after-restart", LONG_TTL)
+        .await
+        .expect("try_acquire")
+        .expect("granted");
+    assert!(
+        next.fencing_token > last.fencing_token,
+        "token {} after {} (reused after snapshot restore)",
+        next.fencing_token,
+        last.fencing_token
+    );
+    let info = any
+        .inspect_confirmed("kept")
+        .await
+        .expect("inspect")
+        .expect("held");
+    assert_eq!(info.fencing_token, kept.fencing_token);
+}
