@@ -343,7 +343,8 @@ impl LockClient {
     }
 
     /// Heartbeats a session, retrying transient failures until `until`. `Ok(Some(ttl))`: alive
-    /// for another `ttl`; `Ok(None)`: the session is dead (terminal).
+    /// for another `ttl` as the server answered it (zero if the server left it out);
+    /// `Ok(None)`: the session is dead (terminal).
     pub(crate) async fn heartbeat_until(
         &self,
         session_id: &str,
@@ -369,9 +370,7 @@ impl LockClient {
             })
             .await?
             .into_inner();
-        Ok(answer
-            .alive
-            .then(|| Duration::from_millis(answer.ttl_ms).max(lock_api::limits::TTL_MIN)))
+        Ok(answer.alive.then(|| Duration::from_millis(answer.ttl_ms)))
     }
 
     /// Heartbeats the session `session_id` once (with retries within the call budget), for a

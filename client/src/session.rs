@@ -741,7 +741,14 @@ async fn heartbeat(inner: Arc<SessionInner>) {
             .heartbeat_until(&inner.session_id, deadline)
             .await
         {
-            Ok(Some(ttl)) => {
+            Ok(Some(answered)) => {
+                // Trust the shorter of what was asked and what was answered; a zero answer
+                // (a server that does not fill the field) means the TTL asked for.
+                let ttl = if answered.is_zero() {
+                    inner.ttl
+                } else {
+                    answered.min(inner.ttl)
+                };
                 let mut state = inner.state();
                 state.deadline = client_deadline(sent_at, ttl, inner.margin);
                 drop(state);

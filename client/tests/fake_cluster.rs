@@ -472,6 +472,12 @@ async fn a_dead_session_fires_the_listeners_of_every_handle() {
     let lost: Arc<Mutex<Vec<LockHandle>>> = Arc::default();
     let sink = Arc::clone(&lost);
     session.on_lock_lost(|_| panic!("a panicking listener must not stop the others"));
+    // A listener that blocks until the test ends must not delay the others either.
+    let (unblock, blocked) = std::sync::mpsc::channel::<()>();
+    let blocked = Mutex::new(blocked);
+    session.on_lock_lost(move |_| {
+        let _ = blocked.lock().expect("blocked").recv();
+    });
     session.on_lock_lost(move |h| sink.lock().expect("lost").push(h.clone()));
     let a = session
         .try_acquire("a", "owner", Duration::from_secs(30))
@@ -493,6 +499,7 @@ async fn a_dead_session_fires_the_listeners_of_every_handle() {
         .collect();
     keys.sort();
     assert_eq!(keys, vec!["a", "b"]);
+    drop(unblock);
     assert!(!session.is_alive());
     assert_eq!(
         session.check_still_held(&a),
