@@ -481,14 +481,26 @@ impl SessionInner {
         let wait = max_wait.unwrap_or(Duration::ZERO);
         let budget = self.router().budget(wait);
         let session_id = self.session_id.clone();
+        let wait_until = sent_at + wait;
+        let mut first_attempt = true;
         let answer = self
             .router()
             .call("acquire", budget, |channel, timeout| {
                 let mut client = v1::lock_service_client::LockServiceClient::new(channel);
                 let session_id = session_id.clone();
                 let key = key.to_owned();
+                // A retry waits only for what is left of `max_wait`, so the whole call stays
+                // within `max_wait` plus the retry budget (C2: never much longer than max_wait).
+                let retry = !std::mem::replace(&mut first_attempt, false);
+                let remaining_ms = max_wait_ms.map(|asked| {
+                    let left = wait_until.saturating_duration_since(Instant::now());
+                    match retry {
+                        true => asked.min(u64::try_from(left.as_millis()).unwrap_or(asked)),
+                        false => asked,
+                    }
+                });
                 async move {
-                    match max_wait_ms {
+                    match remaining_ms {
                         Some(max_wait_ms) => {
                             let mut request = tonic::Request::new(v1::AcquireRequest {
                                 session_id,

@@ -53,6 +53,8 @@ struct Script {
 struct Seen {
     calls: Vec<String>,
     acquire_request_ids: Vec<u64>,
+    /// `max_wait_ms` of each blocking Acquire attempt.
+    acquire_waits_ms: Vec<u64>,
     cancels: Vec<(String, u64, String)>,
     releases: Vec<(String, u64)>,
     renews: u32,
@@ -221,6 +223,7 @@ impl v1::lock_service_server::LockService for Fake {
     ) -> Result<Response<v1::AcquireResponse>, Status> {
         self.note("acquire")?;
         let r = request.into_inner();
+        self.seen().acquire_waits_ms.push(r.max_wait_ms);
         self.acquire_answer(r.session_id, r.request_id, r.key, r.ttl_ms)
             .await
     }
@@ -415,6 +418,10 @@ async fn a_retried_acquire_reuses_its_request_id() {
     let ids = leader.seen().acquire_request_ids.clone();
     assert_eq!(ids.len(), 3, "{ids:?}");
     assert!(ids.iter().all(|id| *id == ids[0]), "{ids:?}");
+    // Each retry waits only for what is left of max_wait.
+    let waits = leader.seen().acquire_waits_ms.clone();
+    assert_eq!(waits[0], 1_000, "{waits:?}");
+    assert!(waits.windows(2).all(|w| w[1] < w[0]), "{waits:?}");
     // The next logical call carries a new id.
     session.try_acquire("k2", "owner", TTL).await.expect("try");
     let ids = leader.seen().acquire_request_ids.clone();
