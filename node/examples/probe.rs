@@ -18,8 +18,8 @@ use lock_proto::v1::admin_service_client::AdminServiceClient;
 use lock_proto::v1::lock_service_client::LockServiceClient;
 use lock_proto::v1::session_service_client::SessionServiceClient;
 use lock_proto::v1::{
-    HeartbeatRequest, InspectRequest, OpenSessionRequest, ReleaseRequest, StatusRequest,
-    TryAcquireRequest,
+    AcquireRequest, HeartbeatRequest, InspectRequest, OpenSessionRequest, ReleaseRequest,
+    StatusRequest, TryAcquireRequest,
 };
 use tonic::transport::Channel;
 
@@ -107,6 +107,68 @@ async fn check(endpoints: &[String]) -> Result<()> {
         .await?
         .into_inner();
     println!("inspect: {:?}", info.info);
+    // A waiting acquire whose client goes away is cancelled: its waiter leaves the queue.
+    let other = sessions
+        .open_session(OpenSessionRequest {
+            owner_id: "probe-waiter".into(),
+            ttl_ms: 5_000,
+        })
+        .await?
+        .into_inner()
+        .session_id;
+    let mut waiting_client = locks.clone();
+    let waiting = tokio::spawn(async move {
+        waiting_client
+            .acquire(AcquireRequest {
+                session_id: other,
+                request_id: 1,
+                key: "probe/key".into(),
+                ttl_ms: 5_000,
+                max_wait_ms: 20_000,
+            })
+            .await
+    });
+    let waiters = |info: Option<lock_proto::v1::LockInfo>| info.map_or(0, |i| i.waiter_count);
+    let deadline = Instant::now() + WAIT_MAX;
+    while waiters(
+        locks
+            .inspect(InspectRequest {
+                key: "probe/key".into(),
+                leader_confirmed: false,
+            })
+            .await?
+            .into_inner()
+            .info,
+    ) != 1
+    {
+        if Instant::now() > deadline {
+            return Err("the waiter never queued".into());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    println!("waiter queued; dropping its call");
+    waiting.abort();
+    let dropped_at = Instant::now();
+    while waiters(
+        locks
+            .inspect(InspectRequest {
+                key: "probe/key".into(),
+                leader_confirmed: false,
+            })
+            .await?
+            .into_inner()
+            .info,
+    ) != 0
+    {
+        if Instant::now() > deadline {
+            return Err("the abandoned waiter was never cancelled".into());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    println!(
+        "abandoned waiter cancelled after {:?}",
+        dropped_at.elapsed()
+    );
     let released = locks
         .release(ReleaseRequest {
             session_id: session.session_id,

@@ -176,7 +176,7 @@ async fn wait_for_leader(nodes: &mut [DevNode]) -> anyhow::Result<(u64, String)>
         }
         let mut leaders = Vec::new();
         for node in nodes.iter() {
-            leaders.push(leader_of(&node.addr).await);
+            leaders.push(leader_of(&node.addr, node.id).await);
         }
         if let Some(Some(first)) = leaders.first()
             && leaders.iter().all(|l| l.as_ref() == Some(first))
@@ -190,12 +190,15 @@ async fn wait_for_leader(nodes: &mut [DevNode]) -> anyhow::Result<(u64, String)>
     }
 }
 
-/// The leader `addr` reports, if it answers and knows one.
-async fn leader_of(addr: &str) -> Option<(u64, String)> {
+/// The leader `addr` reports, if it answers as node `id` and knows one.
+async fn leader_of(addr: &str, id: u16) -> Option<(u64, String)> {
     let mut client = AdminServiceClient::connect(format!("http://{addr}"))
         .await
         .ok()?;
     let status = client.status(StatusRequest {}).await.ok()?.into_inner();
+    if status.node_id != u64::from(id) {
+        return None;
+    }
     status.leader_id.map(|id| (id, status.leader_addr))
 }
 

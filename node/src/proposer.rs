@@ -14,6 +14,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use lock_api::LockError;
 use lock_raft_store::{Command, Request, Response, TypeConfig};
@@ -104,6 +105,8 @@ struct Proposal {
 #[derive(Clone, Debug)]
 pub struct Proposer {
     tx: mpsc::Sender<Proposal>,
+    /// Lowest stamp the next entry may carry (see [`Proposer::raise_stamp_floor`]).
+    stamp_floor_ms: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for Proposal {
@@ -124,14 +127,23 @@ impl Proposer {
         batch_max: usize,
     ) -> Self {
         let (tx, rx) = mpsc::channel(PROPOSALS_QUEUED_MAX);
+        let stamp_floor_ms = Arc::new(AtomicU64::new(0));
         tokio::spawn(run(
             writer,
             clock,
             rx,
+            stamp_floor_ms.clone(),
             in_flight_max.max(1),
             batch_max.clamp(1, BATCH_COMMANDS_MAX),
         ));
-        Self { tx }
+        Self { tx, stamp_floor_ms }
+    }
+
+    /// Makes every later stamp at least `stamp_ms`. A new leader calls it with the latest stamp
+    /// it finds in the replicated state, so its stamps never go below its predecessor's even if
+    /// its wall clock is behind (D-time).
+    pub fn raise_stamp_floor(&self, stamp_ms: u64) {
+        self.stamp_floor_ms.fetch_max(stamp_ms, Ordering::Relaxed);
     }
 
     /// Proposes `command` and waits for its applied answer.
@@ -156,6 +168,7 @@ async fn run<W: LogWriter>(
     writer: W,
     clock: Arc<dyn Clock>,
     mut rx: mpsc::Receiver<Proposal>,
+    stamp_floor_ms: Arc<AtomicU64>,
     in_flight_max: usize,
     batch_max: usize,
 ) {
@@ -178,7 +191,9 @@ async fn run<W: LogWriter>(
             }
         }
         // D-time: never below the last stamp, whatever the wall clock did.
-        last_stamp_ms = last_stamp_ms.max(clock.wall_ms());
+        last_stamp_ms = last_stamp_ms
+            .max(stamp_floor_ms.load(Ordering::Relaxed))
+            .max(clock.wall_ms());
         let (mut commands, replies): (Vec<Command>, Vec<_>) =
             proposals.into_iter().map(|p| (p.command, p.reply)).unzip();
         let command = if commands.len() == 1 {
@@ -352,6 +367,8 @@ mod tests {
         proposer.propose(release(2)).await.unwrap();
         clock.set_wall_ms(6_000);
         proposer.propose(release(3)).await.unwrap();
+        proposer.raise_stamp_floor(9_000);
+        proposer.propose(release(4)).await.unwrap();
         let stamps: Vec<u64> = log
             .requests
             .lock()
@@ -359,7 +376,7 @@ mod tests {
             .iter()
             .map(|r| r.stamp_ms)
             .collect();
-        assert_eq!(stamps, vec![5_000, 5_000, 6_000]);
+        assert_eq!(stamps, vec![5_000, 5_000, 6_000, 9_000]);
     }
 
     #[test]

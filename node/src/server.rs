@@ -38,6 +38,9 @@ use crate::store::raft::{RaftLockStore, RaftLockStoreParts};
 /// How long a shutdown waits for Raft to stop before giving up on it.
 const RAFT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How long a graceful stop waits for in-flight calls before closing them.
+const SERVE_DRAIN_TIMEOUT: Duration = Duration::from_secs(3);
+
 /// How long the bootstrap node keeps retrying cluster initialisation.
 const INIT_RETRY: Duration = Duration::from_millis(200);
 
@@ -106,6 +109,7 @@ pub async fn run(
     ));
     tokio::spawn(run_reaper(raft.clone(), proposer.clone(), keeper.clone()));
 
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let store = RaftLockStore::new(RaftLockStoreParts {
         node_id: config.node_id,
         raft: raft.clone(),
@@ -114,6 +118,7 @@ pub async fn run(
         waiters,
         reader,
         clock,
+        stop: stop_rx.clone(),
     });
 
     let (health, health_service) = tonic_health::server::health_reporter();
@@ -162,16 +167,37 @@ pub async fn run(
 
     println!("lockd ready node_id={} listen={local}", config.node_id);
     tracing::info!(node_id = config.node_id, %local, "serving");
-    let served = router
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
-        .await;
+    let signal = async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    };
+    let mut serve =
+        tokio::spawn(router.serve_with_incoming_shutdown(TcpListenerStream::new(listener), signal));
+    let mut stopping = stop_rx;
+    let served = tokio::select! {
+        served = &mut serve => served,
+        _ = stopping.wait_for(|stop| *stop) => {
+            // Graceful: in-flight calls finish (waiting acquires give up at once, proposals are
+            // bounded), but a drain never holds the process longer than SERVE_DRAIN_TIMEOUT.
+            match tokio::time::timeout(SERVE_DRAIN_TIMEOUT, &mut serve).await {
+                Ok(served) => served,
+                Err(_) => {
+                    tracing::warn!("calls still in flight after {SERVE_DRAIN_TIMEOUT:?}; closing them");
+                    serve.abort();
+                    Ok(Ok(()))
+                }
+            }
+        }
+    };
     tracing::info!("stopped serving; stopping raft");
     match tokio::time::timeout(RAFT_SHUTDOWN_TIMEOUT, raft.shutdown()).await {
         Ok(Ok(())) => {}
         Ok(Err(e)) => tracing::warn!(error = %e, "raft shutdown failed"),
         Err(_) => tracing::warn!("raft did not stop within {RAFT_SHUTDOWN_TIMEOUT:?}"),
     }
-    served.context("the gRPC server failed")?;
+    served
+        .context("the gRPC server task failed")?
+        .context("the gRPC server failed")?;
     tracing::info!("stopped");
     Ok(())
 }

@@ -53,6 +53,8 @@ pub struct RaftLockStoreParts {
     pub reader: StateReader,
     /// The node's clocks.
     pub clock: Arc<dyn Clock>,
+    /// Turns `true` when the node starts shutting down: waiting acquires stop waiting.
+    pub stop: tokio::sync::watch::Receiver<bool>,
 }
 
 impl std::fmt::Debug for RaftLockStoreParts {
@@ -71,6 +73,7 @@ struct Inner {
     waiters: Arc<WaiterRegistry>,
     reader: StateReader,
     clock: Arc<dyn Clock>,
+    stop: tokio::sync::watch::Receiver<bool>,
     /// Request ids for the trait methods, which carry none: a per-process counter seeded from
     /// the clock in microseconds, so ids keep growing across restarts of this process too.
     next_request_id: AtomicU64,
@@ -116,6 +119,14 @@ fn unexpected(what: &str, answer: &Response) -> LockError {
     ))
 }
 
+/// Longest a proposal may take to commit and apply before the call answers "unknown outcome".
+///
+/// A leader cut off from its majority keeps its role until it hears of a newer term, and its
+/// proposals wait forever; a client call must not (C2: every method but `acquire` is one round
+/// trip). Five seconds is several election timeouts: a healthy cluster commits in milliseconds,
+/// and a failover completes well within it.
+pub const PROPOSAL_TIMEOUT: Duration = Duration::from_secs(5);
+
 fn ttl_ms(ttl_ms: u64) -> Result<u64, LockError> {
     validate::ttl(Duration::from_millis(ttl_ms))
 }
@@ -133,6 +144,7 @@ impl RaftLockStore {
                 waiters: parts.waiters,
                 reader: parts.reader,
                 clock: parts.clock,
+                stop: parts.stop,
                 next_request_id: AtomicU64::new(seed.max(1)),
             }),
         }
@@ -217,7 +229,19 @@ impl RaftLockStore {
     }
 
     async fn propose(&self, command: Command) -> Result<Response, LockError> {
-        self.inner.proposer.propose(command).await
+        match tokio::time::timeout(PROPOSAL_TIMEOUT, self.inner.proposer.propose(command)).await {
+            Ok(answer) => answer,
+            Err(_) => Err(LockError::contention(format!(
+                "unknown outcome: not committed within {PROPOSAL_TIMEOUT:?} (no majority reachable?); retry with the same request id"
+            ))),
+        }
+    }
+
+    /// Resolves once the node starts shutting down.
+    async fn stopping(&self) {
+        let mut stop = self.inner.stop.clone();
+        // A dropped sender means the node is gone: treat it as stopping too.
+        let _ = stop.wait_for(|stopping| *stopping).await;
     }
 
     /// Opens a session for `owner_id` with a lease of `ttl_ms`; returns its id and TTL.
@@ -375,7 +399,18 @@ impl RaftLockStore {
                 Err(rejected(r))
             }
             Response::Queued { .. } => {
-                match tokio::time::timeout_at(deadline, slot.outcome()).await {
+                let waited = tokio::select! {
+                    waited = tokio::time::timeout_at(deadline, slot.outcome()) => waited,
+                    _ = self.stopping() => {
+                        // The waiter stays queued in the replicated state: the client's retry
+                        // (same request id) at the next leader finds it again.
+                        guard.armed = false;
+                        return Err(LockError::contention(
+                            "this node is shutting down; retry the acquire with the same request id",
+                        ));
+                    }
+                };
+                match waited {
                     Ok(Some(WaitOutcome::Granted(grant))) => {
                         guard.armed = false;
                         Ok(Some(grant))
