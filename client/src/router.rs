@@ -258,7 +258,16 @@ impl Router {
                 LockError::NotLeader {
                     leader_addr: Some(hint),
                     ..
-                } => self.point_to(hint, index) && redirects < REDIRECTS_IMMEDIATE_MAX,
+                } => {
+                    if self.point_to(hint, index) {
+                        redirects < REDIRECTS_IMMEDIATE_MAX
+                    } else {
+                        // A hint naming the node that just refused (stale), or an unusable one:
+                        // try elsewhere.
+                        self.rotate_from(index);
+                        false
+                    }
+                }
                 LockError::NotLeader { .. } | LockError::Contention { .. } => {
                     self.rotate_from(index);
                     false

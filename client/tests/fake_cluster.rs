@@ -394,6 +394,23 @@ async fn a_dead_endpoint_and_a_hintless_follower_are_skipped() {
 }
 
 #[tokio::test]
+async fn a_follower_naming_itself_leader_is_skipped() {
+    let leader = Fake::default();
+    let leader_addr = serve(leader.clone()).await;
+    let stale = Fake::default();
+    let stale_addr = serve(stale.clone()).await;
+    stale.script().follower_hint = Some(Some(stale_addr.to_string()));
+
+    let client =
+        LockClient::connect_with(&[stale_addr.to_string(), leader_addr.to_string()], config())
+            .await
+            .expect("connect");
+    client.open_session("owner").await.expect("open session");
+    assert_eq!(client.believed_leader(), leader_addr.to_string());
+    assert_eq!(stale.seen().calls, vec!["open_session"]);
+}
+
+#[tokio::test]
 async fn no_reachable_endpoint_is_a_contention_error_naming_it() {
     let dead = dead_addr().await;
     match LockClient::connect_with(&[dead.to_string()], config()).await {

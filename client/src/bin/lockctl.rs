@@ -45,7 +45,9 @@ const EXIT_LOCK_LOST: u8 = 4;
 #[command(
     name = "lockctl",
     version,
-    about = "Acquire, inspect and manage locks of a lockd cluster"
+    about = "Acquire, inspect and manage locks of a lockd cluster",
+    after_help = "Exit codes: 0 done (exec: CMD's own status); 1 error; 2 bad command line; \
+                  3 not granted, or renew found the lock lost; 4 exec: the lock was lost and CMD killed."
 )]
 struct Cli {
     /// Comma-separated lockd endpoints (host:port); any node will do, the leader is found.
