@@ -1,7 +1,7 @@
 //! Bounded, jittered exponential backoff (FR-28).
 //!
 //! Owns the delay arithmetic only: it never sleeps and reads no clock, so it is tested by its
-//! outputs. The retry loop in [`crate::router`] asks it for the next delay and does the waiting.
+//! outputs. The retry loop in the private `router` module asks it for the next delay and does the waiting.
 //!
 //! The delay before retry `n` (0-based) is drawn uniformly from `[ceiling/2, ceiling]` with
 //! `ceiling = min(max, initial * multiplier^n)` ("equal jitter"). The jitter spreads the retries

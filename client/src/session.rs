@@ -4,7 +4,7 @@
 //! Owns the client-side view of "which grants does this session hold, until when". It never
 //! decides that a grant is lost because of a transient failure: only the server's answer (renew
 //! without a grant, heartbeat `alive = false`) or a passed *local* deadline marks a grant lost
-//! (DESIGN D-errors, FR-11). It does not pick endpoints or retry; [`crate::router`] does.
+//! (DESIGN D-errors, FR-11). It does not pick endpoints or retry; the private `router` module does.
 //!
 //! # Tasks
 //!
