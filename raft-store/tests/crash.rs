@@ -50,11 +50,11 @@ const ENTRIES_PER_APPEND_MAX: u64 = 8;
 const NODE_ID: NodeId = 1;
 
 /// The entry the child writes at `index`: its content derives from the index alone, so the
-/// parent can check any entry it finds. Every 97th entry is large (tens of KiB), to exercise
-/// large sled nodes; the others vary in size.
+/// parent can check any entry it finds. Every 97th entry is large (200 KB, stored as several
+/// engine chunks); the others vary in size.
 fn expected_entry(index: u64) -> Entry<TypeConfig> {
     let filler_len = if index.is_multiple_of(97) {
-        40_000
+        200_000
     } else {
         (index * 7_919 % 400) as usize
     };

@@ -19,10 +19,18 @@
 //! # Why large segments
 //!
 //! sled writes any page image larger than a quarter of a segment to a separate "blob" file, and
-//! sled 0.34 never fsyncs blob files. A leaf node holds up to 17 values before it splits, so with
-//! [`SEGMENT_BYTES`] = 16 MiB (the largest sled accepts) and records bounded by
-//! [`RECORD_BYTES_MAX`], a leaf never reaches the blob threshold. As a second line of defence,
-//! [`Engine::sync`] also fsyncs any blob file it has not synced before (and the blob directory).
+//! sled 0.34 never fsyncs blob files. A leaf node holds up to 17 values before it splits, so the
+//! engine stores a log record as chunks of at most [`CHUNK_BYTES`] (64 KiB) under consecutive
+//! keys, and with [`SEGMENT_BYTES`] = 16 MiB (the largest sled accepts) a leaf never reaches the
+//! blob threshold whatever the record sizes. As a second line of defence, [`Engine::sync`] also
+//! fsyncs any blob file it has not synced before (and the blob directory).
+//!
+//! # Key layout (one tree, two key spaces)
+//!
+//! - log chunk: `[b'l'][index: u64 big-endian][chunk: u16 big-endian]`. Big-endian so sled's
+//!   byte order is (index, chunk) order: a range scan is a log range, chunks in order. The chunks
+//!   of one record are written in one batch, so they are present all or none.
+//! - metadata: `m/<name>` ([`MetaKey`]), always after every log key (`m` > `l`).
 
 use std::collections::HashSet;
 use std::ffi::OsString;
@@ -53,10 +61,31 @@ pub const SLED_BLOB_DIR_NAME: &str = "blobs";
 /// it go to blob files, which sled never fsyncs; a large segment keeps our leaves below that.
 pub const SEGMENT_BYTES: usize = 16 * 1024 * 1024;
 
-/// The largest framed record (log entry or metadata) the engine stores. Bounded so that a full
-/// sled leaf (at most 17 values, 20 with headroom for a split in progress) stays below the blob
-/// threshold of a quarter segment.
-pub const RECORD_BYTES_MAX: usize = 128 * 1024;
+/// The largest piece of a record stored under one key. A full sled leaf (at most 17 values, 20
+/// with headroom for a split in progress) of such pieces stays below the blob threshold of a
+/// quarter segment.
+pub const CHUNK_BYTES: usize = 64 * 1024;
+
+/// The largest framed log entry the log store accepts: 1 MiB. It must hold the largest entry a
+/// leader can propose, a `Batch` of `limits::BATCH_MAX` commands of the largest size the
+/// argument limits allow (asserted below); much more would also strain the Raft transport,
+/// which ships whole entries.
+pub const RECORD_BYTES_MAX: usize = 1024 * 1024;
+
+/// An upper bound of one command's postcard encoding: every string argument at its limit (no
+/// command has them all) plus 64 bytes of tags, integers and length prefixes.
+const COMMAND_BYTES_BOUND: usize = lock_api::limits::KEY_LEN_MAX
+    + lock_api::limits::OWNER_ID_LEN_MAX
+    + lock_api::limits::SESSION_ID_LEN_MAX
+    + lock_api::limits::OPERATOR_LEN_MAX
+    + lock_api::limits::REASON_LEN_MAX
+    + 64;
+
+const _: () = assert!(
+    crate::limits::BATCH_MAX * COMMAND_BYTES_BOUND + 1024 <= RECORD_BYTES_MAX,
+    "a full batch of the largest commands must fit one log record"
+);
+const _: () = assert!(RECORD_BYTES_MAX / CHUNK_BYTES <= u16::MAX as usize);
 
 /// sled's page cache budget. sled defaults to 1 GiB; the log is purged after every snapshot,
 /// so the working set is small, and 64 MiB leaves memory to the lock table.
@@ -67,19 +96,18 @@ pub const CACHE_BYTES: u64 = 64 * 1024 * 1024;
 /// not need it (the committed log id) stays in memory.
 pub const BACKGROUND_FLUSH_MS: u64 = 500;
 
-const _: () = assert!(20 * RECORD_BYTES_MAX < SEGMENT_BYTES / 4 - 1024);
+const _: () = assert!(20 * (CHUNK_BYTES + 64) < SEGMENT_BYTES / 4 - 1024);
 const _: () = assert!(
     SEGMENT_BYTES <= 1 << 24,
     "sled 0.34 refuses segments above 16 MiB"
 );
 
-/// First byte of every log entry key: `[LOG_KEY_PREFIX][index as u64 big-endian]`. Big-endian so
-/// that sled's byte order is index order and a range scan is a log range.
+/// First byte of every log chunk key (see the module doc).
 const LOG_KEY_PREFIX: u8 = b'l';
 /// First byte of every metadata key.
 const META_KEY_PREFIX: u8 = b'm';
-/// Length of a log key.
-const LOG_KEY_LEN: usize = 9;
+/// Length of a log chunk key.
+const LOG_KEY_LEN: usize = 11;
 
 /// A metadata record kept beside the log, one value each.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -104,21 +132,44 @@ impl MetaKey {
 
 const _: () = assert!(b"m/vote"[0] == META_KEY_PREFIX);
 
-fn log_key(index: u64) -> [u8; LOG_KEY_LEN] {
+fn log_key(index: u64, chunk: u16) -> [u8; LOG_KEY_LEN] {
     let mut key = [0u8; LOG_KEY_LEN];
     key[0] = LOG_KEY_PREFIX;
-    key[1..].copy_from_slice(&index.to_be_bytes());
+    key[1..9].copy_from_slice(&index.to_be_bytes());
+    key[9..].copy_from_slice(&chunk.to_be_bytes());
     key
 }
 
-/// Decodes a log key; `None` for a key outside the log key space or of the wrong length.
-fn log_index_of(key: &[u8]) -> Option<u64> {
-    let (&prefix, index) = key.split_first()?;
-    if prefix != LOG_KEY_PREFIX {
+/// Decodes a log chunk key into `(index, chunk)`; `None` for a key outside the log key space or
+/// of the wrong length.
+fn log_key_parts(key: &[u8]) -> Option<(u64, u16)> {
+    let (&prefix, rest) = key.split_first()?;
+    if prefix != LOG_KEY_PREFIX || rest.len() != LOG_KEY_LEN - 1 {
         return None;
     }
-    let index: [u8; 8] = index.try_into().ok()?;
-    Some(u64::from_be_bytes(index))
+    let (index, chunk) = rest.split_at(8);
+    Some((
+        u64::from_be_bytes(index.try_into().ok()?),
+        u16::from_be_bytes(chunk.try_into().ok()?),
+    ))
+}
+
+/// The first chunk key of the log range's start bound, or `None` if the range is empty.
+fn start_key(start: Bound<u64>) -> Option<[u8; LOG_KEY_LEN]> {
+    match start {
+        Bound::Included(i) => Some(log_key(i, 0)),
+        Bound::Excluded(i) => i.checked_add(1).map(|i| log_key(i, 0)),
+        Bound::Unbounded => Some(log_key(0, 0)),
+    }
+}
+
+/// The chunk-key bound matching the log range's end bound.
+fn end_key(end: Bound<u64>) -> Bound<[u8; LOG_KEY_LEN]> {
+    match end {
+        Bound::Included(i) => Bound::Included(log_key(i, u16::MAX)),
+        Bound::Excluded(i) => Bound::Excluded(log_key(i, 0)),
+        Bound::Unbounded => Bound::Included(log_key(u64::MAX, u16::MAX)),
+    }
 }
 
 /// The error sled reported, kept opaque so that no other module depends on sled's types.
@@ -140,14 +191,30 @@ pub struct WriteBatch {
 }
 
 impl WriteBatch {
-    /// Stores `record` as the log entry at `index`.
-    pub fn put_log(&mut self, index: u64, record: &[u8]) {
-        self.inner.insert(&log_key(index), record);
+    /// Stores `record` as the log entry at `index`, in chunks of at most [`CHUNK_BYTES`].
+    /// Replacing an entry with a shorter one must remove the old one first
+    /// ([`Engine::remove_logs`]), or its surplus chunks would remain.
+    /// Refuses a record above [`RECORD_BYTES_MAX`], naming the entry.
+    pub fn put_log(&mut self, index: u64, record: &[u8]) -> Result<(), StorageError> {
+        if record.len() > RECORD_BYTES_MAX {
+            return Err(StorageError::TooLarge {
+                record: format!("log entry {index}"),
+                len: record.len(),
+                max: RECORD_BYTES_MAX,
+            });
+        }
+        for (chunk, piece) in (0..=u16::MAX).zip(record.chunks(CHUNK_BYTES)) {
+            self.inner.insert(&log_key(index, chunk), piece);
+        }
+        if record.is_empty() {
+            self.inner.insert(&log_key(index, 0), &[][..]);
+        }
+        Ok(())
     }
 
-    /// Removes the log entry at `index` (no effect if absent).
-    pub fn remove_log(&mut self, index: u64) {
-        self.inner.remove(&log_key(index));
+    /// Removes one chunk key.
+    fn remove_key(&mut self, key: &[u8]) {
+        self.inner.remove(key);
     }
 
     /// Stores `record` as the metadata record `key`.
@@ -249,14 +316,21 @@ impl Engine {
     /// Reads the log entry record at `index` (openraft reads ranges; tests read one).
     #[cfg(test)]
     pub fn get_log(&self, index: u64) -> Result<Option<Vec<u8>>, StorageError> {
-        self.tree
-            .get(log_key(index))
-            .map(|v| v.map(|v| v.to_vec()))
-            .map_err(|e| self.engine_error("read log entry", e))
+        let mut found = None;
+        self.scan_log(
+            Bound::Included(index),
+            Bound::Included(index),
+            |_, record| {
+                found = Some(record.to_vec());
+                Ok::<_, StorageError>(false)
+            },
+        )?;
+        Ok(found)
     }
 
     /// Calls `f(index, record)` for each log entry with an index in `(start, end)`, in index
-    /// order, until `f` returns `Ok(false)` or the range ends.
+    /// order, with the entry's chunks joined, until `f` returns `Ok(false)` or the range ends.
+    /// A chunk missing from the middle of a record is a [`StorageError::Layout`] error.
     pub fn scan_log<E>(
         &self,
         start: Bound<u64>,
@@ -266,58 +340,96 @@ impl Engine {
     where
         E: From<StorageError>,
     {
-        let start = match start {
-            Bound::Included(i) => Bound::Included(log_key(i)),
-            Bound::Excluded(i) => Bound::Excluded(log_key(i)),
-            Bound::Unbounded => Bound::Included(log_key(0)),
+        let Some(start) = start_key(start) else {
+            return Ok(());
         };
-        let end = match end {
-            Bound::Included(i) => Bound::Included(log_key(i)),
-            Bound::Excluded(i) => Bound::Excluded(log_key(i)),
-            Bound::Unbounded => Bound::Included(log_key(u64::MAX)),
-        };
-        for item in self.tree.range((start, end)) {
+        // The record being joined: its index and the bytes of its chunks so far.
+        let mut pending: Option<(u64, Vec<u8>)> = None;
+        for item in self.tree.range((Bound::Included(start), end_key(end))) {
             let (key, value) = item.map_err(|e| self.engine_error("scan the log", e))?;
-            let index = self.index_of(&key)?;
-            if !f(index, &value)? {
-                break;
+            let (index, chunk) = self.key_parts(&key)?;
+            match &mut pending {
+                Some((at, record)) if *at == index => {
+                    // Chunk k follows k full chunks.
+                    if usize::from(chunk) * CHUNK_BYTES != record.len() {
+                        return Err(self.missing_chunk(index, chunk).into());
+                    }
+                    record.extend_from_slice(&value);
+                }
+                _ => {
+                    if chunk != 0 {
+                        return Err(self.missing_chunk(index, chunk).into());
+                    }
+                    if let Some((at, record)) = pending.replace((index, value.to_vec()))
+                        && !f(at, &record)?
+                    {
+                        return Ok(());
+                    }
+                }
             }
+        }
+        if let Some((at, record)) = pending {
+            f(at, &record)?;
         }
         Ok(())
     }
 
-    fn index_of(&self, key: &[u8]) -> Result<u64, StorageError> {
-        log_index_of(key).ok_or_else(|| StorageError::Layout {
+    fn key_parts(&self, key: &[u8]) -> Result<(u64, u16), StorageError> {
+        log_key_parts(key).ok_or_else(|| StorageError::Layout {
             path: self.dir.clone(),
             message: format!("key {key:02x?} in the log key space is not a log key"),
         })
+    }
+
+    fn missing_chunk(&self, index: u64, chunk: u16) -> StorageError {
+        StorageError::Layout {
+            path: self.dir.clone(),
+            message: format!(
+                "log entry {index}: chunk {chunk} does not follow the chunks before it"
+            ),
+        }
     }
 
     /// The last log entry, as `(index, record)`.
     pub fn last_log(&self) -> Result<Option<(u64, Vec<u8>)>, StorageError> {
         let last = self
             .tree
-            .range(log_key(0)..=log_key(u64::MAX))
+            .range(log_key(0, 0)..=log_key(u64::MAX, u16::MAX))
             .next_back()
             .transpose()
             .map_err(|e| self.engine_error("read the last log entry", e))?;
-        match last {
-            None => Ok(None),
-            Some((key, value)) => Ok(Some((self.index_of(&key)?, value.to_vec()))),
-        }
+        let Some((key, _)) = last else {
+            return Ok(None);
+        };
+        let (index, _) = self.key_parts(&key)?;
+        let mut found = None;
+        self.scan_log(
+            Bound::Included(index),
+            Bound::Included(index),
+            |at, record| {
+                found = Some((at, record.to_vec()));
+                Ok::<_, StorageError>(false)
+            },
+        )?;
+        Ok(found)
     }
 
-    /// Adds to `batch` the removal of every log entry with an index in `(start, end)`.
+    /// Adds to `batch` the removal of every log entry (every chunk) with an index in
+    /// `(start, end)`.
     pub fn remove_logs(
         &self,
         batch: &mut WriteBatch,
         start: Bound<u64>,
         end: Bound<u64>,
     ) -> Result<(), StorageError> {
-        self.scan_log(start, end, |index, _| {
-            batch.remove_log(index);
-            Ok::<_, StorageError>(true)
-        })
+        let Some(start) = start_key(start) else {
+            return Ok(());
+        };
+        for item in self.tree.range((Bound::Included(start), end_key(end))) {
+            let (key, _) = item.map_err(|e| self.engine_error("scan the log", e))?;
+            batch.remove_key(&key);
+        }
+        Ok(())
     }
 
     /// Applies `batch` atomically (not yet durable: see [`Engine::sync`]).
@@ -401,7 +513,7 @@ impl Engine {
         let at = byte % value.len();
         value[at] ^= 0x01;
         let mut batch = WriteBatch::default();
-        batch.put_log(index, &value);
+        batch.put_log(index, &value)?;
         self.write(batch)?;
         Ok(true)
     }
@@ -423,24 +535,125 @@ mod tests {
     use super::*;
 
     #[test]
-    fn log_keys_sort_in_index_order_and_round_trip() {
-        let indexes = [0u64, 1, 255, 256, 65_535, 1 << 40, u64::MAX];
-        for pair in indexes.windows(2) {
-            assert!(log_key(pair[0]) < log_key(pair[1]), "{pair:?}");
+    fn log_keys_sort_in_index_then_chunk_order_and_round_trip() {
+        let keys = [
+            (0u64, 0u16),
+            (0, 1),
+            (0, u16::MAX),
+            (1, 0),
+            (255, 3),
+            (256, 0),
+            (1 << 40, 0),
+            (u64::MAX, 0),
+            (u64::MAX, u16::MAX),
+        ];
+        for pair in keys.windows(2) {
+            let [(a, ca), (b, cb)] = [pair[0], pair[1]];
+            assert!(log_key(a, ca) < log_key(b, cb), "{pair:?}");
         }
-        for index in indexes {
-            assert_eq!(log_index_of(&log_key(index)), Some(index));
+        for (index, chunk) in keys {
+            assert_eq!(log_key_parts(&log_key(index, chunk)), Some((index, chunk)));
         }
-        assert_eq!(log_index_of(MetaKey::Vote.key()), None);
-        assert_eq!(log_index_of(&[LOG_KEY_PREFIX, 1, 2]), None);
+        assert_eq!(log_key_parts(MetaKey::Vote.key()), None);
+        assert_eq!(log_key_parts(&[LOG_KEY_PREFIX, 1, 2]), None);
     }
 
     #[test]
     fn meta_keys_sort_outside_the_log_range() {
         for key in [MetaKey::Vote, MetaKey::Committed, MetaKey::LastPurged] {
             let key = key.key();
-            assert!(key > &log_key(u64::MAX)[..], "{key:?}");
+            assert!(key > &log_key(u64::MAX, u16::MAX)[..], "{key:?}");
         }
+    }
+
+    fn record(index: u64, len: usize) -> Vec<u8> {
+        (0..len).map(|i| (i as u64 * 31 + index) as u8).collect()
+    }
+
+    #[test]
+    fn records_larger_than_a_chunk_are_split_and_joined_back() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let engine = Engine::open(dir.path()).expect("open");
+        let lens = [
+            0,
+            1,
+            CHUNK_BYTES - 1,
+            CHUNK_BYTES,
+            CHUNK_BYTES + 1,
+            3 * CHUNK_BYTES + 7,
+        ];
+        let mut batch = WriteBatch::default();
+        for (index, len) in (10..).zip(lens) {
+            batch.put_log(index, &record(index, len)).expect("put");
+        }
+        engine.write(batch).expect("write");
+
+        let mut seen = Vec::new();
+        engine
+            .scan_log(Bound::Unbounded, Bound::Unbounded, |index, bytes| {
+                seen.push((index, bytes.to_vec()));
+                Ok::<_, StorageError>(true)
+            })
+            .expect("scan");
+        let expected: Vec<_> = (10..)
+            .zip(lens)
+            .map(|(i, len)| (i, record(i, len)))
+            .collect();
+        assert_eq!(seen, expected);
+        assert_eq!(
+            engine.get_log(14).expect("get"),
+            Some(record(14, CHUNK_BYTES + 1))
+        );
+        assert_eq!(
+            engine.last_log().expect("last"),
+            Some((15, record(15, 3 * CHUNK_BYTES + 7)))
+        );
+
+        let mut partial = Vec::new();
+        engine
+            .scan_log(Bound::Excluded(11), Bound::Excluded(15), |index, bytes| {
+                partial.push((index, bytes.len()));
+                Ok::<_, StorageError>(true)
+            })
+            .expect("scan");
+        assert_eq!(
+            partial,
+            vec![
+                (12, CHUNK_BYTES - 1),
+                (13, CHUNK_BYTES),
+                (14, CHUNK_BYTES + 1)
+            ]
+        );
+
+        // Removing entries removes every chunk of them.
+        let mut batch = WriteBatch::default();
+        engine
+            .remove_logs(&mut batch, Bound::Included(13), Bound::Unbounded)
+            .expect("remove");
+        engine.write(batch).expect("write");
+        assert_eq!(engine.last_log().expect("last").map(|(i, _)| i), Some(12));
+        assert_eq!(engine.tree.range(log_key(13, 0)..).count(), 0);
+    }
+
+    #[test]
+    fn a_missing_middle_chunk_is_an_error_naming_the_entry() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let engine = Engine::open(dir.path()).expect("open");
+        let mut batch = WriteBatch::default();
+        batch.put_log(5, &record(5, 3 * CHUNK_BYTES)).expect("put");
+        engine.write(batch).expect("write");
+        engine.tree.remove(log_key(5, 1)).expect("remove a chunk");
+        let error = engine.get_log(5).expect_err("a hole in a record");
+        assert!(error.to_string().contains("log entry 5"), "{error}");
+    }
+
+    #[test]
+    fn a_record_above_the_limit_is_refused() {
+        let mut batch = WriteBatch::default();
+        let error = batch
+            .put_log(3, &vec![0; RECORD_BYTES_MAX + 1])
+            .expect_err("too large");
+        assert!(error.to_string().contains("log entry 3"), "{error}");
     }
 
     #[test]
@@ -455,7 +668,7 @@ mod tests {
                     .is_file()
             );
             let mut batch = WriteBatch::default();
-            batch.put_log(7, b"seven");
+            batch.put_log(7, b"seven").expect("small record");
             batch.put_meta(MetaKey::Vote, b"vote");
             engine.write(batch).expect("write");
             engine.sync().expect("sync");

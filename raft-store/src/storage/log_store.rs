@@ -26,7 +26,7 @@ use serde::de::DeserializeOwned;
 
 use super::StorageError;
 use super::codec;
-use super::engine::{Engine, MetaKey, RECORD_BYTES_MAX, WriteBatch};
+use super::engine::{Engine, MetaKey, WriteBatch};
 use crate::{NodeId, TypeConfig};
 
 type RaftStorageError = openraft::StorageError<NodeId>;
@@ -299,14 +299,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                     source,
                 })
                 .map_err(to_raft)?;
-            if record.len() > RECORD_BYTES_MAX {
-                return Err(to_raft(StorageError::TooLarge {
-                    record: entry_name(index),
-                    len: record.len(),
-                    max: RECORD_BYTES_MAX,
-                }));
-            }
-            batch.put_log(index, &record);
+            batch.put_log(index, &record).map_err(to_raft)?;
         }
         let to_raft = |e: StorageError| e.into_raft(ErrorSubject::Logs, ErrorVerb::Write);
         self.engine.write(batch).map_err(to_raft)?;
@@ -404,33 +397,34 @@ impl Drop for Flusher {
     }
 }
 
+/// Serves flush jobs until every sender is gone. The first failed sync is final: after an
+/// `fsync` error the kernel may have dropped the dirty pages it could not write and a later
+/// `fsync` can succeed without them ("fsyncgate"), so every later job fails with the first
+/// error instead of trusting a retry. openraft stops the node on the first one anyway.
 fn flush_loop(engine: &Engine, rx: &mpsc::Receiver<FlushJob>) {
+    let mut failed: Option<String> = None;
     while let Ok(first) = rx.recv() {
         let mut jobs = vec![first];
         jobs.extend(rx.try_iter());
-        let result = engine.sync();
-        if let Err(e) = &result {
+        if failed.is_none()
+            && let Err(e) = engine.sync()
+        {
             tracing::error!(error = %e, "log flush failed; the writes it covered are not durable");
+            failed = Some(e.to_string());
         }
         for job in jobs {
+            let result = match &failed {
+                None => Ok(()),
+                Some(message) => Err(StorageError::FlushFailed {
+                    path: engine.dir().to_path_buf(),
+                    message: message.clone(),
+                }),
+            };
             match job {
-                FlushJob::Append(callback) => callback.log_io_completed(
-                    result
-                        .as_ref()
-                        .map(|_| ())
-                        .map_err(|e| std::io::Error::other(e.to_string())),
-                ),
-                FlushJob::Sync(tx) => {
-                    let reply = match &result {
-                        Ok(()) => Ok(()),
-                        Err(e) => Err(StorageError::FlushFailed {
-                            path: engine.dir().to_path_buf(),
-                            message: e.to_string(),
-                        }),
-                    };
-                    // The waiter may have given up; nothing to tell it then.
-                    let _ = tx.send(reply);
-                }
+                FlushJob::Append(callback) => callback
+                    .log_io_completed(result.map_err(|e| std::io::Error::other(e.to_string()))),
+                // The waiter may have given up; nothing to tell it then.
+                FlushJob::Sync(tx) => drop(tx.send(result)),
             }
         }
     }
@@ -442,6 +436,7 @@ mod tests {
     use openraft::{CommittedLeaderId, EntryPayload};
 
     use super::*;
+    use crate::storage::RECORD_BYTES_MAX;
     use crate::{Command, Request};
 
     fn entry(index: u64, owner_id: String) -> Entry<TypeConfig> {
