@@ -289,10 +289,21 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I::IntoIter: OptionalSend,
     {
         let mut batch = WriteBatch::default();
+        let mut first = true;
         for entry in entries {
             let index = entry.log_id.index;
             let to_raft =
                 |e: StorageError| e.into_raft(ErrorSubject::Log(entry.log_id), ErrorVerb::Write);
+            if first {
+                // An append replaces the log from its first entry on. openraft truncates a
+                // conflicting tail before appending, so this normally removes nothing (one
+                // seek); it guarantees that no chunk of an older, longer record at these
+                // indexes survives to be joined to a new one.
+                self.engine
+                    .remove_logs(&mut batch, Bound::Included(index), Bound::Unbounded)
+                    .map_err(to_raft)?;
+                first = false;
+            }
             let record = codec::encode(&entry)
                 .map_err(|source| StorageError::Encode {
                     record: entry_name(index),
@@ -519,6 +530,23 @@ mod tests {
         assert!(message.contains(&RECORD_BYTES_MAX.to_string()), "{message}");
         let state = store.get_log_state().await.expect("state");
         assert_eq!(state.last_log_id.map(|id| id.index), Some(1));
+    }
+
+    #[tokio::test]
+    async fn an_append_replaces_longer_entries_at_its_indexes() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut store = LogStore::open(dir.path()).expect("open");
+        let long = "l".repeat(3 * super::super::engine::CHUNK_BYTES);
+        store
+            .blocking_append((1..=4).map(|i| entry(i, long.clone())))
+            .await
+            .expect("append long");
+        store
+            .blocking_append([entry(2, "short".to_string())])
+            .await
+            .expect("append short");
+        let entries = store.try_get_log_entries(..).await.expect("read");
+        assert_eq!(entries, vec![entry(1, long), entry(2, "short".to_string())]);
     }
 
     #[tokio::test]
