@@ -160,6 +160,9 @@ async fn run(cli: Cli) -> anyhow::Result<Exit> {
             if nodes == 0 || clients == 0 || keys == 0 {
                 anyhow::bail!("--nodes, --clients and --keys must be at least 1");
             }
+            lock_api::validate::ttl(ttl).map_err(|e| anyhow::anyhow!("--ttl: {e}"))?;
+            lock_api::validate::max_wait(max_wait)
+                .map_err(|e| anyhow::anyhow!("--max-wait: {e}"))?;
             let lockd = runner::find_lockd(lockd.as_deref())?;
             if net::current_netns().is_none() && !no_netns {
                 if net::is_root() {

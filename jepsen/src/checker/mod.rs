@@ -304,8 +304,10 @@ pub enum WindowEnd {
     Release,
     /// The holder learned the grant was lost (renew lost, fenced write).
     Lost,
-    /// A revoke displaced the grant (or may have, for an indeterminate revoke).
+    /// An acknowledged revoke displaced the grant.
     Revoked,
+    /// A revoke whose outcome is unknown may have displaced the grant.
+    PossiblyRevoked,
     /// The holder was paused by the client-pause nemesis: its later view is not trusted.
     Paused,
 }
@@ -632,14 +634,16 @@ impl Analysis {
         let horizon = duration_ns(REVOKE_INFO_HORIZON);
         for r in self.revokes.iter().filter(|r| r.key == grant.key) {
             let displaces = match r.outcome {
-                OpType::Ok => r.previous_token == Some(grant.token),
-                OpType::Info | OpType::Invoke => {
-                    r.invoke_t < end && start <= r.invoke_t.saturating_add(horizon)
+                OpType::Ok if r.previous_token == Some(grant.token) => Some(WindowEnd::Revoked),
+                OpType::Info | OpType::Invoke
+                    if r.invoke_t < end && start <= r.invoke_t.saturating_add(horizon) =>
+                {
+                    Some(WindowEnd::PossiblyRevoked)
                 }
-                OpType::Fail => false,
+                _ => None,
             };
-            if displaces {
-                cut(r.invoke_t, WindowEnd::Revoked, &mut end);
+            if let Some(why) = displaces {
+                cut(r.invoke_t, why, &mut end);
             }
         }
         for fault in self.faults.iter().filter(|f| f.f == F::PauseClient) {

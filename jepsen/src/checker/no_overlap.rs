@@ -20,7 +20,7 @@ pub fn check(analysis: &Analysis) -> PropertyResult {
     );
     for (key, mut windows) in analysis.windows_by_key() {
         for w in &windows {
-            if matches!(w.end_reason, WindowEnd::Paused | WindowEnd::Revoked) {
+            if matches!(w.end_reason, WindowEnd::Paused | WindowEnd::PossiblyRevoked) {
                 result.excused += 1;
             }
         }

@@ -174,3 +174,23 @@ pub async fn run_node_faults(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_nemesis_name_parses_and_unknown_ones_do_not() {
+        for (name, kind) in [
+            ("partition", Kind::Partition),
+            ("kill", Kind::Kill),
+            ("pause", Kind::Pause),
+            ("clock", Kind::Clock),
+            ("client-pause", Kind::ClientPause),
+            ("revoke", Kind::Revoke),
+        ] {
+            assert_eq!(name.parse::<Kind>(), Ok(kind));
+        }
+        assert!("partitions".parse::<Kind>().is_err());
+    }
+}
