@@ -332,12 +332,23 @@ async fn a_paused_leader_is_replaced_and_rejoins_as_a_follower() {
     );
 
     cluster.resume(paused);
-    // Whatever the resumed node believes for a moment, it must never grant a held key.
-    match cluster
-        .client(paused)
-        .try_acquire(&other.id, "k", LONG_TTL)
+    // Whatever the resumed node believes for a moment, it is deposed: it must not renew a
+    // lease (the new leader would not honour the deadline), must not serve a stale
+    // leader-confirmed read (k2 is held), and must never grant a held key.
+    let at_old = cluster.client(paused);
+    match at_old
+        .renew(&owner.id, "k", held.fencing_token, LONG_TTL)
         .await
     {
+        Err(LockError::NotLeader { .. } | LockError::Contention { .. }) => {}
+        other => panic!("the deposed leader answered Renew with {other:?}"),
+    }
+    match at_old.inspect("k2", true).await {
+        Err(LockError::NotLeader { .. } | LockError::Contention { .. }) => {}
+        Ok(Some(info)) if info.fencing_token == second.fencing_token => {}
+        other => panic!("the deposed leader answered a leader-confirmed Inspect with {other:?}"),
+    }
+    match at_old.try_acquire(&other.id, "k", LONG_TTL).await {
         Ok(Some(grant)) => panic!("the resumed old leader granted a held key: {grant:?}"),
         other => println!("resumed old leader answered TryAcquire with {other:?}"),
     }
@@ -840,4 +851,121 @@ async fn a_follower_far_behind_catches_up_from_a_snapshot() {
         .expect("inspect")
         .expect("held");
     assert_eq!(info.fencing_token, kept.fencing_token);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn skewed_leader_clocks_never_end_a_lease_early() {
+    /// Wall-clock skew of each node's stamp clock (`--test-clock-offset-ms`): one on time, one
+    /// far ahead, one far behind, so successive leaders' clocks jump both ways.
+    const SKEW_MS: [(u64, i64); 3] = [(1, 0), (2, 40_000), (3, -40_000)];
+    const ROUNDS: usize = 3;
+    /// Lease of the unrenewed grant of each round.
+    const IDLE_TTL: Duration = Duration::from_secs(3);
+    let mut config = ClusterConfig::default();
+    for (id, skew) in SKEW_MS {
+        config
+            .node_args
+            .insert(id, vec!["--test-clock-offset-ms".into(), skew.to_string()]);
+    }
+    let mut cluster = Cluster::start_with(config).await;
+    let any = cluster.cluster_client();
+    let owner = any.open_session("owner", LONG_TTL).await.expect("open");
+
+    // A holder that renews throughout, as in the crash test.
+    let stop = Arc::new(AtomicBool::new(false));
+    let log = Arc::new(HolderLog::default());
+    let renewing = any
+        .open_session("renewing", HOLDER_LEASE)
+        .await
+        .expect("open");
+    let sent = Instant::now();
+    let renewed_grant = any
+        .try_acquire(&renewing.id, "renewed", HOLDER_LEASE)
+        .await
+        .expect("try_acquire")
+        .expect("granted");
+    let holder = tokio::spawn(hold(
+        cluster.cluster_client(),
+        renewing.clone(),
+        renewed_grant.clone(),
+        sent,
+        stop.clone(),
+        log.clone(),
+    ));
+
+    let mut last_acquired_at_ms = 0;
+    for round in 0..ROUNDS {
+        let key = format!("idle-{round}");
+        let sent = Instant::now();
+        let grant = any
+            .try_acquire(&owner.id, &key, IDLE_TTL)
+            .await
+            .expect("try_acquire")
+            .expect("granted");
+        let info = any
+            .inspect_confirmed(&key)
+            .await
+            .expect("inspect")
+            .expect("held");
+        assert!(
+            info.acquired_at_unix_ms >= last_acquired_at_ms,
+            "round {round}: stamp went backwards: {} after {last_acquired_at_ms}",
+            info.acquired_at_unix_ms
+        );
+        last_acquired_at_ms = info.acquired_at_unix_ms;
+
+        let leader = cluster.leader().await;
+        cluster.kill(leader);
+        let next = cluster
+            .wait_for_leader(failover_bound(&cluster))
+            .await
+            .expect("a new leader");
+        cluster.start_node(leader).await;
+        let freed_after = poll_until(
+            &format!("round {round}: the unrenewed grant to lapse"),
+            Duration::from_secs(20),
+            || {
+                let any = any.clone();
+                let key = key.clone();
+                async move {
+                    match any.inspect_confirmed(&key).await {
+                        Ok(None) => Ok(sent.elapsed()),
+                        Ok(Some(info)) if info.fencing_token == grant.fencing_token => {
+                            Err("still held".to_owned())
+                        }
+                        other => Err(format!("{other:?}")),
+                    }
+                }
+            },
+        )
+        .await
+        .expect("the lease lapses");
+        println!(
+            "round {round}: leader {leader} (skew {:?} ms) killed, node {next} (skew {:?} ms) leads; \
+             {IDLE_TTL:?} lease freed {freed_after:?} after its acquire was sent",
+            SKEW_MS.iter().find(|(id, _)| *id == leader).map(|s| s.1),
+            SKEW_MS.iter().find(|(id, _)| *id == next).map(|s| s.1),
+        );
+        assert!(
+            freed_after >= IDLE_TTL,
+            "round {round}: a {IDLE_TTL:?} lease ended {freed_after:?} after the acquire was sent"
+        );
+    }
+    stop.store(true, Ordering::Relaxed);
+    tokio::time::timeout(Duration::from_secs(20), holder)
+        .await
+        .expect("the holder stops")
+        .expect("no panic");
+    let violations = log
+        .violations
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    assert!(violations.is_empty(), "renewing holder: {violations:#?}");
+    let info = any
+        .inspect_confirmed("renewed")
+        .await
+        .expect("inspect")
+        .expect("still held");
+    assert_eq!(info.fencing_token, renewed_grant.fencing_token);
 }
