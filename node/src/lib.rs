@@ -17,6 +17,7 @@
 //!   line.
 
 #![forbid(unsafe_code)]
+#![deny(missing_docs)]
 
 pub mod cli;
 pub mod clock;
