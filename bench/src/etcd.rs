@@ -254,10 +254,16 @@ impl LockSystem for EtcdCluster {
                         }
                     }
                 });
+                // Stopping ends the writer, which ends the stream: not a keep-alive failure.
+                let failed = |stop: &watch::Receiver<bool>, what: String| {
+                    if !*stop.borrow() {
+                        counters.fail(what);
+                    }
+                };
                 let mut responses = match leases.lease_keep_alive(ReceiverStream::new(rx)).await {
                     Ok(r) => r.into_inner(),
-                    Err(_) => {
-                        counters.errors.fetch_add(1, Ordering::Relaxed);
+                    Err(status) => {
+                        failed(&stop, format!("LeaseKeepAlive: {status}"));
                         writer.abort();
                         return;
                     }
@@ -268,11 +274,15 @@ impl LockSystem for EtcdCluster {
                             Ok(Some(answer)) if answer.ttl > 0 => {
                                 counters.ok.fetch_add(1, Ordering::Relaxed);
                             }
-                            Ok(Some(_)) => {
-                                counters.errors.fetch_add(1, Ordering::Relaxed);
+                            Ok(Some(answer)) => {
+                                counters.fail(format!("lease {:x} is gone (TTL {})", answer.id, answer.ttl));
                             }
-                            Ok(None) | Err(_) => {
-                                counters.errors.fetch_add(1, Ordering::Relaxed);
+                            Ok(None) => {
+                                failed(&stop, "LeaseKeepAlive stream ended".to_owned());
+                                break;
+                            }
+                            Err(status) => {
+                                failed(&stop, format!("LeaseKeepAlive: {status}"));
                                 break;
                             }
                         },
@@ -282,8 +292,13 @@ impl LockSystem for EtcdCluster {
                 writer.abort();
             }));
         }
+        // Each task reports once, after opening its share (the tasks keep their senders).
         drop(opened_tx);
-        while let Some(opened) = opened_rx.recv().await {
+        for _ in 0..KEEPER_TASKS {
+            let opened = opened_rx
+                .recv()
+                .await
+                .unwrap_or_else(|| Err(anyhow::anyhow!("a keep-alive task ended early")));
             if let Err(e) = opened {
                 let _ = stop_tx.send(true);
                 return Err(e.context("etcd: granting the W4 leases"));

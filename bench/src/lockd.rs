@@ -242,15 +242,25 @@ impl LockSystem for LockdCluster {
                         Ok(answer) if answer.get_ref().alive => {
                             counters.ok.fetch_add(1, Ordering::Relaxed);
                         }
-                        _ => {
-                            counters.errors.fetch_add(1, Ordering::Relaxed);
-                        }
+                        Ok(_) => counters.fail(format!(
+                            "Heartbeat answered alive=false {:?} after the session was opened",
+                            start.elapsed()
+                        )),
+                        Err(status) => counters.fail(format!(
+                            "Heartbeat: {}",
+                            lock_proto::lock_error_from_status(&status)
+                        )),
                     }
                 }
             }));
         }
+        // Each task reports once, after opening its share (the tasks keep their senders).
         drop(opened_tx);
-        while let Some(opened) = opened_rx.recv().await {
+        for _ in 0..KEEPER_TASKS {
+            let opened = opened_rx
+                .recv()
+                .await
+                .unwrap_or_else(|| Err(anyhow::anyhow!("a keep-alive task ended early")));
             if let Err(e) = opened {
                 let _ = stop_tx.send(true);
                 return Err(e.context("lockd: opening the W4 sessions"));

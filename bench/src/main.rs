@@ -47,6 +47,8 @@ pub const MARKDOWN_FILE: &str = "results.md";
 /// Default TTL of a W4 background session: keep-alives every 5 s, so 10,000 sessions send
 /// 2,000 keep-alives/s.
 const W4_SESSION_TTL_SECS_DEFAULT: u64 = 15;
+/// W4 session TTL in `--quick` mode: keep-alives every second, so the short run sees them.
+const W4_SESSION_TTL_SECS_QUICK: u64 = 3;
 
 /// A lock system the benchmark can run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
@@ -89,9 +91,10 @@ struct Args {
     /// W4 background sessions.
     #[arg(long)]
     w4_sessions: Option<usize>,
-    /// W4 session TTL in seconds; each keeps alive every third of it.
-    #[arg(long, default_value_t = W4_SESSION_TTL_SECS_DEFAULT)]
-    w4_session_ttl_secs: u64,
+    /// W4 session TTL in seconds (default 15, 3 with --quick); each keeps alive every third
+    /// of it.
+    #[arg(long)]
+    w4_session_ttl_secs: Option<u64>,
     /// Where the clusters' temporary data directories go; must be a real disk, not tmpfs.
     #[arg(long, env = "LOCK_BENCH_DATA_ROOT")]
     data_root: Option<PathBuf>,
@@ -143,7 +146,11 @@ impl Plan {
             w3_secs: args.w3_secs.unwrap_or(w3),
             w4_secs: args.w4_secs.unwrap_or(w4),
             w4_sessions: args.w4_sessions.unwrap_or(sessions),
-            w4_session_ttl_secs: args.w4_session_ttl_secs,
+            w4_session_ttl_secs: args.w4_session_ttl_secs.unwrap_or(if args.quick {
+                W4_SESSION_TTL_SECS_QUICK
+            } else {
+                W4_SESSION_TTL_SECS_DEFAULT
+            }),
             fdatasync_samples: fsyncs,
             round_trip_samples: trips,
         }

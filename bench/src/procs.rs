@@ -108,6 +108,8 @@ pub struct NodeProcess {
 impl NodeProcess {
     /// Starts `program args` with stdout and stderr appended to `<log_dir>/<name>.log`.
     pub fn spawn(name: &str, program: &Path, args: &[String], log_dir: &Path) -> Result<Self> {
+        std::fs::create_dir_all(log_dir)
+            .with_context(|| format!("creating {}", log_dir.display()))?;
         let log_path = log_dir.join(format!("{name}.log"));
         let log = std::fs::File::create(&log_path)
             .with_context(|| format!("creating {}", log_path.display()))?;

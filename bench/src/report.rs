@@ -159,6 +159,7 @@ pub fn rows(lockd: Option<&SystemResults>, etcd: Option<&SystemResults>) -> Vec<
 fn number(value: Option<f64>) -> String {
     match value {
         None => "–".to_owned(),
+        Some(v) if v.fract() == 0.0 => format!("{v:.0}"),
         Some(v) if v.abs() >= 100.0 => format!("{v:.0}"),
         Some(v) if v.abs() >= 10.0 => format!("{v:.1}"),
         Some(v) => format!("{v:.3}"),
@@ -213,5 +214,6 @@ mod tests {
         assert_eq!(number(Some(12345.6)), "12346");
         assert_eq!(number(Some(12.34)), "12.3");
         assert_eq!(number(Some(0.1234)), "0.123");
+        assert_eq!(number(Some(0.0)), "0");
     }
 }

@@ -47,6 +47,17 @@ pub struct KeeperCounters {
     pub ok: AtomicU64,
     /// Keep-alives that failed or answered "gone".
     pub errors: AtomicU64,
+    /// The first failure, for the report.
+    pub first_error: std::sync::Mutex<Option<String>>,
+}
+
+impl KeeperCounters {
+    /// Counts a failed keep-alive and remembers the first failure.
+    pub fn fail(&self, what: String) {
+        self.errors.fetch_add(1, Ordering::Relaxed);
+        let mut first = self.first_error.lock().unwrap_or_else(|p| p.into_inner());
+        first.get_or_insert(what);
+    }
 }
 
 /// A running background keep-alive load (W4): tasks that keep sessions or leases alive until
@@ -93,6 +104,12 @@ impl Keepers {
             open_secs: self.open_secs,
             keepalives_ok: ok,
             keepalive_errors: self.counters.errors.load(Ordering::Relaxed),
+            first_error: self
+                .counters
+                .first_error
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
             keepalives_per_sec: ok as f64 / self.running_since.elapsed().as_secs_f64(),
         }
     }
@@ -111,6 +128,8 @@ pub struct KeeperReport {
     pub keepalive_errors: u64,
     /// Keep-alives answered per second while the load ran.
     pub keepalives_per_sec: f64,
+    /// The first failed keep-alive.
+    pub first_error: Option<String>,
 }
 
 /// How many tasks share a keep-alive load; each owns one connection and a slice of the

@@ -100,6 +100,11 @@ fn quick_run_writes_a_well_formed_table_and_json() {
             1000.0,
             "--quick keeps 1,000 sessions alive"
         );
+        assert!(
+            number(&results["w4"]["keepers"]["keepalives_ok"], "w4 keep-alives") > 0.0,
+            "{system}: no W4 keep-alive was answered: {}",
+            results["w4"]["keepers"]
+        );
         assert_eq!(
             number(&results["w2"]["token_order_violations"], "violations"),
             0.0,
