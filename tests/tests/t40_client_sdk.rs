@@ -18,9 +18,10 @@ const LONG_TTL: Duration = Duration::from_secs(60);
 
 fn config() -> ClientConfig {
     ClientConfig {
-        // Short enough that a session death is noticed within seconds, long enough to ride
-        // out an election (the harness's election timeout is at most 1 s).
-        session_ttl: Duration::from_secs(6),
+        // Heartbeats every 3 s, so a session death is noticed within seconds; a heartbeat may
+        // retry for 9 s, which rides out an election (about 2 s here, longer on a loaded CI
+        // machine running two clusters at once).
+        session_ttl: Duration::from_secs(10),
         ..ClientConfig::default()
     }
 }
@@ -79,12 +80,13 @@ async fn t40_client_kept_alive_handle_survives_a_leader_failover() {
     let lost: Arc<Mutex<Vec<LockHandle>>> = Arc::default();
     let sink = Arc::clone(&lost);
     session.on_lock_lost(move |h| sink.lock().expect("lost list").push(h.clone()));
-    // A 6 s lease: keep-alive renews every 2 s, so the failover falls inside one lease.
+    // A 9 s lease: keep-alive renews every 3 s and may retry for 8.1 s (the lease minus the
+    // 10 % safety margin), so the failover (about 2 s) falls well inside one lease.
     let handle = session
         .acquire(
             "t40/failover",
             "t40-failover",
-            Duration::from_secs(6),
+            Duration::from_secs(9),
             Duration::ZERO,
         )
         .await

@@ -447,3 +447,93 @@ async fn garbage_bytes_on_the_grpc_port_leave_the_node_serving() {
     }
     f.assert_unharmed("an all-default Acquire").await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_over_its_wait_limit_is_refused_and_its_queued_waits_survive() {
+    /// lockd's bound on one session's queued waits (`WAITS_PER_SESSION_MAX` in the replicated
+    /// state machine); the test fills it and asks for one more.
+    const WAITS_PER_SESSION_MAX: usize = 32;
+    let f = Fixture::new().await;
+    let waiter = f.at.open_session("greedy", LONG_TTL).await.expect("open");
+    for i in 0..=WAITS_PER_SESSION_MAX {
+        f.at.try_acquire(&f.holder.id, &format!("busy-{i}"), LONG_TTL)
+            .await
+            .expect("try_acquire")
+            .expect("granted");
+    }
+    let mut waits = Vec::new();
+    for i in 0..WAITS_PER_SESSION_MAX {
+        let at = f.at.clone();
+        let session_id = waiter.id.clone();
+        waits.push(tokio::spawn(async move {
+            at.acquire(
+                &session_id,
+                &format!("busy-{i}"),
+                LONG_TTL,
+                Duration::from_secs(25),
+            )
+            .await
+        }));
+    }
+    lock_tests::poll_until(
+        "every allowed wait to be queued",
+        Duration::from_secs(15),
+        || {
+            let at = f.at.clone();
+            async move {
+                let mut queued = 0;
+                for i in 0..WAITS_PER_SESSION_MAX {
+                    if let Ok(Some(info)) = at.inspect(&format!("busy-{i}"), true).await {
+                        queued += info.waiter_count;
+                    }
+                }
+                if queued as usize == WAITS_PER_SESSION_MAX {
+                    Ok(())
+                } else {
+                    Err(format!("{queued} queued"))
+                }
+            }
+        },
+    )
+    .await
+    .expect("queued");
+    let over = format!("busy-{WAITS_PER_SESSION_MAX}");
+    assert_invalid(
+        f.at.acquire(&waiter.id, &over, LONG_TTL, Duration::from_secs(25))
+            .await,
+        "one wait over the session's limit",
+    );
+    // The queued waits are untouched: releasing a key hands it to its waiter.
+    let info =
+        f.at.inspect("busy-0", true)
+            .await
+            .expect("inspect")
+            .expect("held");
+    assert_eq!(info.waiter_count, 1);
+    assert!(
+        f.at.release(&f.holder.id, "busy-0", info.fencing_token)
+            .await
+            .expect("release")
+    );
+    let first = waits.remove(0);
+    let grant = tokio::time::timeout(Duration::from_secs(10), first)
+        .await
+        .expect("the first wait answers")
+        .expect("no panic")
+        .expect("acquire")
+        .expect("granted after the release");
+    assert_eq!(grant.session_id, waiter.id);
+    f.assert_unharmed("a session over its wait limit").await;
+    // Closing the greedy session withdraws the rest of its waits.
+    assert_eq!(f.at.close_session(&waiter.id).await, Ok(1));
+    for (i, wait) in waits.into_iter().enumerate() {
+        let answer = tokio::time::timeout(Duration::from_secs(10), wait)
+            .await
+            .expect("a withdrawn wait answers")
+            .expect("no panic");
+        match answer {
+            Ok(None) | Err(LockError::InvalidArgument { .. }) => {}
+            other => panic!("wait {} of a closed session answered {other:?}", i + 1),
+        }
+    }
+}
