@@ -103,8 +103,8 @@ pub async fn destroy_netns(name: &str) -> anyhow::Result<()> {
 }
 
 /// Runs this same command line inside namespace `name`, waits for it, and returns its exit
-/// code. Ctrl-C is passed on (the child gets it from the terminal too, being in the same
-/// process group); the namespace is destroyed whatever happens.
+/// code. Ctrl-C (SIGINT) is passed on to the child, which stops its run and cleans up; the
+/// namespace is destroyed whatever happens.
 pub async fn reexec_in_netns(name: &str) -> anyhow::Result<i32> {
     let exe = std::env::current_exe().context("finding this executable")?;
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -120,6 +120,15 @@ pub async fn reexec_in_netns(name: &str) -> anyhow::Result<i32> {
         tokio::select! {
             status = child.wait() => break status.context("waiting for the harness")?,
             _ = tokio::signal::ctrl_c() => {
+                // From a terminal the child got the signal too; from `kill` it did not. A
+                // second SIGINT is harmless: the child handles the first and ignores the rest.
+                if let Some(pid) = child
+                    .id()
+                    .and_then(|p| i32::try_from(p).ok())
+                    .and_then(rustix::process::Pid::from_raw)
+                {
+                    let _ = rustix::process::kill_process(pid, rustix::process::Signal::INT);
+                }
                 eprintln!("lock-jepsen: interrupted; waiting for the run to clean up");
             }
         }

@@ -203,6 +203,7 @@ async fn run_phases(
         clients: config.clients,
         keys: config.keys,
         ttl: config.ttl,
+        active: std::sync::Mutex::new(Vec::new()),
     });
     let seed_for =
         |salt: u64| StdRng::seed_from_u64(config.seed ^ salt.wrapping_mul(0x9E37_79B9_7F4A_7C15));
@@ -236,14 +237,7 @@ async fn run_phases(
         )));
     }
 
-    let interrupted = progress_until(
-        Instant::now() + config.time,
-        "faults",
-        &recorder,
-        &shared,
-        &probe,
-    )
-    .await;
+    let interrupted = progress_until(Instant::now() + config.time, "faults", &ctx, &probe).await;
     // Stop faults: each nemesis heals what it holds.
     let _ = stop_tx.send(true);
     let mut nemesis_error = None;
@@ -268,15 +262,7 @@ async fn run_phases(
         bail!("interrupted (Ctrl-C); the run has no verdict");
     }
     // The quiet tail, for the recovery property.
-    if progress_until(
-        Instant::now() + config.tail,
-        "tail",
-        &recorder,
-        &shared,
-        &probe,
-    )
-    .await
-    {
+    if progress_until(Instant::now() + config.tail, "tail", &ctx, &probe).await {
         shared.stop.store(true, Ordering::SeqCst);
         bail!("interrupted (Ctrl-C); the run has no verdict");
     }
@@ -305,8 +291,7 @@ async fn run_phases(
 async fn progress_until(
     until: Instant,
     phase: &str,
-    recorder: &Recorder,
-    shared: &Shared,
+    ctx: &Ctx,
     probe: &crate::cluster::StatusProbe,
 ) -> bool {
     loop {
@@ -320,11 +305,12 @@ async fn progress_until(
         }
         let leader = probe.leader().await;
         eprintln!(
-            "[{:>6.1}s {phase}] history lines {:>7}  grants {:>6}  leader {}",
-            recorder.now_ns() as f64 / 1e9,
-            recorder.count(),
-            shared.granted.load(Ordering::Relaxed),
-            leader.map_or("none".to_owned(), |l| format!("n{l}"))
+            "[{:>6.1}s {phase:<6}] history lines {:>7}  grants {:>6}  leader {:<4}  faults {}",
+            ctx.recorder.now_ns() as f64 / 1e9,
+            ctx.recorder.count(),
+            ctx.shared.granted.load(Ordering::Relaxed),
+            leader.map_or("none".to_owned(), |l| format!("n{l}")),
+            ctx.active()
         );
     }
 }

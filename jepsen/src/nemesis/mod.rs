@@ -100,6 +100,8 @@ pub struct Ctx {
     pub keys: u32,
     /// The grants' TTL.
     pub ttl: Duration,
+    /// Faults in force now (started, not yet healed), for the progress line.
+    pub active: std::sync::Mutex<Vec<&'static str>>,
 }
 
 impl Ctx {
@@ -118,6 +120,26 @@ impl Ctx {
     /// Records one phase of fault `f`.
     pub fn record(&self, f: F, phase: Phase, outcome: Outcome, value: Value) {
         self.recorder.record(Op::nemesis(f, phase, outcome, value));
+        let mut active = self.active.lock().unwrap_or_else(|p| p.into_inner());
+        match phase {
+            Phase::Start if outcome != Outcome::Skipped => active.push(f.name()),
+            Phase::Heal => {
+                if let Some(i) = active.iter().position(|a| *a == f.name()) {
+                    active.remove(i);
+                }
+            }
+            Phase::Start => {}
+        }
+    }
+
+    /// The faults in force now, e.g. `partition+clock`, or `-`.
+    pub fn active(&self) -> String {
+        let active = self.active.lock().unwrap_or_else(|p| p.into_inner());
+        if active.is_empty() {
+            "-".to_owned()
+        } else {
+            active.join("+")
+        }
     }
 
     /// The target of a node fault: the leader half of the time (if one is known), else a
