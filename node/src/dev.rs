@@ -151,6 +151,9 @@ fn spawn_node(exe: &Path, dir: &Path, id: u16, addr: &str, peers: &str) -> anyho
         .stdin(Stdio::null())
         .stdout(Stdio::from(log))
         .stderr(Stdio::from(err_log))
+        // Own process group: a terminal's Ctrl-C reaches `lockd dev` only, which then stops the
+        // nodes itself, in order, and reports each stop.
+        .process_group(0)
         .kill_on_drop(true);
     if id == 1 {
         command.arg("--bootstrap");
@@ -258,10 +261,11 @@ async fn stop_all(nodes: &mut [DevNode]) {
     }
 }
 
-/// SIGINT (Ctrl-C) and SIGTERM.
+/// SIGINT (Ctrl-C), SIGTERM and SIGHUP (the terminal went away).
 pub struct Signals {
     interrupt: tokio::signal::unix::Signal,
     terminate: tokio::signal::unix::Signal,
+    hangup: tokio::signal::unix::Signal,
 }
 
 impl std::fmt::Debug for Signals {
@@ -271,20 +275,22 @@ impl std::fmt::Debug for Signals {
 }
 
 impl Signals {
-    /// Starts listening for SIGINT and SIGTERM.
+    /// Starts listening for SIGINT, SIGTERM and SIGHUP.
     pub fn new() -> anyhow::Result<Self> {
         use tokio::signal::unix::{SignalKind, signal};
         Ok(Self {
             interrupt: signal(SignalKind::interrupt()).context("cannot listen for SIGINT")?,
             terminate: signal(SignalKind::terminate()).context("cannot listen for SIGTERM")?,
+            hangup: signal(SignalKind::hangup()).context("cannot listen for SIGHUP")?,
         })
     }
 
-    /// Resolves at the next SIGINT or SIGTERM.
+    /// Resolves at the next SIGINT, SIGTERM or SIGHUP.
     pub async fn recv(&mut self) {
         tokio::select! {
             _ = self.interrupt.recv() => {}
             _ = self.terminate.recv() => {}
+            _ = self.hangup.recv() => {}
         }
     }
 }
