@@ -6,7 +6,8 @@
 //! [`crate::ClusterClient`].
 //!
 //! No process outlives its `Cluster`: `Drop` SIGKILLs and reaps every node, and when the thread
-//! is panicking (a failed assertion) it first prints the tail of every node's logs.
+//! is panicking (a failed assertion) it first prints the tail of every node's logs. If the test
+//! process is killed outright (no `Drop`), a per-cluster watchdog kills the nodes.
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -20,6 +21,7 @@ use tempfile::TempDir;
 
 use crate::process::{NodeProcess, NotReady};
 use crate::wait::poll_until;
+use crate::watchdog::Watchdog;
 use crate::{ClusterClient, ClusterConfig, HarnessError, NodeClient, config, lockd_binary, ports};
 
 /// Set this environment variable (to anything) to keep a cluster's temporary directory (data
@@ -68,6 +70,9 @@ pub struct Cluster {
     dir: Option<TempDir>,
     dir_path: PathBuf,
     nodes: BTreeMap<u64, NodeProcess>,
+    /// Kills the nodes if the test process dies without running `Drop`; `None` if it could
+    /// not be started (then only `Drop` protects against orphans).
+    watchdog: Option<Watchdog>,
 }
 
 impl Cluster {
@@ -106,6 +111,13 @@ impl Cluster {
             std::process::id(),
             CLUSTER_SEQ.fetch_add(1, Ordering::Relaxed)
         );
+        let watchdog = match Watchdog::spawn(dir.path()) {
+            Ok(watchdog) => Some(watchdog),
+            Err(e) => {
+                eprintln!("lock-tests: {e}; nodes may outlive a killed test process");
+                None
+            }
+        };
         let mut cluster = Self {
             name,
             binary,
@@ -113,6 +125,7 @@ impl Cluster {
             dir: Some(dir),
             config,
             nodes: BTreeMap::new(),
+            watchdog,
         };
         let mut attempt = 0;
         loop {
@@ -201,7 +214,19 @@ impl Cluster {
         let args = self.args(id);
         let binary = self.binary.clone();
         let env = self.config.env.clone();
-        self.node_mut(id).spawn(&binary, &args, &env)
+        let spawned = self.node_mut(id).spawn(&binary, &args, &env);
+        self.sync_watchdog();
+        spawned
+    }
+
+    /// Tells the watchdog which node processes exist now.
+    fn sync_watchdog(&self) {
+        if let Some(watchdog) = &self.watchdog {
+            let pids: Vec<u32> = self.nodes.values().filter_map(NodeProcess::pid).collect();
+            if let Err(e) = watchdog.record(&pids) {
+                eprintln!("lock-tests: {e}");
+            }
+        }
     }
 
     async fn wait_node_ready(&mut self, id: u64) -> Result<(), (bool, HarnessError)> {
@@ -439,6 +464,7 @@ impl Cluster {
     pub fn kill(&mut self, id: u64) {
         assert!(self.is_running(id), "kill({id}): node {id} is not running");
         self.node_mut(id).kill();
+        self.sync_watchdog();
     }
 
     /// SIGTERMs node `id` and waits for it to exit (a graceful shutdown); returns its exit
@@ -449,7 +475,9 @@ impl Cluster {
     /// then SIGKILLed).
     pub async fn stop(&mut self, id: u64) -> ExitStatus {
         assert!(self.is_running(id), "stop({id}): node {id} is not running");
-        match self.node_mut(id).terminate(config::STOP_TIMEOUT).await {
+        let stopped = self.node_mut(id).terminate(config::STOP_TIMEOUT).await;
+        self.sync_watchdog();
+        match stopped {
             Ok(status) => status,
             Err(e) => panic!("{e}\n{}", self.node(id).log_tail(TAIL_LINES)),
         }
@@ -505,7 +533,9 @@ impl Cluster {
         for id in running {
             // `terminate` re-sends SIGTERM, which a shutting-down node must tolerate, and
             // continues a paused node.
-            match self.node_mut(id).terminate(config::STOP_TIMEOUT).await {
+            let stopped = self.node_mut(id).terminate(config::STOP_TIMEOUT).await;
+            self.sync_watchdog();
+            match stopped {
                 Ok(status) => statuses.push((id, status)),
                 Err(e) => panic!("{e}\n{}", self.node(id).log_tail(TAIL_LINES)),
             }
@@ -570,6 +600,7 @@ impl Cluster {
         for node in self.nodes.values_mut() {
             node.kill();
         }
+        self.sync_watchdog();
     }
 
     // ---- logs ---------------------------------------------------------------------------
@@ -599,6 +630,9 @@ impl Drop for Cluster {
             self.dump_logs();
         }
         self.kill_all();
+        if let Some(watchdog) = self.watchdog.as_mut() {
+            watchdog.stop();
+        }
         if std::env::var_os(KEEP_DIR_ENV).is_some()
             && let Some(dir) = self.dir.take()
         {

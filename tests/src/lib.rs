@@ -50,6 +50,7 @@
 //! - [`ports`]: free ports.
 //! - [`mod@error`]: the harness's own error type, [`HarnessError`].
 //! - `process` (private): one node process, its signals and log files.
+//! - `watchdog` (private): kills a cluster's nodes if the test process is killed outright.
 
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
@@ -64,6 +65,7 @@ pub mod ports;
 mod process;
 pub mod raw;
 pub mod wait;
+mod watchdog;
 
 pub use binary::{LOCKD_BIN_ENV, lockd_binary};
 pub use client::{ClusterClient, NodeClient, Session, ms, next_request_id};
