@@ -18,6 +18,7 @@ pub mod table;
 
 pub use command::{Command, Event, FreeCause, Grant, Rejection, Request, Response, Revocation};
 pub use table::{InvariantViolation, LockTable, Session, Waiter};
+pub use storage::{ApplyObserver, LogStore, StateMachineStore, StateReader, StorageError};
 
 /// A node's id in the cluster.
 pub type NodeId = u64;

@@ -159,6 +159,13 @@ async fn verify(dir: &Path, acked: &Acked, round: usize) {
     let (mut log, _state_machine) = storage::open(dir, None)
         .unwrap_or_else(|e| panic!("round {round}: the store must open after a kill: {e}"));
     let vote = log.read_vote().await.expect("read vote");
+    if let Some(vote) = vote {
+        assert_eq!(
+            vote.leader_id().voted_for(),
+            Some(NODE_ID),
+            "round {round}: {vote:?}"
+        );
+    }
     let vote_term = vote.map_or(0, |v| v.leader_id().term);
     assert!(
         vote_term >= acked.last_vote_term,
