@@ -123,6 +123,10 @@ impl SnapshotDir {
             path: dir.to_path_buf(),
             source,
         })?;
+        // The directory's own entry must be durable before a snapshot in it lets the log be
+        // purged.
+        let parent = dir.parent().filter(|p| !p.as_os_str().is_empty());
+        sync_dir(parent.unwrap_or(Path::new(".")))?;
         let listing_error = |source| StorageError::Io {
             op: "list",
             path: dir.to_path_buf(),
