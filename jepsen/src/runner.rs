@@ -33,6 +33,10 @@ pub const PROGRESS_EVERY: Duration = Duration::from_secs(5);
 /// still be waiting for its client, up to its reach timeout).
 pub const NEMESIS_STOP_TIMEOUT: Duration = Duration::from_secs(40);
 
+/// Slack on top of a client's longest cycle (an acquire wait plus a long hold with its
+/// renewals) when waiting for the clients to stop: the SDK's call budget (10 s) plus margin.
+pub const CLIENT_STOP_SLACK: Duration = Duration::from_secs(15);
+
 /// Everything `lock-jepsen run` is told.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct RunConfig {
@@ -267,7 +271,7 @@ async fn run_phases(
         bail!("interrupted (Ctrl-C); the run has no verdict");
     }
     shared.stop.store(true, Ordering::SeqCst);
-    let client_stop_timeout = config.max_wait + config.ttl * 4 + Duration::from_secs(15);
+    let client_stop_timeout = config.max_wait + config.ttl * 4 + CLIENT_STOP_SLACK;
     for task in clients {
         if tokio::time::timeout(client_stop_timeout, task)
             .await

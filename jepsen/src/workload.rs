@@ -36,6 +36,15 @@ const SESSION_RETRY_PAUSE: Duration = Duration::from_millis(250);
 /// cluster without a leader.
 const INFO_BACKOFF: Duration = Duration::from_millis(100);
 
+/// Longest wait for closing a session at the end of the run (or a dead one): one call budget
+/// of the SDK is plenty on a healed cluster, and a close that does not arrive only means the
+/// session ends with its TTL.
+const SESSION_CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Longest "short" hold, in ms: a brief critical section before the write, so that other
+/// clients' acquires queue behind it (a hand-off) rather than always finding the key free.
+const SHORT_HOLD_MS_MAX: u64 = 30;
+
 /// What a client does.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct WorkloadConfig {
@@ -183,7 +192,7 @@ pub async fn client(
         }
         if session.as_ref().is_none_or(|s| !s.is_alive()) {
             if let Some(dead) = session.take() {
-                let _ = tokio::time::timeout(Duration::from_secs(2), dead.close()).await;
+                let _ = tokio::time::timeout(SESSION_CLOSE_TIMEOUT, dead.close()).await;
             }
             let Some(c) = lock_client.as_ref() else {
                 continue;
@@ -200,7 +209,7 @@ pub async fn client(
         cycle(process, &owner, s, &config, &shared, &mut rng).await;
     }
     if let Some(s) = session.take() {
-        let _ = tokio::time::timeout(Duration::from_secs(5), s.close()).await;
+        let _ = tokio::time::timeout(SESSION_CLOSE_TIMEOUT, s.close()).await;
     }
 }
 
@@ -303,7 +312,7 @@ async fn cycle(
             }
         }
     } else {
-        tokio::time::sleep(Duration::from_millis(rng.gen_range(0..30))).await;
+        tokio::time::sleep(Duration::from_millis(rng.gen_range(0..SHORT_HOLD_MS_MAX))).await;
     }
 
     // The critical section: check, (maybe be paused like a GC pause would), write.
