@@ -52,3 +52,17 @@ fn a_bad_command_line_exits_2() {
     let output = lockctl(&["try", "--key", "k", "--ttl", "soon"]);
     assert_eq!(output.status.code(), Some(2));
 }
+
+#[test]
+fn endpoints_come_from_lockd_endpoints_when_no_flag_is_given() {
+    let endpoint = dead_endpoint();
+    let output = Command::new(env!("CARGO_BIN_EXE_lockctl"))
+        .args(["inspect", "--key", "k"])
+        .env("LOCKD_ENDPOINTS", &endpoint)
+        .output()
+        .expect("run lockctl");
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains(&endpoint), "{stderr}");
+    assert!(!stderr.contains("7101"), "the default was used: {stderr}");
+}
