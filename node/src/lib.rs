@@ -9,7 +9,8 @@
 //! - [`raft`]: the Raft transport over gRPC (client [`raft::network`], server
 //!   [`raft::service`]).
 //! - [`proposer`]: stamping and group commit of commands (D-time, D-batch).
-//! - [`leases`]: lease deadlines, promote, reaper (D-lease); [`waiters`]: waiting acquires
+//! - [`leases`]: lease deadlines, promote, reaper (D-lease); [`confirm`]: coalesced
+//!   leadership confirmation for renewals and heartbeats; [`waiters`]: waiting acquires
 //!   (D-wait).
 //! - [`store`]: `LockStore` + `SessionRegistry` over the cluster ([`store::raft`]).
 //! - [`grpc`]: the lock, session and admin services and their conversions.
@@ -22,6 +23,7 @@
 pub mod cli;
 pub mod clock;
 pub mod config;
+pub mod confirm;
 pub mod dev;
 pub mod grpc;
 pub mod identity;

@@ -22,6 +22,7 @@ use openraft::error::{CheckIsLeaderError, RaftError};
 use openraft::{Raft, ServerState};
 
 use crate::clock::Clock;
+use crate::confirm::Confirmer;
 use crate::leases::{LeaseKeeper, REAP_PER_TICK_MAX, RenewCheck, reap_once};
 use crate::proposer::Proposer;
 use crate::waiters::{WaitOutcome, WaiterRegistry};
@@ -74,6 +75,7 @@ struct Inner {
     reader: StateReader,
     clock: Arc<dyn Clock>,
     stop: tokio::sync::watch::Receiver<bool>,
+    confirmer: Confirmer,
     /// Request ids for the trait methods, which carry none: a per-process counter seeded from
     /// the clock in microseconds, so ids keep growing across restarts of this process too.
     next_request_id: AtomicU64,
@@ -119,6 +121,35 @@ fn unexpected(what: &str, answer: &Response) -> LockError {
     ))
 }
 
+/// Longest one leadership confirmation round may take. A round is one heartbeat to each
+/// follower; a second means the quorum is not answering, and the caller retries.
+pub const CONFIRM_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// One leadership confirmation round on `raft`.
+async fn ensure_leader(raft: &Raft<TypeConfig>) -> Result<(), LockError> {
+    let Ok(confirmed) = tokio::time::timeout(CONFIRM_TIMEOUT, raft.ensure_linearizable()).await
+    else {
+        return Err(LockError::contention(format!(
+            "leadership not confirmed within {CONFIRM_TIMEOUT:?}"
+        )));
+    };
+    match confirmed {
+        Ok(_) => Ok(()),
+        Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => {
+            Err(LockError::NotLeader {
+                leader_id: f.leader_id,
+                leader_addr: f.leader_node.map(|n| n.addr),
+            })
+        }
+        Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(e))) => Err(
+            LockError::contention(format!("leadership not confirmed by a quorum: {e}")),
+        ),
+        Err(RaftError::Fatal(fatal)) => {
+            Err(LockError::contention(format!("raft is stopped: {fatal}")))
+        }
+    }
+}
+
 /// Longest a proposal may take to commit and apply before the call answers "unknown outcome".
 ///
 /// A leader cut off from its majority keeps its role until it hears of a newer term, and its
@@ -135,6 +166,13 @@ impl RaftLockStore {
     /// Builds the store from its parts.
     pub fn new(parts: RaftLockStoreParts) -> Self {
         let seed = parts.clock.wall_ms().saturating_mul(1_000);
+        let confirmer = Confirmer::new({
+            let raft = parts.raft.clone();
+            Arc::new(move || {
+                let raft = raft.clone();
+                Box::pin(async move { ensure_leader(&raft).await })
+            })
+        });
         Self {
             inner: Arc::new(Inner {
                 node_id: parts.node_id,
@@ -145,6 +183,7 @@ impl RaftLockStore {
                 reader: parts.reader,
                 clock: parts.clock,
                 stop: parts.stop,
+                confirmer,
                 next_request_id: AtomicU64::new(seed.max(1)),
             }),
         }
@@ -209,23 +248,9 @@ impl RaftLockStore {
 
     /// Confirms leadership with a quorum round and no log write (openraft
     /// `ensure_linearizable`), so a deposed leader cannot hand out a deadline the new leader
-    /// will not honour.
+    /// will not honour. Concurrent callers share rounds (see [`crate::confirm`]).
     pub async fn confirm_leadership(&self) -> Result<(), LockError> {
-        match self.inner.raft.ensure_linearizable().await {
-            Ok(_) => Ok(()),
-            Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => {
-                Err(LockError::NotLeader {
-                    leader_id: f.leader_id,
-                    leader_addr: f.leader_node.map(|n| n.addr),
-                })
-            }
-            Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(e))) => Err(
-                LockError::contention(format!("leadership not confirmed by a quorum: {e}")),
-            ),
-            Err(RaftError::Fatal(fatal)) => {
-                Err(LockError::contention(format!("raft is stopped: {fatal}")))
-            }
-        }
+        self.inner.confirmer.confirm().await
     }
 
     async fn propose(&self, command: Command) -> Result<Response, LockError> {
