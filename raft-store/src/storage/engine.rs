@@ -54,6 +54,10 @@ pub const LOG_DIR_NAME: &str = "log";
 /// whose writes sled only `sync_file_range`s, so it is the one [`Engine::sync`] `fdatasync`s.
 pub const SLED_DATA_FILE_NAME: &str = "db";
 
+/// sled 0.34's configuration file (`Config::config_path`: `<path>/conf`), written at creation
+/// without an fsync; [`Engine::open`] syncs it, since sled refuses to open without it.
+pub const SLED_CONFIG_FILE_NAME: &str = "conf";
+
 /// sled 0.34's directory of oversized page images (`Config::blob_path`: `<path>/blobs/<lsn>`).
 pub const SLED_BLOB_DIR_NAME: &str = "blobs";
 
@@ -276,8 +280,17 @@ impl Engine {
             data_file: Mutex::new(data_file),
             synced_blobs: Mutex::new(HashSet::new()),
         };
-        // sled created `db`, `conf` and `blobs/` without syncing their directory entries.
+        // sled created `db`, `conf` and `blobs/` without syncing them or their directory
+        // entries.
         engine.sync()?;
+        let config_path = engine.dir.join(SLED_CONFIG_FILE_NAME);
+        File::open(&config_path)
+            .and_then(|f| f.sync_all())
+            .map_err(|source| StorageError::Io {
+                op: "fsync sled's configuration file",
+                path: config_path,
+                source,
+            })?;
         for path in [engine.dir.clone(), storage_dir.to_path_buf()] {
             sync_dir(&path)?;
         }
