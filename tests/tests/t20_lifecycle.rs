@@ -649,3 +649,89 @@ async fn a_cancelled_wait_leaves_no_waiter_and_no_grant() {
             .expect("release")
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_that_times_out_leaves_no_waiter_behind() {
+    let cluster = Cluster::start(3).await;
+    let at = cluster.cluster_client();
+    let holder = at.open_session("holder", LONG_TTL).await.expect("open");
+    let waiter = at.open_session("waiter", LONG_TTL).await.expect("open");
+    let held = at
+        .try_acquire(&holder.id, "k", LONG_TTL)
+        .await
+        .expect("try_acquire")
+        .expect("granted");
+    let max_wait = Duration::from_millis(700);
+    let started = Instant::now();
+    let answer = at
+        .acquire(&waiter.id, "k", LONG_TTL, max_wait)
+        .await
+        .expect("acquire");
+    let waited = started.elapsed();
+    assert_eq!(answer, None, "a held key is not granted");
+    assert!(
+        waited >= max_wait,
+        "gave up after {waited:?}, before {max_wait:?}"
+    );
+    assert!(
+        waited <= max_wait + Duration::from_secs(3),
+        "gave up only after {waited:?}"
+    );
+    let info = at.inspect("k", true).await.expect("inspect").expect("held");
+    assert_eq!(info.waiter_count, 0, "the timed-out waiter is still queued");
+    assert!(
+        at.release(&holder.id, "k", held.fencing_token)
+            .await
+            .expect("release")
+    );
+    assert_eq!(
+        at.inspect("k", true).await.expect("inspect"),
+        None,
+        "the key went to a waiter that had already been told 'not granted'"
+    );
+    assert!(at.locks_of(&waiter.id).await.expect("locks_of").is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_sets_the_new_lease_length() {
+    let cluster = Cluster::start(3).await;
+    let at = cluster.cluster_client();
+    let session = at.open_session("renewer", LONG_TTL).await.expect("open");
+    let grant = at
+        .try_acquire(&session.id, "k", LONG_TTL)
+        .await
+        .expect("try_acquire")
+        .expect("granted");
+    let sent = Instant::now();
+    let renewed = at
+        .renew(&session.id, "k", grant.fencing_token, SHORT_TTL)
+        .await
+        .expect("renew")
+        .expect("held");
+    assert_eq!(renewed.fencing_token, grant.fencing_token);
+    assert_eq!(renewed.ttl_ms, lock_tests::ms(SHORT_TTL));
+    let freed_after = poll_until(
+        "the shortened lease to lapse",
+        SHORT_TTL + EXPIRY_SLACK,
+        || {
+            let at = at.clone();
+            async move {
+                match at.inspect("k", true).await {
+                    Ok(None) => Ok(sent.elapsed()),
+                    other => Err(format!("{other:?}")),
+                }
+            }
+        },
+    )
+    .await
+    .expect("a renewal to a shorter TTL shortens the lease");
+    println!("lease renewed to {SHORT_TTL:?} lapsed {freed_after:?} after the renewal was sent");
+    assert!(freed_after >= SHORT_TTL, "lapsed after {freed_after:?}");
+    assert_eq!(
+        at.renew(&session.id, "k", grant.fencing_token, LONG_TTL)
+            .await
+            .expect("renew"),
+        None,
+        "a lapsed grant must never be revived"
+    );
+}

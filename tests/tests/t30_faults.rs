@@ -969,3 +969,71 @@ async fn skewed_leader_clocks_never_end_a_lease_early() {
         .expect("still held");
     assert_eq!(info.fencing_token, renewed_grant.fencing_token);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_abandoned_in_a_leader_crash_is_not_granted_after_its_max_wait() {
+    let mut cluster = Cluster::start(3).await;
+    let any = cluster.cluster_client();
+    let holder = any.open_session("holder", LONG_TTL).await.expect("open");
+    let waiter = any.open_session("waiter", LONG_TTL).await.expect("open");
+    let held = any
+        .try_acquire(&holder.id, "k", LONG_TTL)
+        .await
+        .expect("try_acquire")
+        .expect("granted");
+    let leader = cluster.leader().await;
+    let max_wait = Duration::from_secs(2);
+    let sent = Instant::now();
+    let abandoned = {
+        let at = cluster.client(leader);
+        let session_id = waiter.id.clone();
+        tokio::spawn(async move { at.acquire(&session_id, "k", LONG_TTL, max_wait).await })
+    };
+    poll_until("the waiter to be queued", Duration::from_secs(10), || {
+        let any = any.clone();
+        async move {
+            match any.inspect_confirmed("k").await {
+                Ok(Some(info)) if info.waiter_count == 1 => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        }
+    })
+    .await
+    .expect("queued");
+    cluster.kill(leader);
+    let cut = tokio::time::timeout(Duration::from_secs(10), abandoned)
+        .await
+        .expect("the crash ends the call")
+        .expect("no panic");
+    assert!(
+        matches!(
+            cut,
+            Err(LockError::Contention { .. } | LockError::NotLeader { .. })
+        ),
+        "a wait cut by a crash answered {cut:?}"
+    );
+    // The client does not retry. Once the wait's max_wait has passed, the queued waiter is
+    // dead; a release must not hand it the key (nobody would ever learn of that grant).
+    cluster
+        .wait_for_leader(failover_bound(&cluster))
+        .await
+        .expect("a new leader");
+    let past = max_wait + Duration::from_millis(500);
+    if let Some(rest) = past.checked_sub(sent.elapsed()) {
+        // Waiting for the abandoned wait's own deadline to pass: the condition is the clock.
+        tokio::time::sleep(rest).await;
+    }
+    assert!(
+        any.release(&holder.id, "k", held.fencing_token)
+            .await
+            .expect("release")
+    );
+    let info = any.inspect_confirmed("k").await.expect("inspect");
+    assert_eq!(
+        info,
+        None,
+        "the key was handed to a wait abandoned {:?} ago with max_wait {max_wait:?}",
+        sent.elapsed()
+    );
+    assert!(any.locks_of(&waiter.id).await.expect("locks_of").is_empty());
+}

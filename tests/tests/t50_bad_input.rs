@@ -537,3 +537,58 @@ async fn a_session_over_its_wait_limit_is_refused_and_its_queued_waits_survive()
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_raft_messages_leave_the_cluster_serving() {
+    use lock_proto::v1::RaftPayload;
+    use lock_proto::v1::raft_service_client::RaftServiceClient;
+
+    let f = Fixture::new().await;
+    let mut term_before = Vec::new();
+    for id in f.cluster.ids() {
+        term_before.push(f.cluster.status(id).await.expect("status").current_term);
+    }
+    for id in f.cluster.ids() {
+        let channel = tonic::transport::Endpoint::from_shared(f.cluster.endpoint(id))
+            .expect("endpoint")
+            .connect_lazy();
+        let mut raft = RaftServiceClient::new(channel);
+        let payloads: Vec<(&str, Vec<u8>)> = vec![
+            ("empty", Vec::new()),
+            ("junk", vec![0xff; 64]),
+            ("a huge varint", vec![0xff; 10]),
+            ("zeros", vec![0; 4096]),
+        ];
+        for (name, data) in payloads {
+            for method in ["Append", "Vote", "Snapshot"] {
+                let request = RaftPayload { data: data.clone() };
+                let call = async {
+                    match method {
+                        "Append" => raft.append(request).await,
+                        "Vote" => raft.vote(request).await,
+                        _ => raft.snapshot(request).await,
+                    }
+                };
+                match tokio::time::timeout(lock_tests::client::RPC_TIMEOUT, call).await {
+                    Ok(Ok(answer)) => println!(
+                        "node {id} {method}({name}): OK with {} bytes",
+                        answer.into_inner().data.len()
+                    ),
+                    Ok(Err(status)) => println!(
+                        "node {id} {method}({name}): {:?} {:?}",
+                        status.code(),
+                        status.message()
+                    ),
+                    Err(_) => println!("node {id} {method}({name}): no answer"),
+                }
+            }
+        }
+        f.assert_unharmed(&format!("junk Raft messages to node {id}"))
+            .await;
+    }
+    let mut term_after = Vec::new();
+    for id in f.cluster.ids() {
+        term_after.push(f.cluster.status(id).await.expect("status").current_term);
+    }
+    println!("terms before {term_before:?}, after {term_after:?}");
+}
