@@ -182,6 +182,12 @@ impl SnapshotDir {
         &self.dir
     }
 
+    /// The current snapshot's file, for error messages.
+    pub fn current_path(&self) -> Option<PathBuf> {
+        let current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
+        current.as_ref().map(|(_, path)| path.clone())
+    }
+
     /// Writes a snapshot durably and makes it current (unless a newer one already is, which
     /// only a race between a build and an install can cause), then removes the others.
     /// Blocks on the disk.

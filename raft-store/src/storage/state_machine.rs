@@ -102,7 +102,12 @@ impl StateMachineStore {
             Some(file) => AppliedState {
                 last_applied: file.meta.last_log_id,
                 last_membership: file.meta.last_membership,
-                table: snapshot::decode_table(&file.data, snapshot_dir)?,
+                table: snapshot::decode_table(
+                    &file.data,
+                    &snapshots
+                        .current_path()
+                        .unwrap_or_else(|| snapshot_dir.to_path_buf()),
+                )?,
             },
         };
         Ok(StateMachineStore {
