@@ -44,6 +44,8 @@ struct Script {
     renew_lost: bool,
     /// Renew answers `Contention`.
     renew_fails: bool,
+    /// Hold Renew this long before answering.
+    renew_delay: Duration,
     /// Heartbeat answers `alive = false`.
     heartbeat_dead: bool,
 }
@@ -260,10 +262,11 @@ impl v1::lock_service_server::LockService for Fake {
         self.note("renew")?;
         let r = request.into_inner();
         self.seen().renews += 1;
-        let (lost, fails) = {
+        let (lost, fails, delay) = {
             let s = self.script();
-            (s.renew_lost, s.renew_fails)
+            (s.renew_lost, s.renew_fails, s.renew_delay)
         };
+        tokio::time::sleep(delay).await;
         if fails {
             return Err(status_from_lock_error(&LockError::contention(
                 "scripted renew failure",
@@ -636,6 +639,44 @@ async fn dropping_a_waiting_acquire_cancels_it_on_the_server() {
         leader.seen().cancels,
         vec![("s1".to_owned(), request_id, "k".to_owned())]
     );
+}
+
+#[tokio::test]
+async fn a_long_wait_is_followed_by_a_renewal_that_rebases_the_deadline() {
+    let (leader, client) = leader_and_client().await;
+    // 1.2 s of a 2 s lease (1.9 s after the margin) go by in the wait.
+    leader.script().acquire_delay = Duration::from_millis(1_200);
+    let session = client.open_session("owner").await.expect("session");
+    let before = Instant::now();
+    let handle = session
+        .acquire("k", "owner", TTL, Duration::from_secs(5))
+        .await
+        .expect("acquire")
+        .expect("granted");
+    assert_eq!(leader.seen().renews, 1, "no re-basing renewal");
+    // Counted from the renewal's send (after the 1.2 s wait), not from the acquire's.
+    assert!(handle.client_deadline >= before + Duration::from_millis(1_200 + 1_900));
+}
+
+#[tokio::test]
+async fn dropping_an_acquire_after_its_grant_releases_the_grant() {
+    let (leader, client) = leader_and_client().await;
+    leader.script().acquire_delay = Duration::from_millis(1_200);
+    leader.script().renew_delay = Duration::from_secs(30);
+    let session = client.open_session("owner").await.expect("session");
+    // Dropped while the re-basing renewal hangs: the grant (token 1) is already recorded.
+    let acquiring = session.acquire("k", "owner", TTL, Duration::from_secs(5));
+    let dropped = tokio::time::timeout(Duration::from_millis(1_600), acquiring).await;
+    assert!(
+        dropped.is_err(),
+        "the acquire should still have been renewing"
+    );
+    wait_for("the release of the recorded grant", || {
+        !leader.seen().releases.is_empty()
+    })
+    .await;
+    assert_eq!(leader.seen().releases, vec![("k".to_owned(), 1)]);
+    assert_eq!(leader.seen().cancels.len(), 1);
 }
 
 #[tokio::test]
