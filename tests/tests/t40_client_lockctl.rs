@@ -274,3 +274,62 @@ async fn t40_client_lockctl_exec_waits_then_gives_up_with_exit_3() {
     assert!(started.elapsed() >= Duration::from_secs(1));
     assert_eq!(text(&output.stderr).lines().count(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t40_client_lockctl_exec_kills_the_command_when_the_lock_is_revoked() {
+    let cluster = Cluster::start(3).await;
+    let exec = lockctl(
+        &cluster,
+        &[
+            "exec",
+            "--key",
+            "t40/revoked",
+            "--ttl",
+            "3s",
+            "--",
+            "sleep",
+            "60",
+        ],
+    )
+    .output();
+    let exec = tokio::spawn(exec);
+    lock_tests::poll_until("exec to hold the key", Duration::from_secs(20), || {
+        let inspect = run(&cluster, &["inspect", "--key", "t40/revoked"]);
+        async move {
+            let out = text(&inspect.await.stdout);
+            if out.contains("\"held\":true") {
+                Ok(())
+            } else {
+                Err(out)
+            }
+        }
+    })
+    .await
+    .expect("held");
+    let revoked = run(
+        &cluster,
+        &[
+            "revoke",
+            "--key",
+            "t40/revoked",
+            "--operator",
+            "t40",
+            "--reason",
+            "test",
+        ],
+    )
+    .await;
+    assert_eq!(revoked.status.code(), Some(0), "{}", text(&revoked.stderr));
+
+    // The next keep-alive renewal (every second) learns the grant is gone; CMD is killed long
+    // before its 60 s are up.
+    let output = tokio::time::timeout(Duration::from_secs(20), exec)
+        .await
+        .expect("lockctl exec ends after the revoke")
+        .expect("join")
+        .expect("run lockctl exec");
+    assert_eq!(output.status.code(), Some(4), "{}", text(&output.stderr));
+    let stderr = text(&output.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("lost"), "{stderr}");
+}
