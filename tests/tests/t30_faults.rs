@@ -1037,3 +1037,117 @@ async fn a_wait_abandoned_in_a_leader_crash_is_not_granted_after_its_max_wait() 
     );
     assert!(any.locks_of(&waiter.id).await.expect("locks_of").is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_paused_past_every_lease_expires_nothing_when_it_resumes() {
+    const HOLDERS: usize = 2;
+    let mut cluster = Cluster::start(3).await;
+    let any = cluster.cluster_client();
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut holders = Vec::new();
+    for i in 0..HOLDERS {
+        let session = any
+            .open_session(&format!("holder-{i}"), HOLDER_LEASE)
+            .await
+            .expect("open");
+        let sent = Instant::now();
+        let grant = any
+            .try_acquire(&session.id, &format!("key-{i}"), HOLDER_LEASE)
+            .await
+            .expect("try_acquire")
+            .expect("granted");
+        let log = Arc::new(HolderLog::default());
+        let task = tokio::spawn(hold(
+            cluster.cluster_client(),
+            session.clone(),
+            grant.clone(),
+            sent,
+            stop.clone(),
+            log.clone(),
+        ));
+        holders.push((session, grant, log, task));
+    }
+    let renewals = |holders: &[(Session, Grant, Arc<HolderLog>, _)]| -> Vec<u64> {
+        holders
+            .iter()
+            .map(|h| h.2.renewals.load(Ordering::Relaxed))
+            .collect()
+    };
+    let paused = cluster.leader().await;
+    cluster.pause(paused);
+    let paused_at = Instant::now();
+    cluster
+        .wait_for_leader(failover_bound(&cluster))
+        .await
+        .expect("a new leader");
+    // Keep the old leader frozen until every lease it knew has lapsed on its own clock: the
+    // holders renew elsewhere for longer than a lease.
+    let at_failover = renewals(&holders);
+    poll_until(
+        "the holders to renew for longer than a lease at the new leader",
+        Duration::from_secs(25),
+        || {
+            let counts = renewals(&holders);
+            let base = at_failover.clone();
+            async move {
+                let enough = counts.iter().zip(&base).all(|(c, b)| *c >= b + 4);
+                if enough && paused_at.elapsed() > HOLDER_LEASE {
+                    Ok(())
+                } else {
+                    Err(format!("renewals {counts:?}, at failover {base:?}"))
+                }
+            }
+        },
+    )
+    .await
+    .expect("holders renew at the new leader");
+    cluster.resume(paused);
+    println!(
+        "leader {paused} resumed after {:?} (lease {HOLDER_LEASE:?})",
+        paused_at.elapsed()
+    );
+    let at_resume = renewals(&holders);
+    poll_until(
+        "two more renewals after the resume",
+        Duration::from_secs(15),
+        || {
+            let counts = renewals(&holders);
+            let base = at_resume.clone();
+            async move {
+                if counts.iter().zip(&base).all(|(c, b)| *c >= b + 2) {
+                    Ok(())
+                } else {
+                    Err(format!("renewals {counts:?}, at resume {base:?}"))
+                }
+            }
+        },
+    )
+    .await
+    .expect("holders keep renewing");
+    stop.store(true, Ordering::Relaxed);
+    for (session, grant, log, task) in holders {
+        tokio::time::timeout(Duration::from_secs(20), task)
+            .await
+            .expect("the holder stops")
+            .expect("no panic");
+        let violations = log
+            .violations
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        assert!(
+            violations.is_empty(),
+            "holder {}: {violations:#?}",
+            session.owner_id
+        );
+        let info = any
+            .inspect_confirmed(&grant.key)
+            .await
+            .expect("inspect")
+            .unwrap_or_else(|| panic!("{} was expired by the resumed old leader", grant.key));
+        assert_eq!(
+            (info.session_id.as_str(), info.fencing_token),
+            (session.id.as_str(), grant.fencing_token)
+        );
+    }
+}
