@@ -313,6 +313,13 @@ impl LockSystem for EtcdCluster {
         ))
     }
 
+    fn cpu_seconds(&self) -> f64 {
+        self.members
+            .iter()
+            .filter_map(NodeProcess::cpu_seconds)
+            .sum()
+    }
+
     async fn log_position(&self) -> Result<u64> {
         let status = self
             .maintenance

@@ -275,6 +275,10 @@ impl LockSystem for LockdCluster {
         ))
     }
 
+    fn cpu_seconds(&self) -> f64 {
+        self.nodes.iter().filter_map(NodeProcess::cpu_seconds).sum()
+    }
+
     async fn log_position(&self) -> Result<u64> {
         let status = self
             .admin

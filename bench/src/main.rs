@@ -344,7 +344,7 @@ async fn measure_all(
     Ok((floors, lockd, etcd))
 }
 
-/// W3 (unloaded) first, then W1, W2 and W4 on one running cluster.
+/// W3 (unloaded) first, then W2, W1 and W4 on one running cluster.
 async fn workloads<S: LockSystem>(
     system: &S,
     plan: &Plan,
@@ -353,6 +353,13 @@ async fn workloads<S: LockSystem>(
 ) -> Result<SystemResults> {
     eprintln!("lock-bench: {name}: W3 one client");
     let w3 = workload::run_loop(system, &plan.spec("w3", 1, Keys::Fresh, plan.w3_secs)).await?;
+    eprintln!("lock-bench: {name}: W2 hot key");
+    let w2 = workload::run_loop(
+        system,
+        &plan.spec("w2", workload::W2_WORKERS, Keys::Hot, plan.w2_secs),
+    )
+    .await?;
+    // W1 right before W4, so W4's "without sessions" baseline is as close in time as it can be.
     let w1_spec = plan.spec(
         "w1",
         workload::W1_WORKERS,
@@ -363,12 +370,6 @@ async fn workloads<S: LockSystem>(
     );
     eprintln!("lock-bench: {name}: W1 uncontended");
     let w1 = workload::run_loop(system, &w1_spec).await?;
-    eprintln!("lock-bench: {name}: W2 hot key");
-    let w2 = workload::run_loop(
-        system,
-        &plan.spec("w2", workload::W2_WORKERS, Keys::Hot, plan.w2_secs),
-    )
-    .await?;
     eprintln!("lock-bench: {name}: W4 {} sessions + W1", plan.w4_sessions);
     let w4_spec = LoopSpec {
         name: "w4",

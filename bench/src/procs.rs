@@ -98,6 +98,11 @@ fn existing(path: &Path, source: &str) -> Result<PathBuf> {
     Ok(path.to_path_buf())
 }
 
+/// Clock ticks per second of /proc/<pid>/stat's CPU times (`USER_HZ`): 100 on every Linux
+/// architecture the benchmark runs on (the kernel's ABI fixes it; reading it via sysconf would
+/// need `unsafe`).
+const USER_HZ: f64 = 100.0;
+
 /// A running node process; killed on drop if [`NodeProcess::stop`] was not called.
 #[derive(Debug)]
 pub struct NodeProcess {
@@ -137,6 +142,20 @@ impl NodeProcess {
             Ok(Some(status)) => bail!("{} exited early with {status}; see its log", self.name),
             Err(e) => bail!("checking {}: {e}", self.name),
         }
+    }
+
+    /// CPU time (user + system) the process has used so far, in seconds; `None` if it cannot
+    /// be read (the process is gone).
+    pub fn cpu_seconds(&self) -> Option<f64> {
+        let pid = self.child.id()?;
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // The command name (field 2) may hold spaces; the fields after its `)` are plain.
+        let rest = stat.rsplit_once(')')?.1;
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
+        let utime: f64 = fields.get(11)?.parse().ok()?;
+        let stime: f64 = fields.get(12)?.parse().ok()?;
+        Some((utime + stime) / USER_HZ)
     }
 
     /// SIGTERM, then wait up to [`STOP_GRACE`], then SIGKILL.

@@ -104,6 +104,16 @@ pub fn rows(lockd: Option<&SystemResults>, etcd: Option<&SystemResults>) -> Vec<
     row("W1 release p50 (ms)", &|s| s.w1.release.p50_ms, None);
     row("W1 release p99 (ms)", &|s| s.w1.release.p99_ms, None);
     row(
+        "W1 server CPU per pair (ms, 3 nodes)",
+        &|s| s.w1.server_cpu_ms_per_pair,
+        None,
+    );
+    row(
+        "W1 log entries per pair",
+        &|s| s.w1.log_entries_per_pair,
+        None,
+    );
+    row(
         "W2 hot key: hand-offs/s (16 workers, 1 key)",
         &|s| Some(s.w2.pairs_per_sec),
         Some((format!("≥ {W2_RATIO_TARGET}× etcd"), &w2_rule)),
@@ -121,6 +131,11 @@ pub fn rows(lockd: Option<&SystemResults>, etcd: Option<&SystemResults>) -> Vec<
         None,
     );
     row(
+        "W2 server CPU per hand-off (ms, 3 nodes)",
+        &|s| s.w2.server_cpu_ms_per_pair,
+        None,
+    );
+    row(
         "W3 one client: acquire p50 (ms)",
         &|s| s.w3.acquire.p50_ms,
         Some((
@@ -134,6 +149,11 @@ pub fn rows(lockd: Option<&SystemResults>, etcd: Option<&SystemResults>) -> Vec<
     row(
         "W4 sessions: W1 pairs/s with the sessions",
         &|s| Some(s.w4.w1.pairs_per_sec),
+        None,
+    );
+    row(
+        "W4 server CPU per pair (ms, 3 nodes)",
+        &|s| s.w4.w1.server_cpu_ms_per_pair,
         None,
     );
     row(

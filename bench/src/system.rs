@@ -29,6 +29,9 @@ pub trait LockSystem: Send + Sync + 'static {
     /// The leader's replicated-log position (lockd: Raft commit index; etcd: raft index), to
     /// count log entries per hand-off.
     fn log_position(&self) -> impl Future<Output = Result<u64>> + Send;
+
+    /// CPU time all nodes of the cluster have used so far, in seconds.
+    fn cpu_seconds(&self) -> f64;
 }
 
 /// One benchmark worker: holds at most one grant at a time.

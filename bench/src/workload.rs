@@ -81,6 +81,10 @@ pub struct LoopResult {
     pub first_error: Option<String>,
     /// Replicated-log entries per pair (lockd: Raft entries; etcd: raft index), if measured.
     pub log_entries_per_pair: Option<f64>,
+    /// CPU time of all three server processes per pair, in milliseconds (warm-up included in
+    /// both the CPU time and the pairs). On a 2-core machine shared with the client, this bounds
+    /// pairs/s at about 2000 / this figure.
+    pub server_cpu_ms_per_pair: Option<f64>,
 }
 
 /// The benchmark's own fenced resource: the highest token seen and whether someone holds it.
@@ -143,6 +147,7 @@ pub async fn run_loop<S: LockSystem>(system: &S, spec: &LoopSpec) -> Result<Loop
     }
     let fence = matches!(spec.keys, Keys::Hot).then(|| Arc::new(Fence::default()));
     let log_before = system.log_position().await.ok();
+    let cpu_before = system.cpu_seconds();
     let start = Instant::now();
     let measure_start = start + spec.warmup;
     let end = measure_start + spec.measure;
@@ -169,6 +174,7 @@ pub async fn run_loop<S: LockSystem>(system: &S, spec: &LoopSpec) -> Result<Loop
         }
     }
     let log_after = system.log_position().await.ok();
+    let cpu_used = system.cpu_seconds() - cpu_before;
     let seconds = spec.measure.as_secs_f64();
     // The log also holds the warm-up's pairs, so divide by every pair completed.
     let log_entries_per_pair = match (log_before, log_after) {
@@ -193,6 +199,8 @@ pub async fn run_loop<S: LockSystem>(system: &S, spec: &LoopSpec) -> Result<Loop
         errors,
         first_error,
         log_entries_per_pair,
+        server_cpu_ms_per_pair: (pairs_total > 0 && cpu_used > 0.0)
+            .then(|| cpu_used * 1000.0 / pairs_total as f64),
     })
 }
 
