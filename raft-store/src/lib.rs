@@ -17,8 +17,8 @@ pub mod storage;
 pub mod table;
 
 pub use command::{Command, Event, FreeCause, Grant, Rejection, Request, Response, Revocation};
-pub use table::{InvariantViolation, LockTable, Session, Waiter};
 pub use storage::{ApplyObserver, LogStore, StateMachineStore, StateReader, StorageError};
+pub use table::{InvariantViolation, LockTable, Session, Waiter};
 
 /// A node's id in the cluster.
 pub type NodeId = u64;
