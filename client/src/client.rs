@@ -429,7 +429,7 @@ impl LockClient {
             Ok(response) => Ok(response
                 .into_inner()
                 .grant
-                .map(|grant| handle_from_grant(grant, sent_at, margin))),
+                .map(|grant| handle_from_grant(grant, ttl, sent_at, margin))),
             Err(LockError::LockLost { .. }) => Ok(None),
             Err(err) => Err(err),
         }

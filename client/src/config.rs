@@ -28,6 +28,10 @@ pub const CONNECT_TIMEOUT_DEFAULT: Duration = Duration::from_secs(1);
 /// seconds outlasts a failover.
 pub const SESSION_TTL_DEFAULT: Duration = Duration::from_secs(10);
 
+/// Longest any timeout or backoff of the config may be. An hour is far beyond any sane call
+/// budget, and the bound keeps `Instant + timeout` from overflowing.
+pub const TIMEOUT_MAX: Duration = Duration::from_secs(60 * 60);
+
 /// Smallest safety margin the default policy uses (see [`SafetyMargin::Default`]).
 pub const SAFETY_MARGIN_FLOOR: Duration = Duration::from_millis(100);
 
@@ -153,6 +157,13 @@ impl ClientConfig {
                     "client config: {name} must be positive"
                 )));
             }
+            if value > TIMEOUT_MAX {
+                return Err(LockError::invalid(format!(
+                    "client config: {name} is {} s; the limit is {} s",
+                    value.as_secs(),
+                    TIMEOUT_MAX.as_secs()
+                )));
+            }
         }
         if self.backoff.multiplier == 0 {
             return Err(LockError::invalid(
@@ -214,6 +225,13 @@ mod tests {
                     ..ClientConfig::default()
                 },
                 "call_timeout",
+            ),
+            (
+                ClientConfig {
+                    attempt_timeout: Duration::MAX,
+                    ..ClientConfig::default()
+                },
+                "attempt_timeout",
             ),
             (
                 ClientConfig {

@@ -45,10 +45,17 @@ pub fn unix_ms(time: SystemTime) -> u64 {
         .unwrap_or(0)
 }
 
-/// Builds the caller's handle from a server grant answered to a request first sent at
-/// `sent_at`. The deadline uses the TTL the server granted (never more than asked).
-pub fn handle_from_grant(grant: v1::Grant, sent_at: Instant, margin: Duration) -> LockHandle {
-    let ttl = Duration::from_millis(grant.ttl_ms);
+/// Builds the caller's handle from a server grant answered to a request for a lease of `asked`
+/// first sent at `sent_at`. The lease is the shorter of what was asked and what the server
+/// granted: a server may grant less, and a larger (or absurd) value from the network is never
+/// trusted.
+pub fn handle_from_grant(
+    grant: v1::Grant,
+    asked: Duration,
+    sent_at: Instant,
+    margin: Duration,
+) -> LockHandle {
+    let ttl = Duration::from_millis(grant.ttl_ms).min(asked);
     LockHandle {
         client_deadline: client_deadline(sent_at, ttl, margin),
         server_expiry: system_time_from_unix_ms(grant.server_expiry_unix_ms),
@@ -89,7 +96,12 @@ mod tests {
             ttl_ms: 3_000,
             server_expiry_unix_ms: 1_700_000_000_000,
         };
-        let handle = handle_from_grant(grant, sent_at, Duration::from_millis(300));
+        let handle = handle_from_grant(
+            grant.clone(),
+            Duration::from_secs(10),
+            sent_at,
+            Duration::from_millis(300),
+        );
         assert_eq!(handle.fencing_token, 9);
         assert_eq!(handle.ttl, Duration::from_secs(3));
         assert_eq!(
@@ -97,6 +109,14 @@ mod tests {
             Duration::from_millis(2_700)
         );
         assert_eq!(unix_ms(handle.server_expiry), 1_700_000_000_000);
+        // More than asked (or an absurd value) is cut to what was asked.
+        let absurd = v1::Grant {
+            ttl_ms: u64::MAX,
+            ..grant
+        };
+        let handle = handle_from_grant(absurd, Duration::from_secs(2), sent_at, Duration::ZERO);
+        assert_eq!(handle.ttl, Duration::from_secs(2));
+        assert_eq!(handle.client_deadline - sent_at, Duration::from_secs(2));
     }
 
     #[test]

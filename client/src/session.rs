@@ -408,6 +408,7 @@ impl SessionInner {
             }
             Some(grant) => Ok(Some(handle_from_grant(
                 grant,
+                handle.ttl,
                 sent_at,
                 self.margin_for(handle.ttl),
             ))),
@@ -531,7 +532,7 @@ impl SessionInner {
             return Ok(None);
         };
         guard.token = Some(grant.fencing_token);
-        let mut handle = handle_from_grant(grant, sent_at, margin);
+        let mut handle = handle_from_grant(grant, ttl, sent_at, margin);
         // A long wait may have eaten most of the lease as this process counts it (the deadline
         // counts from the send, the lease from the grant). Renewing now re-bases it on an
         // instant after the grant, instead of handing out a handle that is nearly expired.
