@@ -4,6 +4,8 @@
 //! ```text
 //! cargo run -p lockd --example probe -- check   [ENDPOINTS]
 //! cargo run -p lockd --example probe -- latency [ENDPOINTS] [PAIRS]
+//! cargo run -p lockd --example probe -- throughput [ENDPOINTS] [CLIENTS] [SECONDS]
+//! cargo run -p lockd --example probe -- heartbeats [ENDPOINTS] [CLIENTS] [SECONDS]
 //! cargo run -p lockd --example probe -- failover [ENDPOINTS] LEADER_PID
 //! ```
 //!
@@ -248,6 +250,84 @@ async fn latency(endpoints: &[String], pairs: usize) -> Result<()> {
     Ok(())
 }
 
+/// `clients` concurrent sessions, each doing acquire+release pairs on its own key (or a
+/// heartbeat, with `heartbeats`) for `seconds`; prints operations per second.
+async fn throughput(
+    endpoints: &[String],
+    clients: usize,
+    seconds: u64,
+    heartbeats: bool,
+) -> Result<()> {
+    let (_, leader_addr) = find_leader(endpoints).await?;
+    let ch = channel(&format!("http://{leader_addr}")).await?;
+    let until = Instant::now() + Duration::from_secs(seconds);
+    let mut tasks = Vec::new();
+    for c in 0..clients {
+        let ch = ch.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut sessions = SessionServiceClient::new(ch.clone());
+            let mut locks = LockServiceClient::new(ch);
+            let session = sessions
+                .open_session(OpenSessionRequest {
+                    owner_id: format!("probe-{c}"),
+                    ttl_ms: 30_000,
+                })
+                .await?
+                .into_inner()
+                .session_id;
+            let mut ops = 0u64;
+            let mut request_id = 0;
+            while Instant::now() < until {
+                if heartbeats {
+                    sessions
+                        .heartbeat(HeartbeatRequest {
+                            session_id: session.clone(),
+                        })
+                        .await?;
+                } else {
+                    request_id += 1;
+                    let grant = locks
+                        .try_acquire(TryAcquireRequest {
+                            session_id: session.clone(),
+                            request_id,
+                            key: format!("tp/{c}"),
+                            ttl_ms: 5_000,
+                        })
+                        .await?
+                        .into_inner()
+                        .grant
+                        .ok_or("not granted")?;
+                    request_id += 1;
+                    locks
+                        .release(ReleaseRequest {
+                            session_id: session.clone(),
+                            request_id,
+                            key: grant.key,
+                            fencing_token: grant.fencing_token,
+                        })
+                        .await?;
+                }
+                ops += 1;
+            }
+            Ok::<u64, Box<dyn std::error::Error + Send + Sync>>(ops)
+        }));
+    }
+    let mut total = 0;
+    for t in tasks {
+        total += t.await?.map_err(|e| e.to_string())?;
+    }
+    println!(
+        "{clients} clients, {seconds} s: {total} {} ({:.0}/s)",
+        if heartbeats {
+            "heartbeats"
+        } else {
+            "acquire+release pairs"
+        },
+        total as f64 / seconds as f64
+    );
+    Ok(())
+}
+
 async fn failover(endpoints: &[String], pid: i32) -> Result<()> {
     let (old_id, old_addr) = find_leader(endpoints).await?;
     let survivors: Vec<String> = endpoints
@@ -319,6 +399,11 @@ async fn main() -> Result<()> {
             let pairs = args.get(2).map(|s| s.parse()).transpose()?.unwrap_or(1000);
             latency(&endpoints, pairs).await
         }
+        "throughput" | "heartbeats" => {
+            let clients = args.get(2).map(|s| s.parse()).transpose()?.unwrap_or(32);
+            let seconds = args.get(3).map(|s| s.parse()).transpose()?.unwrap_or(10);
+            throughput(&endpoints, clients, seconds, mode == "heartbeats").await
+        }
         "failover" => {
             let pid: i32 = args
                 .get(2)
@@ -326,6 +411,9 @@ async fn main() -> Result<()> {
                 .parse()?;
             failover(&endpoints, pid).await
         }
-        other => Err(format!("unknown mode {other:?}: check | latency | failover").into()),
+        other => Err(format!(
+            "unknown mode {other:?}: check | latency | throughput | heartbeats | failover"
+        )
+        .into()),
     }
 }
