@@ -347,6 +347,9 @@ impl Router {
                         leader.get_or_insert(status.leader_addr);
                     }
                 }
+                Err(LockError::Contention { message }) => {
+                    failures.push(format!("{addr}: {message}"))
+                }
                 Err(err) => failures.push(format!("{addr}: {err}")),
             }
         }
