@@ -66,6 +66,16 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         .map(|(i, a)| format!("{}={a}", i + 1))
         .collect::<Vec<_>>()
         .join(",");
+    check_ports_file(&dir, args.base_port)?;
+    // A port already taken (often: another `lockd dev`) would make a node exit while the
+    // readiness poll talks to whatever holds the port; refuse up front instead.
+    for addr in &addrs {
+        if let Err(e) = std::net::TcpListener::bind(addr) {
+            bail!(
+                "cannot use {addr}: {e} (another lockd dev running? pick other ports with --base-port and --dir)"
+            );
+        }
+    }
     let reused = dir
         .join("node1")
         .join(crate::identity::IDENTITY_FILE)
@@ -128,6 +138,36 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     stop_all(&mut nodes).await;
     println!("lockd dev: stopped");
     Ok(())
+}
+
+/// The file in the dev folder recording the base port its cluster was created with.
+const PORTS_FILE: &str = "base-port";
+
+/// The nodes' addresses are part of the replicated membership, so a folder created with one
+/// base port cannot be reused with another: the nodes would listen where no peer looks for
+/// them. Records the port on first use and refuses a different one later.
+fn check_ports_file(dir: &Path, base_port: u16) -> anyhow::Result<()> {
+    let path = dir.join(PORTS_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => {
+            let recorded: u16 = text
+                .trim()
+                .parse()
+                .with_context(|| format!("{} does not hold a port number", path.display()))?;
+            if recorded != base_port {
+                bail!(
+                    "{} holds a cluster created with --base-port {recorded}; use that port, or another --dir",
+                    dir.display()
+                );
+            }
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::write(&path, format!("{base_port}\n"))
+                .with_context(|| format!("cannot write {}", path.display()))
+        }
+        Err(e) => Err(e).with_context(|| format!("cannot read {}", path.display())),
+    }
 }
 
 fn spawn_node(exe: &Path, dir: &Path, id: u16, addr: &str, peers: &str) -> anyhow::Result<Child> {
@@ -292,5 +332,19 @@ impl Signals {
             _ = self.terminate.recv() => {}
             _ = self.hangup.recv() => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_dev_folder_keeps_its_base_port() {
+        let dir = tempfile::tempdir().unwrap();
+        check_ports_file(dir.path(), 7101).unwrap();
+        check_ports_file(dir.path(), 7101).unwrap();
+        let err = check_ports_file(dir.path(), 7201).unwrap_err().to_string();
+        assert!(err.contains("7101"), "{err}");
     }
 }
