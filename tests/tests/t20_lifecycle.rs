@@ -735,3 +735,42 @@ async fn a_renewal_sets_the_new_lease_length() {
         "a lapsed grant must never be revived"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_sent_late_in_the_lease_is_never_lost() {
+    /// The lease of the grant and the session: short, so rounds are quick.
+    const LEASE: Duration = Duration::from_millis(1500);
+    /// Each renewal is sent this far into the lease since the last successful send: later
+    /// than any SDK would, to probe the boundary (the server's deadline is at least the
+    /// client's, since the server starts its clock after the client sent).
+    const RENEW_AT: Duration = Duration::from_millis(1250);
+    const ROUNDS: usize = 6;
+    let cluster = Cluster::start(3).await;
+    let at = cluster.cluster_client();
+    let session = at.open_session("late", LEASE).await.expect("open");
+    let mut sent = Instant::now();
+    let grant = at
+        .try_acquire(&session.id, "k", LEASE)
+        .await
+        .expect("try_acquire")
+        .expect("granted");
+    for round in 0..ROUNDS {
+        tokio::time::sleep_until((sent + RENEW_AT).into()).await;
+        let deadline = sent + LEASE;
+        let send = Instant::now();
+        // Both leases are renewed at once, so both requests leave at `send`.
+        let (alive, renewed) = tokio::join!(
+            at.heartbeat(&session.id),
+            at.renew(&session.id, "k", grant.fencing_token, LEASE)
+        );
+        assert!(alive.expect("heartbeat"), "round {round}: session lost");
+        match renewed.expect("renew") {
+            Some(r) => assert_eq!(r.fencing_token, grant.fencing_token),
+            None => panic!(
+                "round {round}: renewal sent {:?} before the client deadline answered lost",
+                deadline.saturating_duration_since(send)
+            ),
+        }
+        sent = send;
+    }
+}
