@@ -766,10 +766,17 @@ async fn a_renewal_sent_late_in_the_lease_is_never_lost() {
         assert!(alive.expect("heartbeat"), "round {round}: session lost");
         match renewed.expect("renew") {
             Some(r) => assert_eq!(r.fencing_token, grant.fencing_token),
-            None => panic!(
-                "round {round}: renewal sent {:?} before the client deadline answered lost",
+            None if Instant::now() < deadline => panic!(
+                "round {round}: renewal sent {:?} before the client deadline answered lost \
+                 before that deadline",
                 deadline.saturating_duration_since(send)
             ),
+            None => {
+                // The answer came after the deadline (retries on a loaded machine): by then
+                // "lost" is a correct answer, and nothing more can be concluded.
+                println!("round {round}: answered only after the client deadline; stopping");
+                return;
+            }
         }
         sent = send;
     }
