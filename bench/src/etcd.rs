@@ -310,6 +310,7 @@ impl LockSystem for EtcdCluster {
             tasks,
             count,
             started.elapsed().as_secs_f64(),
+            ttl / 3,
         ))
     }
 

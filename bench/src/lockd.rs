@@ -14,7 +14,7 @@ use lock_proto::v1::session_service_client::SessionServiceClient;
 use lock_proto::v1::{
     AcquireRequest, HeartbeatRequest, OpenSessionRequest, ReleaseRequest, StatusRequest,
 };
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{Semaphore, mpsc, watch};
 use tonic::transport::Channel;
 
 use crate::procs::{NodeProcess, free_ports};
@@ -32,6 +32,9 @@ const GRANT_TTL_MS: u64 = 30_000;
 const ACQUIRE_MAX_WAIT_MS: u64 = 60_000;
 /// TTL of a worker's own session: longer than any run, so it needs no heartbeats.
 const WORKER_SESSION_TTL_MS: u64 = 600_000;
+/// Heartbeats in flight per keep-alive connection (W4): enough that a slow answer does not
+/// hold back the beats due after it, bounded so a stalled server cannot pile up tasks.
+const HEARTBEATS_IN_FLIGHT_MAX: usize = 256;
 /// Connect timeout for every channel.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -216,7 +219,7 @@ impl LockSystem for LockdCluster {
                     anyhow::Ok((sessions, ids))
                 }
                 .await;
-                let (mut sessions, ids) = match opened {
+                let (sessions, ids) = match opened {
                     Ok(v) => {
                         let _ = opened_tx.send(Ok(())).await;
                         v
@@ -231,26 +234,40 @@ impl LockSystem for LockdCluster {
                 }
                 let period = ttl / 3;
                 let start = Instant::now();
+                // Heartbeat is a unary call: each due beat goes out on its own, without
+                // waiting for the previous answer, as each session's own timer would in an
+                // SDK; the semaphore bounds the beats in flight on this connection.
+                let in_flight = Arc::new(Semaphore::new(HEARTBEATS_IN_FLIGHT_MAX));
                 for n in 0u64.. {
                     let due = keepalive_due(start, period, ids.len(), n);
                     tokio::select! {
                         _ = tokio::time::sleep_until(due.into()) => {}
                         _ = stop.changed() => return,
                     }
+                    let Ok(permit) = in_flight.clone().acquire_owned().await else {
+                        return;
+                    };
                     let session_id = ids[(n % ids.len() as u64) as usize].clone();
-                    match sessions.heartbeat(HeartbeatRequest { session_id }).await {
-                        Ok(answer) if answer.get_ref().alive => {
-                            counters.ok.fetch_add(1, Ordering::Relaxed);
+                    let mut sessions = sessions.clone();
+                    let counters = counters.clone();
+                    tokio::spawn(async move {
+                        let answer = sessions.heartbeat(HeartbeatRequest { session_id }).await;
+                        drop(permit);
+                        match answer {
+                            Ok(answer) if answer.get_ref().alive => {
+                                counters.ok.fetch_add(1, Ordering::Relaxed);
+                            }
+                            Ok(_) => counters.fail(format!(
+                                "Heartbeat answered alive=false (session lapsed) {:?} into \
+                                 the keep-alive load",
+                                start.elapsed()
+                            )),
+                            Err(status) => counters.fail(format!(
+                                "Heartbeat: {}",
+                                lock_proto::lock_error_from_status(&status)
+                            )),
                         }
-                        Ok(_) => counters.fail(format!(
-                            "Heartbeat answered alive=false {:?} after the session was opened",
-                            start.elapsed()
-                        )),
-                        Err(status) => counters.fail(format!(
-                            "Heartbeat: {}",
-                            lock_proto::lock_error_from_status(&status)
-                        )),
-                    }
+                    });
                 }
             }));
         }
@@ -272,6 +289,7 @@ impl LockSystem for LockdCluster {
             tasks,
             count,
             started.elapsed().as_secs_f64(),
+            ttl / 3,
         ))
     }
 

@@ -157,6 +157,11 @@ pub fn rows(lockd: Option<&SystemResults>, etcd: Option<&SystemResults>) -> Vec<
         None,
     );
     row(
+        "W4 keep-alives/s offered",
+        &|s| Some(s.w4.keepers.keepalives_offered_per_sec),
+        None,
+    );
+    row(
         "W4 keep-alives/s answered",
         &|s| Some(s.w4.keepers.keepalives_per_sec),
         None,
@@ -169,8 +174,13 @@ pub fn rows(lockd: Option<&SystemResults>, etcd: Option<&SystemResults>) -> Vec<
         })),
     );
     row(
-        "errors (all workloads)",
-        &|s| Some((s.errors() + s.w4.keepers.keepalive_errors) as f64),
+        "W4 keep-alives failed (session or lease lapsed)",
+        &|s| Some(s.w4.keepers.keepalive_errors as f64),
+        Some(("0".to_owned(), &|l: f64, _| l == 0.0)),
+    );
+    row(
+        "errors (W1–W4 acquire/release)",
+        &|s| Some(s.errors() as f64),
         Some(("0".to_owned(), &|l: f64, _| l == 0.0)),
     );
     rows

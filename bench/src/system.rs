@@ -72,7 +72,9 @@ pub struct Keepers {
     tasks: Vec<JoinHandle<()>>,
     sessions: usize,
     open_secs: f64,
-    running_since: Instant,
+    /// When the first keep-alive is due (one period after every session was open).
+    beats_from: Instant,
+    period: Duration,
 }
 
 impl Keepers {
@@ -83,6 +85,7 @@ impl Keepers {
         tasks: Vec<JoinHandle<()>>,
         sessions: usize,
         open_secs: f64,
+        period: Duration,
     ) -> Self {
         Self {
             counters,
@@ -90,7 +93,8 @@ impl Keepers {
             tasks,
             sessions,
             open_secs,
-            running_since: Instant::now(),
+            beats_from: Instant::now() + period,
+            period,
         }
     }
 
@@ -113,7 +117,12 @@ impl Keepers {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .clone(),
-            keepalives_per_sec: ok as f64 / self.running_since.elapsed().as_secs_f64(),
+            keepalives_per_sec: ok as f64
+                / Instant::now()
+                    .saturating_duration_since(self.beats_from)
+                    .as_secs_f64()
+                    .max(f64::EPSILON),
+            keepalives_offered_per_sec: self.sessions as f64 / self.period.as_secs_f64(),
         }
     }
 }
@@ -129,8 +138,10 @@ pub struct KeeperReport {
     pub keepalives_ok: u64,
     /// Keep-alives that failed or answered "gone".
     pub keepalive_errors: u64,
-    /// Keep-alives answered per second while the load ran.
+    /// Keep-alives answered per second, from the first one due until the load stopped.
     pub keepalives_per_sec: f64,
+    /// Keep-alives due per second: sessions / (TTL / 3).
+    pub keepalives_offered_per_sec: f64,
     /// The first failed keep-alive.
     pub first_error: Option<String>,
 }
