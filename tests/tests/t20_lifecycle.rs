@@ -781,3 +781,41 @@ async fn a_renewal_sent_late_in_the_lease_is_never_lost() {
         sent = send;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_force_revoke_revokes_at_most_once() {
+    let cluster = Cluster::start(3).await;
+    let at = cluster.cluster_client();
+    let displaced = at.open_session("displaced", LONG_TTL).await.expect("open");
+    let next = at.open_session("next", LONG_TTL).await.expect("open");
+    let old = at
+        .try_acquire(&displaced.id, "k", LONG_TTL)
+        .await
+        .expect("try_acquire")
+        .expect("granted");
+    let pending = spawn_waiter(&at, &next.id, "k");
+    wait_for_waiters(&at, "k", 1).await;
+
+    // lock.proto: "a retry carries the same value, so a lost answer followed by a retry
+    // revokes at most once". The first answer is treated as lost; the retry must answer the
+    // same outcome and must not revoke the grant the waiter received in between.
+    let request_id = lock_tests::next_request_id();
+    let first = at
+        .force_revoke_with_request_id("k", "oncall", "stuck", request_id)
+        .await
+        .expect("force_revoke");
+    assert_eq!(first.previous_token, old.fencing_token);
+    let (new, _) = granted(pending, "waiter of k").await;
+    let retry = at
+        .force_revoke_with_request_id("k", "oncall", "stuck", request_id)
+        .await
+        .expect("the retried force_revoke answers");
+    let info = at.inspect("k", true).await.expect("inspect");
+    assert_eq!(
+        info.as_ref().map(|i| i.fencing_token),
+        Some(new.fencing_token),
+        "the retried revoke (same request id {request_id}) revoked the next holder: \
+         first outcome {first:?}, retry outcome {retry:?}"
+    );
+    assert_eq!(retry, first, "a retry must answer the remembered outcome");
+}
