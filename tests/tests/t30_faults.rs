@@ -1152,3 +1152,80 @@ async fn a_leader_paused_past_every_lease_expires_nothing_when_it_resumes() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_granted_while_its_call_was_cut_is_answered_at_once_on_retry() {
+    let mut cluster = Cluster::start(3).await;
+    let any = cluster.cluster_client();
+    let holder = any.open_session("holder", LONG_TTL).await.expect("open");
+    let waiter = any.open_session("waiter", LONG_TTL).await.expect("open");
+    let held = any
+        .try_acquire(&holder.id, "k", LONG_TTL)
+        .await
+        .expect("try_acquire")
+        .expect("granted");
+    let leader = cluster.leader().await;
+    let request_id = lock_tests::next_request_id();
+    let max_wait = Duration::from_secs(15);
+    let cut_call = {
+        let at = cluster.client(leader);
+        let session_id = waiter.id.clone();
+        tokio::spawn(async move {
+            at.acquire_with_request_id(&session_id, request_id, "k", LONG_TTL, max_wait)
+                .await
+        })
+    };
+    poll_until("the waiter to be queued", Duration::from_secs(10), || {
+        let any = any.clone();
+        async move {
+            match any.inspect_confirmed("k").await {
+                Ok(Some(info)) if info.waiter_count == 1 => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        }
+    })
+    .await
+    .expect("queued");
+    cluster.kill(leader);
+    let cut = tokio::time::timeout(Duration::from_secs(10), cut_call)
+        .await
+        .expect("the crash ends the call")
+        .expect("no panic");
+    assert!(
+        matches!(
+            cut,
+            Err(LockError::Contention { .. } | LockError::NotLeader { .. })
+        ),
+        "{cut:?}"
+    );
+    cluster
+        .wait_for_leader(failover_bound(&cluster))
+        .await
+        .expect("a new leader");
+    // The hand-off happens while nobody waits for the answer.
+    assert!(
+        any.release(&holder.id, "k", held.fencing_token)
+            .await
+            .expect("release")
+    );
+    let info = any
+        .inspect_confirmed("k")
+        .await
+        .expect("inspect")
+        .expect("handed to the queued waiter");
+    assert_eq!(info.session_id, waiter.id);
+    // The client's retry (same request id) learns of its grant without waiting.
+    let started = Instant::now();
+    let grant = any
+        .acquire_with_request_id(&waiter.id, request_id, "k", LONG_TTL, max_wait)
+        .await
+        .expect("the retry answers")
+        .expect("the retry answers the grant");
+    let took = started.elapsed();
+    println!("retry answered the hand-off grant after {took:?}");
+    assert_eq!(grant.fencing_token, info.fencing_token);
+    assert!(
+        took < Duration::from_secs(5),
+        "the retry of an already granted wait answered only after {took:?} (max_wait {max_wait:?})"
+    );
+}
