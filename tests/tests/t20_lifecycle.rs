@@ -819,3 +819,47 @@ async fn a_retried_force_revoke_revokes_at_most_once() {
     );
     assert_eq!(retry, first, "a retry must answer the remembered outcome");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_session_expires_is_dropped_from_the_queue() {
+    let cluster = Cluster::start(3).await;
+    let at = cluster.cluster_client();
+    let holder = at.open_session("holder", LONG_TTL).await.expect("open");
+    let short = at.open_session("short", SHORT_TTL).await.expect("open");
+    let held = at
+        .try_acquire(&holder.id, "k", LONG_TTL)
+        .await
+        .expect("try_acquire")
+        .expect("granted");
+    let sent = Instant::now();
+    let pending = spawn_waiter(&at, &short.id, "k");
+    wait_for_waiters(&at, "k", 1).await;
+    assert!(
+        at.locks_of(&short.id).await.expect("locks_of").is_empty(),
+        "a queued wait is not a held lock"
+    );
+    // The waiting session is never heartbeated: it expires and takes its wait with it.
+    let (answer, answered_at) =
+        tokio::time::timeout(WAITER_MAX_WAIT + Duration::from_secs(5), pending)
+            .await
+            .expect("the wait answers")
+            .expect("no panic");
+    let after = answered_at - sent;
+    println!("the wait of an expiring session answered {answer:?} after {after:?}");
+    match answer {
+        Ok(None) | Err(LockError::InvalidArgument { .. }) => {}
+        other => panic!("the wait of an expired session answered {other:?}"),
+    }
+    assert!(
+        after < WAITER_MAX_WAIT,
+        "the wait outlived its session and ran to max_wait ({after:?})"
+    );
+    let info = at.inspect("k", true).await.expect("inspect").expect("held");
+    assert_eq!(info.waiter_count, 0);
+    assert!(
+        at.release(&holder.id, "k", held.fencing_token)
+            .await
+            .expect("release")
+    );
+    assert_eq!(at.inspect("k", true).await.expect("inspect"), None);
+}
