@@ -446,6 +446,7 @@ async fn a_full_restart_keeps_grants_sessions_and_the_token_counter() {
         .max(outcome.new_token_floor);
     let grants: Vec<Grant> = grants.into_iter().filter(|g| g.key != "revoked").collect();
 
+    let cluster_id = cluster.status(1).await.expect("status").cluster_id;
     for (id, status) in cluster.stop_all().await {
         assert!(
             status.success(),
@@ -482,6 +483,19 @@ async fn a_full_restart_keeps_grants_sessions_and_the_token_counter() {
             ),
             "grant of {} after the restart",
             grant.key
+        );
+    }
+    for id in cluster.ids() {
+        // Node 1 restarts with --bootstrap: it must not initialise a second cluster.
+        let status = cluster.status(id).await.expect("status");
+        assert_eq!(
+            status.cluster_id, cluster_id,
+            "node {id}'s cluster id after the restart"
+        );
+        assert_eq!(
+            status.members.len(),
+            3,
+            "node {id}'s membership after the restart"
         );
     }
     assert_eq!(
