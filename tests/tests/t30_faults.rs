@@ -1229,3 +1229,87 @@ async fn a_wait_granted_while_its_call_was_cut_is_answered_at_once_on_retry() {
         "the retry of an already granted wait answered only after {took:?} (max_wait {max_wait:?})"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_stopped_during_a_wait_exits_promptly_and_the_wait_survives() {
+    let mut cluster = Cluster::start(3).await;
+    let any = cluster.cluster_client();
+    let holder = any.open_session("holder", LONG_TTL).await.expect("open");
+    let waiter = any.open_session("waiter", LONG_TTL).await.expect("open");
+    let held = any
+        .try_acquire(&holder.id, "k", LONG_TTL)
+        .await
+        .expect("try_acquire")
+        .expect("granted");
+    let leader = cluster.leader().await;
+    let request_id = lock_tests::next_request_id();
+    let max_wait = Duration::from_secs(20);
+    let waiting = {
+        let at = cluster.client(leader);
+        let session_id = waiter.id.clone();
+        tokio::spawn(async move {
+            let answer = at
+                .acquire_with_request_id(&session_id, request_id, "k", LONG_TTL, max_wait)
+                .await;
+            (answer, Instant::now())
+        })
+    };
+    poll_until("the waiter to be queued", Duration::from_secs(10), || {
+        let any = any.clone();
+        async move {
+            match any.inspect_confirmed("k").await {
+                Ok(Some(info)) if info.waiter_count == 1 => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        }
+    })
+    .await
+    .expect("queued");
+
+    // A graceful shutdown must not wait for a long-poll acquire to run out its max_wait.
+    let stopping = Instant::now();
+    let status = cluster.stop(leader).await;
+    let stop_took = stopping.elapsed();
+    println!("leader {leader} with a waiting acquire stopped in {stop_took:?} ({status})");
+    assert!(status.success(), "exit status {status}");
+    assert!(
+        stop_took < Duration::from_secs(5),
+        "SIGTERM took {stop_took:?}"
+    );
+    let (answer, _) = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the waiting call ends with the node")
+        .expect("no panic");
+    assert!(
+        matches!(
+            answer,
+            Err(LockError::Contention { .. } | LockError::NotLeader { .. })
+        ),
+        "a wait cut by a shutdown answered {answer:?} (must be retry-safe)"
+    );
+    // The retry finds the same queued wait at the next leader and is granted on release.
+    let retry = {
+        let any = any.clone();
+        let session_id = waiter.id.clone();
+        tokio::spawn(async move {
+            any.acquire_with_request_id(&session_id, request_id, "k", LONG_TTL, max_wait)
+                .await
+        })
+    };
+    cluster
+        .wait_for_leader(failover_bound(&cluster))
+        .await
+        .expect("a new leader");
+    assert!(
+        any.release(&holder.id, "k", held.fencing_token)
+            .await
+            .expect("release")
+    );
+    let grant = tokio::time::timeout(max_wait, retry)
+        .await
+        .expect("the retry answers")
+        .expect("no panic")
+        .expect("acquire")
+        .expect("granted");
+    assert_eq!(grant.session_id, waiter.id);
+}
