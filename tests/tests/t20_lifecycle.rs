@@ -877,3 +877,64 @@ async fn a_waiter_whose_session_expires_is_dropped_from_the_queue() {
     );
     assert_eq!(at.inspect("k", true).await.expect("inspect"), None);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handed_off_grant_has_its_own_lease() {
+    let cluster = Cluster::start(3).await;
+    let at = cluster.cluster_client();
+    let first = at.open_session("first", LONG_TTL).await.expect("open");
+    let second = at.open_session("second", LONG_TTL).await.expect("open");
+    let third = at.open_session("third", LONG_TTL).await.expect("open");
+    let held = at
+        .try_acquire(&first.id, "k", LONG_TTL)
+        .await
+        .expect("try_acquire")
+        .expect("granted");
+    // `second` waits with a short lease; it gets the key by hand-off, renews once, then
+    // stops renewing: its lease must run out and hand the key on to `third`.
+    let second_wait = {
+        let at = at.clone();
+        let session_id = second.id.clone();
+        tokio::spawn(async move {
+            at.acquire(&session_id, "k", SHORT_TTL, WAITER_MAX_WAIT)
+                .await
+        })
+    };
+    wait_for_waiters(&at, "k", 1).await;
+    let third_wait = spawn_waiter(&at, &third.id, "k");
+    wait_for_waiters(&at, "k", 2).await;
+    assert!(
+        at.release(&first.id, "k", held.fencing_token)
+            .await
+            .expect("release")
+    );
+    let handed = tokio::time::timeout(WAITER_MAX_WAIT, second_wait)
+        .await
+        .expect("second answers")
+        .expect("no panic")
+        .expect("acquire")
+        .expect("second is granted by hand-off");
+    assert_eq!(handed.ttl_ms, lock_tests::ms(SHORT_TTL));
+    let renewed_sent = Instant::now();
+    let renewed = at
+        .renew(&second.id, "k", handed.fencing_token, SHORT_TTL)
+        .await
+        .expect("renew")
+        .expect("a handed-off grant renews");
+    assert_eq!(renewed.fencing_token, handed.fencing_token);
+    let (grant, granted_at) = granted(third_wait, "third").await;
+    let after = granted_at - renewed_sent;
+    println!(
+        "handed-off grant of TTL {SHORT_TTL:?} lapsed; third granted {after:?} after the renewal"
+    );
+    assert!(
+        after >= SHORT_TTL,
+        "the handed-off lease ended after {after:?}"
+    );
+    assert!(
+        after <= SHORT_TTL + EXPIRY_SLACK,
+        "the handed-off lease lasted {after:?}"
+    );
+    assert_eq!(grant.session_id, third.id);
+    assert!(grant.fencing_token > handed.fencing_token);
+}
