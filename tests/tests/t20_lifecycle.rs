@@ -938,3 +938,51 @@ async fn a_handed_off_grant_has_its_own_lease() {
     assert_eq!(grant.session_id, third.id);
     assert!(grant.fencing_token > handed.fencing_token);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_older_than_the_request_window_never_grants_twice() {
+    /// More requests than lockd remembers per session (`REQUEST_WINDOW` = 64 in the state
+    /// machine), so the first request's answer is forgotten.
+    const LATER_REQUESTS: usize = 80;
+    let cluster = Cluster::start(3).await;
+    let at = cluster.cluster_client();
+    let session = at.open_session("old-retry", LONG_TTL).await.expect("open");
+    let first_id = lock_tests::next_request_id();
+    let first = at
+        .try_acquire_with_request_id(&session.id, first_id, "k0", LONG_TTL)
+        .await
+        .expect("try_acquire")
+        .expect("granted");
+    for i in 0..LATER_REQUESTS {
+        at.try_acquire(&session.id, &format!("later-{i}"), LONG_TTL)
+            .await
+            .expect("try_acquire")
+            .expect("granted");
+    }
+    // One attempt, no retries: a forgotten request id must not be executed again.
+    let once = at.with_retry_for(Duration::ZERO);
+    match once
+        .try_acquire_with_request_id(&session.id, first_id, "k0", LONG_TTL)
+        .await
+    {
+        Ok(Some(grant)) if grant.fencing_token == first.fencing_token => {}
+        Ok(None) => println!("the stale retry answered 'not granted'"),
+        Err(e @ (LockError::Contention { .. } | LockError::NotLeader { .. })) => {
+            println!("the stale retry answered {e}")
+        }
+        other => panic!("a retry of a forgotten request answered {other:?}"),
+    }
+    let info = at
+        .inspect("k0", true)
+        .await
+        .expect("inspect")
+        .expect("held");
+    assert_eq!(
+        info.fencing_token, first.fencing_token,
+        "k0 was granted again"
+    );
+    assert_eq!(
+        at.locks_of(&session.id).await.expect("locks_of").len(),
+        LATER_REQUESTS + 1
+    );
+}
