@@ -135,7 +135,7 @@ impl LockService for LockApi {
         let r = request.into_inner();
         let revocation = self
             .store
-            .force_revoke(&r.key, &r.operator, &r.reason)
+            .force_revoke(&r.key, &r.operator, &r.reason, r.request_id)
             .await
             .map_err(status)?;
         Ok(Response::new(ForceRevokeResponse {

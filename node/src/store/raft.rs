@@ -8,7 +8,7 @@
 //! heartbeats confirmed by a quorum round (D-lease), and waiting for a hand-off (D-wait).
 //! Does not speak gRPC (see `grpc/`) and does not decide lock outcomes (the state machine does).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -76,6 +76,9 @@ struct Inner {
     clock: Arc<dyn Clock>,
     stop: tokio::sync::watch::Receiver<bool>,
     confirmer: Confirmer,
+    /// Outcomes of recent force-revokes by request id (see [`RaftLockStore::force_revoke`]);
+    /// an async mutex because a revoke holds it across its proposal.
+    revokes: tokio::sync::Mutex<VecDeque<(u64, Revocation)>>,
     /// Request ids for the trait methods, which carry none: a per-process counter seeded from
     /// the clock in microseconds, so ids keep growing across restarts of this process too.
     next_request_id: AtomicU64,
@@ -150,6 +153,10 @@ async fn ensure_leader(raft: &Raft<TypeConfig>) -> Result<(), LockError> {
     }
 }
 
+/// Force-revoke outcomes a leader remembers for retries. Revokes are rare (break-glass); a
+/// thousand covers any burst an operator's tooling retries within.
+pub const REVOKES_REMEMBERED_MAX: usize = 1024;
+
 /// Longest a proposal may take to commit and apply before the call answers "unknown outcome".
 ///
 /// A leader cut off from its majority keeps its role until it hears of a newer term, and its
@@ -184,6 +191,7 @@ impl RaftLockStore {
                 clock: parts.clock,
                 stop: parts.stop,
                 confirmer,
+                revokes: tokio::sync::Mutex::new(VecDeque::new()),
                 next_request_id: AtomicU64::new(seed.max(1)),
             }),
         }
@@ -633,17 +641,33 @@ impl RaftLockStore {
     }
 
     /// Break-glass revoke of `key`'s grant, advancing the token floor (FR-08, INV-04).
+    ///
+    /// `request_id` (non-zero) makes a retry answer the first outcome instead of revoking
+    /// again — a second revoke would displace the *next* holder. The replicated command carries
+    /// no request id, so this leader remembers the last [`REVOKES_REMEMBERED_MAX`] outcomes:
+    /// a retry that reaches a different leader after a failover is not recognised. Revokes are
+    /// serialized on the leader (a break-glass path, never hot), which also makes two
+    /// concurrent copies of one request revoke once. `request_id == 0` is never deduplicated.
     pub async fn force_revoke(
         &self,
         key: &str,
         operator: &str,
         reason: &str,
+        request_id: u64,
     ) -> Result<Revocation, LockError> {
         validate::key(key)?;
         validate::operator(operator)?;
         validate::reason(reason)?;
         self.leader_check()?;
-        match self
+        let mut remembered = self.inner.revokes.lock().await;
+        if request_id != 0
+            && let Some((_, revocation)) = remembered
+                .iter()
+                .find(|(id, r)| *id == request_id && r.key == key)
+        {
+            return Ok(revocation.clone());
+        }
+        let revocation = match self
             .propose(Command::ForceRevoke {
                 key: key.to_owned(),
                 operator: operator.to_owned(),
@@ -651,20 +675,26 @@ impl RaftLockStore {
             })
             .await?
         {
-            Response::Revoked(revocation) => {
-                tracing::warn!(
-                    key,
-                    operator,
-                    reason,
-                    previous_token = ?revocation.previous_token,
-                    new_token_floor = revocation.new_token_floor,
-                    "force revoke"
-                );
-                Ok(revocation)
+            Response::Revoked(revocation) => revocation,
+            Response::Rejected(r) => return Err(rejected(r)),
+            other => return Err(unexpected("ForceRevoke", &other)),
+        };
+        tracing::warn!(
+            key,
+            operator,
+            reason,
+            request_id,
+            previous_token = ?revocation.previous_token,
+            new_token_floor = revocation.new_token_floor,
+            "force revoke"
+        );
+        if request_id != 0 {
+            if remembered.len() >= REVOKES_REMEMBERED_MAX {
+                remembered.pop_front();
             }
-            Response::Rejected(r) => Err(rejected(r)),
-            other => Err(unexpected("ForceRevoke", &other)),
+            remembered.push_back((request_id, revocation.clone()));
         }
+        Ok(revocation)
     }
 }
 
@@ -799,7 +829,9 @@ impl LockStore for RaftLockStore {
         operator: &str,
         reason: &str,
     ) -> Result<LockOutcome, LockError> {
-        let r = self.force_revoke(key, operator, reason).await?;
+        let r = self
+            .force_revoke(key, operator, reason, self.next_request_id())
+            .await?;
         Ok(LockOutcome {
             key: r.key,
             revoked: r.previous_token.is_some(),
