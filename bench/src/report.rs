@@ -174,7 +174,7 @@ pub fn rows(lockd: Option<&SystemResults>, etcd: Option<&SystemResults>) -> Vec<
         })),
     );
     row(
-        "W4 keep-alives failed (session or lease lapsed)",
+        "W4 keep-alives failed",
         &|s| Some(s.w4.keepers.keepalive_errors as f64),
         Some(("0".to_owned(), &|l: f64, _| l == 0.0)),
     );
