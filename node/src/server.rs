@@ -52,6 +52,27 @@ pub async fn run(
     listener: Option<TcpListener>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    serve(config, listener, shutdown, None).await
+}
+
+/// Like [`run`], and also hands the node's [`RaftLockStore`] to `store_tx` as soon as it is
+/// built, so a test can drive the `LockStore` SPI of a real in-process node (the conformance
+/// suite in `tests/`). The node still serves gRPC as usual.
+pub async fn run_with_store(
+    config: Config,
+    listener: Option<TcpListener>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    store_tx: tokio::sync::oneshot::Sender<RaftLockStore>,
+) -> anyhow::Result<()> {
+    serve(config, listener, shutdown, Some(store_tx)).await
+}
+
+async fn serve(
+    config: Config,
+    listener: Option<TcpListener>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    store_tx: Option<tokio::sync::oneshot::Sender<RaftLockStore>>,
+) -> anyhow::Result<()> {
     let identity = Identity {
         cluster_name: config.cluster_name.clone(),
         node_id: config.node_id,
@@ -120,6 +141,10 @@ pub async fn run(
         clock,
         stop: stop_rx.clone(),
     });
+    if let Some(tx) = store_tx {
+        // A dropped receiver only means the caller stopped caring about the store.
+        let _ = tx.send(store.clone());
+    }
 
     let (health, health_service) = tonic_health::server::health_reporter();
     tokio::spawn(report_health(raft.clone(), health));
