@@ -7,7 +7,8 @@
 //!
 //! No process outlives its `Cluster`: `Drop` SIGKILLs and reaps every node, and when the thread
 //! is panicking (a failed assertion) it first prints the tail of every node's logs. If the test
-//! process is killed outright (no `Drop`), a per-cluster watchdog kills the nodes.
+//! process is killed outright (no `Drop`), a per-cluster watchdog kills the nodes. A node that
+//! exited on its own (a crash) fails the test when the cluster drops.
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -591,6 +592,18 @@ impl Cluster {
         }
     }
 
+    /// Nodes whose process exited without the harness stopping or killing it (a crash),
+    /// with their exit status. `Drop` fails the test if this is not empty.
+    pub fn crashed_nodes(&mut self) -> Vec<(u64, ExitStatus)> {
+        for node in self.nodes.values_mut() {
+            node.is_running();
+        }
+        self.nodes
+            .values()
+            .filter_map(|n| n.crashed().map(|status| (n.id, status)))
+            .collect()
+    }
+
     /// Node `id`'s OS process id while it runs.
     pub fn pid(&self, id: u64) -> Option<u32> {
         self.node(id).pid()
@@ -626,7 +639,9 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        if std::thread::panicking() {
+        let crashed = self.crashed_nodes();
+        let panicking = std::thread::panicking();
+        if panicking || !crashed.is_empty() {
             self.dump_logs();
         }
         self.kill_all();
@@ -640,6 +655,11 @@ impl Drop for Cluster {
                 "lock-tests: kept cluster directory {}",
                 dir.keep().display()
             );
+        }
+        // A node that died on its own is a failure even if every assertion passed (a crash
+        // on junk input, a panic in a background task); the logs are printed above.
+        if !panicking && !crashed.is_empty() {
+            panic!("node(s) exited on their own during the test: {crashed:?}");
         }
     }
 }

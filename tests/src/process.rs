@@ -49,6 +49,9 @@ pub(crate) struct NodeProcess {
     pub(crate) stderr_path: PathBuf,
     child: Option<Child>,
     paused: bool,
+    /// The exit status of a process that exited without the harness stopping or killing it
+    /// (a crash), once noticed.
+    crashed: Option<ExitStatus>,
     /// How many times a process was spawned for this node.
     runs: u32,
     /// Sizes of the log files when the current process was spawned: its output starts there.
@@ -66,6 +69,7 @@ impl NodeProcess {
             stderr_path: dir.join(format!("node{id}.stderr.log")),
             child: None,
             paused: false,
+            crashed: None,
             runs: 0,
             stdout_start: 0,
             stderr_start: 0,
@@ -76,17 +80,29 @@ impl NodeProcess {
         format!("127.0.0.1:{}", self.port)
     }
 
-    /// Whether a process is running (possibly paused). Reaps it if it has exited.
+    /// Whether a process is running (possibly paused). Reaps it if it has exited, and then
+    /// remembers the exit as a crash: the harness did not stop it.
     pub(crate) fn is_running(&mut self) -> bool {
         match self.child.as_mut().map(Child::try_wait) {
             Some(Ok(None)) => true,
-            Some(Ok(Some(_))) | Some(Err(_)) => {
+            Some(Ok(Some(status))) => {
+                self.crashed = Some(status);
+                self.child = None;
+                self.paused = false;
+                false
+            }
+            Some(Err(_)) => {
                 self.child = None;
                 self.paused = false;
                 false
             }
             None => false,
         }
+    }
+
+    /// The exit status of a crash noticed so far (an exit the harness did not cause).
+    pub(crate) fn crashed(&self) -> Option<ExitStatus> {
+        self.crashed
     }
 
     pub(crate) fn is_paused(&self) -> bool {
