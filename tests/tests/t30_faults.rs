@@ -1313,3 +1313,67 @@ async fn a_leader_stopped_during_a_wait_exits_promptly_and_the_wait_survives() {
         .expect("granted");
     assert_eq!(grant.session_id, waiter.id);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_force_revoke_retried_at_the_next_leader_revokes_at_most_once() {
+    let mut cluster = Cluster::start(3).await;
+    let any = cluster.cluster_client();
+    let displaced = any.open_session("displaced", LONG_TTL).await.expect("open");
+    let next = any.open_session("next", LONG_TTL).await.expect("open");
+    let old = any
+        .try_acquire(&displaced.id, "k", LONG_TTL)
+        .await
+        .expect("try_acquire")
+        .expect("granted");
+    let waiting = {
+        let any = any.clone();
+        let session_id = next.id.clone();
+        tokio::spawn(async move {
+            any.acquire(&session_id, "k", LONG_TTL, Duration::from_secs(20))
+                .await
+        })
+    };
+    poll_until("the waiter to be queued", Duration::from_secs(10), || {
+        let any = any.clone();
+        async move {
+            match any.inspect_confirmed("k").await {
+                Ok(Some(info)) if info.waiter_count == 1 => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        }
+    })
+    .await
+    .expect("queued");
+    // The revoke is applied, then its leader dies before the operator's tool sees the answer
+    // (modelled by ignoring it); the tool retries with the same request id at the next leader.
+    let request_id = lock_tests::next_request_id();
+    let first = any
+        .force_revoke_with_request_id("k", "oncall", "stuck", request_id)
+        .await
+        .expect("force_revoke");
+    assert_eq!(first.previous_token, old.fencing_token);
+    let new = tokio::time::timeout(Duration::from_secs(20), waiting)
+        .await
+        .expect("the waiter answers")
+        .expect("no panic")
+        .expect("acquire")
+        .expect("granted after the revoke");
+    let leader = cluster.leader().await;
+    cluster.kill(leader);
+    cluster
+        .wait_for_leader(failover_bound(&cluster))
+        .await
+        .expect("a new leader");
+    let retry = any
+        .force_revoke_with_request_id("k", "oncall", "stuck", request_id)
+        .await
+        .expect("the retried force_revoke answers");
+    let info = any.inspect_confirmed("k").await.expect("inspect");
+    assert_eq!(
+        info.as_ref().map(|i| i.fencing_token),
+        Some(new.fencing_token),
+        "the revoke retried at the next leader (same request id {request_id}) revoked the \
+         next holder: first outcome {first:?}, retry outcome {retry:?}"
+    );
+    assert_eq!(retry, first, "a retry must answer the remembered outcome");
+}
