@@ -1377,3 +1377,47 @@ async fn a_force_revoke_retried_at_the_next_leader_revokes_at_most_once() {
     );
     assert_eq!(retry, first, "a retry must answer the remembered outcome");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_acknowledged_just_before_a_crash_stays_done() {
+    const ROUNDS: usize = 3;
+    let mut cluster = Cluster::start(3).await;
+    let any = cluster.cluster_client();
+    let owner = any.open_session("owner", LONG_TTL).await.expect("open");
+    for round in 0..ROUNDS {
+        let key = format!("released-{round}");
+        let grant = any
+            .try_acquire(&owner.id, &key, LONG_TTL)
+            .await
+            .expect("try_acquire")
+            .expect("granted");
+        assert!(
+            any.release(&owner.id, &key, grant.fencing_token)
+                .await
+                .expect("release"),
+            "round {round}"
+        );
+        // The release is acknowledged; the leader dies at once.
+        let leader = cluster.leader().await;
+        cluster.kill(leader);
+        cluster
+            .wait_for_leader(failover_bound(&cluster))
+            .await
+            .expect("a new leader");
+        // The first leader-confirmed read at the new leader must already reflect it.
+        assert_eq!(
+            any.inspect_confirmed(&key).await.expect("inspect"),
+            None,
+            "round {round}: an acknowledged release was undone by the failover (or the new \
+             leader served a confirmed read before applying it)"
+        );
+        assert!(
+            !any.locks_of(&owner.id)
+                .await
+                .expect("locks_of")
+                .contains(&key),
+            "round {round}"
+        );
+        cluster.start_node(leader).await;
+    }
+}
