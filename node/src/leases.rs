@@ -385,7 +385,7 @@ pub async fn run_promoter(
             // The blank entry of this term has applied: every entry of earlier terms is in the
             // state machine, so the promote restarts every lease that exists. First make sure
             // our stamps do not go below the predecessor's (D-time).
-            proposer.raise_stamp_floor(reader.read(latest_stamp_ms));
+            proposer.raise_stamp_floor(reader.read(|table| table.last_stamp_ms()));
             match proposer.propose(Command::Promote).await {
                 Ok(Response::Promoted { grants, sessions }) => {
                     let (grant_list, session_list) = reader.read(|table| {
@@ -415,20 +415,6 @@ pub async fn run_promoter(
         }
         let _ = tokio::time::timeout(PROMOTE_RETRY, metrics.changed()).await;
     }
-}
-
-/// The latest stamp the replicated state shows (grants, sessions, revocations): a floor for a
-/// new leader's stamps. Every recorded expiry is `stamp + ttl` of the entry that set it.
-pub fn latest_stamp_ms(table: &lock_raft_store::LockTable) -> u64 {
-    let grants = table.grants().map(|g| {
-        g.acquired_at_ms
-            .max(g.expires_at_ms.saturating_sub(g.ttl_ms))
-    });
-    let sessions = table
-        .sessions()
-        .map(|(_, s)| s.opened_at_ms.max(s.expires_at_ms.saturating_sub(s.ttl_ms)));
-    let revocations = table.revocations().map(|r| r.at_ms);
-    grants.chain(sessions).chain(revocations).max().unwrap_or(0)
 }
 
 /// Every [`REAP_TICK`] while this node is the promoted leader, proposes the expiry of up to

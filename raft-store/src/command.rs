@@ -108,6 +108,11 @@ pub enum Command {
         operator: String,
         /// Why (audit).
         reason: String,
+        /// The caller's id for this revoke, so a retry after a lost answer (possibly at a new
+        /// leader) answers the first outcome instead of revoking again — a second revoke would
+        /// displace the *next* holder. A revoke with the same `(key, operator, request_id)`
+        /// within `limits::REVOKE_RETRY_WINDOW_MS` of the first is a retry; `0` is never one.
+        request_id: u64,
     },
     /// The leader's reaper found the lease of grant `(key, token)` lapsed. Conditional on the
     /// token, so a stale expiry never removes a newer grant.
@@ -166,6 +171,8 @@ pub struct Revocation {
     pub new_token_floor: u64,
     /// Stamp of the revoke.
     pub at_ms: u64,
+    /// The revoke's request id (0 if the caller gave none); see `Command::ForceRevoke`.
+    pub request_id: u64,
 }
 
 /// Why a command was refused without changing anything.

@@ -63,3 +63,11 @@ const _: () = assert!(WAITS_PER_SESSION_MAX <= LOCKS_PER_SESSION_MAX);
 const _: () = assert!(SESSIONS_MAX >= 100_000);
 const _: () = assert!(REQUEST_WINDOW >= 2 * WAITS_PER_SESSION_MAX);
 const _: () = assert!(WAITERS_PER_KEY_MAX > 0 && AUDIT_LOG_MAX > 0 && BATCH_MAX > 0);
+
+/// How long after a force-revoke a request with the same `(key, operator, request_id)` is taken
+/// for its retry and answered the first outcome, in stamp milliseconds.
+///
+/// Retries of a lost answer come within seconds (a client's call deadline); a minute covers
+/// them across a leader failover. Bounding it in time, not only by the audit log's length, means
+/// an operator's later break-glass with a reused id is never silently swallowed as a "retry".
+pub const REVOKE_RETRY_WINDOW_MS: u64 = 60_000;

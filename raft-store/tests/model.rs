@@ -11,8 +11,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use lock_raft_store::limits::{
-    AUDIT_LOG_MAX, BATCH_MAX, LOCKS_PER_SESSION_MAX, REQUEST_WINDOW, SESSIONS_MAX,
-    WAITERS_PER_KEY_MAX, WAITS_PER_SESSION_MAX,
+    AUDIT_LOG_MAX, BATCH_MAX, LOCKS_PER_SESSION_MAX, REQUEST_WINDOW, REVOKE_RETRY_WINDOW_MS,
+    SESSIONS_MAX, WAITERS_PER_KEY_MAX, WAITS_PER_SESSION_MAX,
 };
 use lock_raft_store::{
     Command, Event, FreeCause, Grant, LockTable, Rejection, Response, Revocation,
@@ -512,9 +512,22 @@ impl Model {
                 key,
                 operator,
                 reason,
+                request_id,
             } => {
                 if bad(&key) || bad(&operator) || bad(&reason) {
                     return invalid();
+                }
+                // A retry (same key, operator and non-zero id within the window) answers the
+                // first outcome: scan every remembered revoke, not just the recent ones.
+                if request_id != 0
+                    && let Some(first) = self.revocations.iter().rev().find(|r| {
+                        r.request_id == request_id
+                            && r.key == key
+                            && r.operator == operator
+                            && stamp <= r.at_ms + REVOKE_RETRY_WINDOW_MS
+                    })
+                {
+                    return Response::Revoked(first.clone());
                 }
                 let previous = self.grants.remove(&key);
                 if let Some(g) = &previous {
@@ -533,6 +546,7 @@ impl Model {
                     previous_token: previous.as_ref().map(|g| g.token),
                     new_token_floor: self.last_token,
                     at_ms: stamp,
+                    request_id,
                 };
                 self.revocations.push(rev.clone());
                 if self.revocations.len() > AUDIT_LOG_MAX {
@@ -623,6 +637,8 @@ enum Op {
     Revoke {
         key: usize,
         blank_reason: bool,
+        /// 0 = no request id; small ids repeat, so retries (same key and id) happen often.
+        request_id: u8,
     },
     ExpireLock {
         key: usize,
@@ -742,8 +758,13 @@ fn concretize(op: &Op, model: &Model, ids: &mut Ids) -> Command {
                 release_if_granted: *release,
             }
         }
-        Op::Revoke { key, blank_reason } => Command::ForceRevoke {
+        Op::Revoke {
+            key,
+            blank_reason,
+            request_id,
+        } => Command::ForceRevoke {
             key: key_of(*key),
+            request_id: u64::from(*request_id),
             operator: "op".to_owned(),
             reason: if *blank_reason {
                 " ".into()
@@ -804,8 +825,8 @@ fn simple_op(close_weight: u32) -> impl Strategy<Value = Op> {
             .prop_map(|(s, id, key, pick, ttl)| Op::Renew { s, id, key, pick, ttl }),
         3 => (s.clone(), id(), proptest::option::of(any::<usize>()), key(), any::<bool>())
             .prop_map(|(s, id, pick, key, release)| Op::Cancel { s, id, pick, key, release }),
-        1 => (key(), proptest::bool::weighted(0.1))
-            .prop_map(|(key, blank_reason)| Op::Revoke { key, blank_reason }),
+        1 => (key(), proptest::bool::weighted(0.1), 0..3u8)
+            .prop_map(|(key, blank_reason, request_id)| Op::Revoke { key, blank_reason, request_id }),
         2 => (key(), any::<usize>()).prop_map(|(key, pick)| Op::ExpireLock { key, pick }),
         1 => Just(Op::Promote),
     ]

@@ -288,6 +288,7 @@ fn parse(line: &str, at: &str) -> Command {
             key: s("key"),
             operator: s("operator"),
             reason: s("reason"),
+            request_id: n("id", Some(0)),
         },
         "expire-lock" => Command::ExpireLock {
             key: s("key"),
@@ -314,14 +315,15 @@ fn grant(g: &Grant) -> String {
 
 fn revocation(r: &lock_raft_store::Revocation) -> String {
     format!(
-        "key={} previous_owner={} previous_token={} floor={} operator={} reason={} at={}",
+        "key={} previous_owner={} previous_token={} floor={} operator={} reason={} at={} id={}",
         r.key,
         r.previous_owner_id.as_deref().unwrap_or("-"),
         r.previous_token.map_or("-".to_owned(), |t| t.to_string()),
         r.new_token_floor,
         r.operator,
         r.reason,
-        r.at_ms
+        r.at_ms,
+        r.request_id
     )
 }
 

@@ -91,6 +91,7 @@ impl Workload {
                 key,
                 operator: "ops".to_string(),
                 reason: "test".to_string(),
+                request_id: 0,
             },
             (78..=81, _) => Command::CancelWait {
                 session_id: self.session(),

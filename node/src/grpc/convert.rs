@@ -108,6 +108,7 @@ mod tests {
             previous_token: None,
             new_token_floor: 9,
             at_ms: 1,
+            request_id: 0,
         });
         assert!(!out.revoked);
         assert_eq!(out.previous_owner_id, "");

@@ -8,7 +8,7 @@
 //! heartbeats confirmed by a quorum round (D-lease), and waiting for a hand-off (D-wait).
 //! Does not speak gRPC (see `grpc/`) and does not decide lock outcomes (the state machine does).
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -76,9 +76,6 @@ struct Inner {
     clock: Arc<dyn Clock>,
     stop: tokio::sync::watch::Receiver<bool>,
     confirmer: Confirmer,
-    /// Outcomes of recent force-revokes by request id (see [`RaftLockStore::force_revoke`]);
-    /// an async mutex because a revoke holds it across its proposal.
-    revokes: tokio::sync::Mutex<VecDeque<(u64, Revocation)>>,
     /// Request ids for the trait methods, which carry none: a per-process counter seeded from
     /// the clock in microseconds, so ids keep growing across restarts of this process too.
     next_request_id: AtomicU64,
@@ -153,10 +150,6 @@ async fn ensure_leader(raft: &Raft<TypeConfig>) -> Result<(), LockError> {
     }
 }
 
-/// Force-revoke outcomes a leader remembers for retries. Revokes are rare (break-glass); a
-/// thousand covers any burst an operator's tooling retries within.
-pub const REVOKES_REMEMBERED_MAX: usize = 1024;
-
 /// Longest a proposal may take to commit and apply before the call answers "unknown outcome".
 ///
 /// A leader cut off from its majority keeps its role until it hears of a newer term, and its
@@ -191,7 +184,6 @@ impl RaftLockStore {
                 clock: parts.clock,
                 stop: parts.stop,
                 confirmer,
-                revokes: tokio::sync::Mutex::new(VecDeque::new()),
                 next_request_id: AtomicU64::new(seed.max(1)),
             }),
         }
@@ -643,11 +635,10 @@ impl RaftLockStore {
     /// Break-glass revoke of `key`'s grant, advancing the token floor (FR-08, INV-04).
     ///
     /// `request_id` (non-zero) makes a retry answer the first outcome instead of revoking
-    /// again — a second revoke would displace the *next* holder. The replicated command carries
-    /// no request id, so this leader remembers the last [`REVOKES_REMEMBERED_MAX`] outcomes:
-    /// a retry that reaches a different leader after a failover is not recognised. Revokes are
-    /// serialized on the leader (a break-glass path, never hot), which also makes two
-    /// concurrent copies of one request revoke once. `request_id == 0` is never deduplicated.
+    /// again — a second revoke would displace the *next* holder. The replicated state decides
+    /// (the audit log remembers each revoke's id), so a retry is recognised at any leader,
+    /// after a failover too, and two concurrent copies of one request revoke once.
+    /// `request_id == 0` is never deduplicated.
     pub async fn force_revoke(
         &self,
         key: &str,
@@ -659,19 +650,12 @@ impl RaftLockStore {
         validate::operator(operator)?;
         validate::reason(reason)?;
         self.leader_check()?;
-        let mut remembered = self.inner.revokes.lock().await;
-        if request_id != 0
-            && let Some((_, revocation)) = remembered
-                .iter()
-                .find(|(id, r)| *id == request_id && r.key == key)
-        {
-            return Ok(revocation.clone());
-        }
         let revocation = match self
             .propose(Command::ForceRevoke {
                 key: key.to_owned(),
                 operator: operator.to_owned(),
                 reason: reason.to_owned(),
+                request_id,
             })
             .await?
         {
@@ -688,12 +672,6 @@ impl RaftLockStore {
             new_token_floor = revocation.new_token_floor,
             "force revoke"
         );
-        if request_id != 0 {
-            if remembered.len() >= REVOKES_REMEMBERED_MAX {
-                remembered.pop_front();
-            }
-            remembered.push_back((request_id, revocation.clone()));
-        }
         Ok(revocation)
     }
 }

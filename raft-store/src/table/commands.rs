@@ -11,8 +11,8 @@ use super::session::{Session, WindowCheck};
 use super::{LockTable, Waiter};
 use crate::command::{Command, Event, FreeCause, Grant, Rejection, Response, Revocation};
 use crate::limits::{
-    AUDIT_LOG_MAX, BATCH_MAX, LOCKS_PER_SESSION_MAX, SESSIONS_MAX, WAITERS_PER_KEY_MAX,
-    WAITS_PER_SESSION_MAX,
+    AUDIT_LOG_MAX, BATCH_MAX, LOCKS_PER_SESSION_MAX, REVOKE_RETRY_WINDOW_MS, SESSIONS_MAX,
+    WAITERS_PER_KEY_MAX, WAITS_PER_SESSION_MAX,
 };
 
 /// A short name of a command for assertion messages (a batch's contents may be huge).
@@ -156,7 +156,8 @@ impl LockTable {
                 key,
                 operator,
                 reason,
-            } => self.force_revoke(stamp_ms, key, operator, reason, events),
+                request_id,
+            } => self.force_revoke(stamp_ms, key, operator, reason, request_id, events),
             Command::ExpireLock { key, token } => {
                 let expired = self.grants.get(&key).is_some_and(|g| g.token == token);
                 if expired {
@@ -492,6 +493,7 @@ impl LockTable {
         key: String,
         operator: String,
         reason: String,
+        request_id: u64,
         events: &mut Vec<Event>,
     ) -> Response {
         check!(
@@ -499,6 +501,18 @@ impl LockTable {
             validate::operator(&operator),
             validate::reason(&reason)
         );
+        // A retry of a revoke already applied answers the first outcome and changes nothing.
+        // The audit log is the memory: newest first, stopping at the retry window's edge.
+        if request_id != 0
+            && let Some(first) = self
+                .revocations
+                .iter()
+                .rev()
+                .take_while(|r| r.at_ms.saturating_add(REVOKE_RETRY_WINDOW_MS) >= stamp_ms)
+                .find(|r| r.request_id == request_id && r.key == key && r.operator == operator)
+        {
+            return Response::Revoked(first.clone());
+        }
         let previous = self.take_grant(&key);
         if let Some(grant) = &previous {
             events.push(Event::Freed {
@@ -518,6 +532,7 @@ impl LockTable {
             previous_token: previous.as_ref().map(|g| g.token),
             new_token_floor: self.last_token,
             at_ms: stamp_ms,
+            request_id,
         };
         self.revocations.push_back(revocation.clone());
         while self.revocations.len() > AUDIT_LOG_MAX {

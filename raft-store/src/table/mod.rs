@@ -75,6 +75,10 @@ pub struct LockTable {
     revocations: VecDeque<Revocation>,
     /// Highest token ever issued or burned. The next grant takes `last_token + 1`.
     last_token: u64,
+    /// Highest stamp applied so far. A new leader stamps its commands no lower than this, so
+    /// stamps never go backwards across a leader change even when the new leader's wall clock
+    /// is behind (D-time).
+    last_stamp_ms: u64,
 }
 
 impl LockTable {
@@ -93,6 +97,7 @@ impl LockTable {
     pub fn apply(&mut self, stamp_ms: u64, command: Command, events: &mut Vec<Event>) -> Response {
         #[cfg(debug_assertions)]
         let what = commands::describe(&command);
+        self.last_stamp_ms = self.last_stamp_ms.max(stamp_ms);
         let response = match command {
             Command::Batch(commands) => self.apply_batch(stamp_ms, commands, events),
             command => self.apply_one(stamp_ms, command, events),
@@ -107,6 +112,12 @@ impl LockTable {
             );
         }
         response
+    }
+
+    /// The highest stamp applied so far (0 before the first command): the floor for the next
+    /// leader's stamps.
+    pub fn last_stamp_ms(&self) -> u64 {
+        self.last_stamp_ms
     }
 
     /// The grant on `key`, if it is held.
@@ -203,6 +214,7 @@ mod tests {
                 key: "b".into(),
                 operator: "op".into(),
                 reason: "drill".into(),
+                request_id: 0,
             },
         ];
         for c in commands {
