@@ -181,6 +181,13 @@ fn lock_error_from_code(status: &Status) -> LockError {
         Code::InvalidArgument => LockError::InvalidArgument {
             message: status.message().to_owned(),
         },
+        // The same call fails the same way every time, so retrying is useless: tonic answers
+        // `OutOfRange` for a message over the server's size limit, and `Unimplemented` means
+        // the server does not know the method (a version mismatch). Reporting either as
+        // retry-safe would make a client retry forever a request that can never succeed.
+        code @ (Code::OutOfRange | Code::Unimplemented) => LockError::InvalidArgument {
+            message: format!("gRPC {code:?}: {}", status.message()),
+        },
         // Transient, unknown-outcome or foreign: never a loss (DESIGN D-errors).
         code => LockError::Contention {
             message: format!("gRPC {code:?}: {}", status.message()),
@@ -301,7 +308,6 @@ mod tests {
             Code::FailedPrecondition,
             Code::PermissionDenied,
             Code::NotFound,
-            Code::Unimplemented,
             Code::Ok,
         ];
         for code in transient {
@@ -315,6 +321,19 @@ mod tests {
             lock_error_from_status(&Status::invalid_argument("ttl_ms too large")),
             LockError::invalid("ttl_ms too large")
         );
+    }
+
+    #[test]
+    fn a_request_that_can_never_succeed_is_not_retry_safe() {
+        // tonic's answer to a message over the size limit, and an unknown method.
+        for code in [Code::OutOfRange, Code::Unimplemented] {
+            let err = lock_error_from_status(&Status::new(code, "message too large"));
+            assert!(
+                matches!(&err, LockError::InvalidArgument { message } if message.contains("too large")),
+                "{code:?} mapped to {err:?}"
+            );
+            assert!(!err.is_retry_safe());
+        }
     }
 
     #[test]
