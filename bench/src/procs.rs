@@ -98,7 +98,7 @@ fn existing(path: &Path, source: &str) -> Result<PathBuf> {
     Ok(path.to_path_buf())
 }
 
-/// Clock ticks per second of ``/proc/<pid>/stat``'s CPU times (`USER_HZ`): 100 on every Linux
+/// Clock ticks per second of `/proc/<pid>/stat`'s CPU times (`USER_HZ`): 100 on every Linux
 /// architecture the benchmark runs on (the kernel's ABI fixes it; reading it via sysconf would
 /// need `unsafe`).
 const USER_HZ: f64 = 100.0;

@@ -136,17 +136,15 @@ async fn blank_oversized_and_control_character_keys_are_invalid() {
         f.assert_unharmed(name).await;
     }
     // A request above the node's gRPC message-size limit is refused by the transport before
-    // lockd sees it: no grant, and (the status carrying no lockd detail) it decodes as
-    // retry-safe `Contention`, or `InvalidArgument` if the node labels it so.
+    // lockd sees it (tonic answers OutOfRange, with no lockd detail). It must decode as
+    // InvalidArgument: the same request fails the same way every time, so a retry-safe
+    // Contention would make a client retry it forever.
     let huge = "k".repeat(2 * 1024 * 1024);
     match f.at.try_acquire(sid, &huge, LONG_TTL).await {
-        Err(LockError::Contention { message }) => {
-            println!("TryAcquire, 2 MiB key: Contention: {message}")
-        }
         Err(LockError::InvalidArgument { message }) => {
             println!("TryAcquire, 2 MiB key: InvalidArgument: {message}")
         }
-        other => panic!("TryAcquire, 2 MiB key: expected a refusal, got {other:?}"),
+        other => panic!("TryAcquire, 2 MiB key: expected InvalidArgument, got {other:?}"),
     }
     f.assert_unharmed("a 2 MiB key").await;
     // The limit itself is allowed.
