@@ -2,5 +2,8 @@
 //!
 //! - [`raft`]: the store over this node's Raft cluster (the default and only one built now);
 //!   other backends (PostgreSQL, etcd) plug in behind the same traits.
+//! - [`pg`] (feature `pg`): the lock table in PostgreSQL.
 
+#[cfg(feature = "pg")]
+pub mod pg;
 pub mod raft;

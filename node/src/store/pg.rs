@@ -1,0 +1,531 @@
+//! [`PgLockStore`]: `lock_api::LockStore` + `lock_api::SessionRegistry` over PostgreSQL
+//! (C2 §2.5, "dev.lock.server.store.pg"), behind cargo feature `pg`.
+//!
+//! Owns the C2 schema (`lock_entry` with `lock_entry_expiry_idx` and `lock_entry_session_idx`,
+//! `fencing_token_seq`, `lock_revocation`, `lock_session`), its embedded versioned migrations,
+//! and the SQL of each SPI method. Holds no lock state itself: every node that points at the
+//! same database serves the same lock table. Must not decide anything from its own clock — the
+//! database's `now()` is the one clock for expiry — and must never report a driver failure
+//! (serialization failure, lock or pool timeout, lost connection) as "lost": those are
+//! `LockError::Contention`.
+//!
+//! Token order. Every grant and every revoke of a key first takes a transaction-scoped advisory
+//! lock on that key and only then calls `nextval('fencing_token_seq')`. Taking `nextval()`
+//! before holding the key would let a slow inserter publish a token lower than one already
+//! granted and released on the same key — tokens out of grant order under contention (INV-04).
+
+use std::collections::BTreeSet;
+use std::str::FromStr;
+use std::time::{Duration, Instant, SystemTime};
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use lock_api::{
+    LockError, LockHandle, LockInfo, LockOutcome, LockStore, SessionRegistry, validate,
+};
+use tokio_postgres::NoTls;
+
+/// Connections in the pool: enough for a node's concurrent calls on a 2-core machine without
+/// exhausting a default PostgreSQL (`max_connections = 100`) when several nodes share it.
+pub const POOL_SIZE_MAX: usize = 16;
+
+/// How long a call waits for a pooled connection before answering `Contention`.
+pub const POOL_WAIT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How long a statement waits for a row or advisory lock (C2: "must never block on a row lock
+/// longer than the call deadline"); past it PostgreSQL cancels the wait and we answer
+/// `Contention`.
+pub const LOCK_WAIT_TIMEOUT_MS: u64 = 2_000;
+
+/// The longest any statement may run before PostgreSQL cancels it (then `Contention`).
+pub const STATEMENT_TIMEOUT_MS: u64 = 5_000;
+
+/// Advisory-lock namespace of the migrations, so concurrent nodes migrate one at a time.
+const MIGRATION_LOCK_ID: i64 = 0x6c6f_636b_645f_6d31; // "lockd_m1"
+
+/// Seed of `hashtextextended` for the per-key advisory lock that orders grants of a key.
+const KEY_LOCK_SEED: i64 = 8;
+
+/// The schema, one entry per version, applied in order and recorded in
+/// `lockd_schema_migrations`. Never edit a released entry: add a new version.
+const MIGRATIONS: &[(i32, &str)] = &[(1, include_str!("pg/0001_schema.sql"))];
+
+/// The lock table in PostgreSQL. Cheap to clone (the pool is shared).
+#[derive(Clone)]
+pub struct PgLockStore {
+    pool: Pool,
+}
+
+impl std::fmt::Debug for PgLockStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgLockStore")
+            .field("pool", &self.pool.status())
+            .finish()
+    }
+}
+
+/// Any driver or pool failure: retry-safe, never "lost" (C2 §2.5).
+fn contention(what: &str, e: impl std::fmt::Display) -> LockError {
+    LockError::contention(format!("postgres {what}: {e}"))
+}
+
+fn unknown_session(session_id: &str) -> LockError {
+    LockError::invalid(format!(
+        "session_id: unknown or expired session {session_id:?}"
+    ))
+}
+
+/// A TTL as the `bigint` milliseconds the SQL multiplies into an interval.
+fn ttl_ms_sql(ttl: Duration) -> Result<i64, LockError> {
+    let ms = validate::ttl(ttl)?;
+    i64::try_from(ms).map_err(|_| LockError::invalid(format!("ttl: {ms} ms does not fit")))
+}
+
+/// A token from a `bigint` column; the sequence starts at 1, so anything else is corruption.
+fn token_of(raw: i64) -> Result<u64, LockError> {
+    u64::try_from(raw).ok().filter(|t| *t > 0).ok_or_else(|| {
+        contention(
+            "fencing token",
+            format!("non-positive token {raw} in lock_entry"),
+        )
+    })
+}
+
+fn token_sql(token: u64) -> Result<i64, LockError> {
+    validate::fencing_token(token)?;
+    i64::try_from(token)
+        .map_err(|_| LockError::invalid(format!("fencing_token: {token} is out of range")))
+}
+
+/// A client deadline for a grant made at or after `started`: a server expiry is never later
+/// than `started + ttl` as seen by this process, so the local deadline is safe (FR-11).
+fn handle(
+    key: &str,
+    owner_id: String,
+    session_id: String,
+    token: u64,
+    ttl: Duration,
+    started: Instant,
+    expires_at: SystemTime,
+) -> LockHandle {
+    LockHandle {
+        key: key.to_owned(),
+        owner_id,
+        session_id,
+        fencing_token: token,
+        ttl,
+        client_deadline: started + ttl,
+        server_expiry: expires_at,
+    }
+}
+
+impl PgLockStore {
+    /// Connects to `url` (a libpq-style URL or key=value string), builds the pool and applies
+    /// any missing migrations. Fails naming what failed.
+    pub async fn connect(url: &str) -> Result<PgLockStore, LockError> {
+        let mut config = tokio_postgres::Config::from_str(url)
+            .map_err(|e| LockError::invalid(format!("postgres url: {e}")))?;
+        let options = format!(
+            "{} -c lock_timeout={LOCK_WAIT_TIMEOUT_MS} -c statement_timeout={STATEMENT_TIMEOUT_MS}",
+            config.get_options().unwrap_or("")
+        );
+        config.options(options.trim());
+        let manager = Manager::from_config(
+            config,
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(POOL_SIZE_MAX)
+            .wait_timeout(Some(POOL_WAIT_TIMEOUT))
+            .create_timeout(Some(POOL_WAIT_TIMEOUT))
+            .recycle_timeout(Some(POOL_WAIT_TIMEOUT))
+            .runtime(Runtime::Tokio1)
+            .build()
+            .map_err(|e| contention("building the pool", e))?;
+        let store = PgLockStore { pool };
+        store.migrate().await?;
+        Ok(store)
+    }
+
+    async fn client(&self) -> Result<deadpool_postgres::Object, LockError> {
+        self.pool
+            .get()
+            .await
+            .map_err(|e| contention("getting a pooled connection", e))
+    }
+
+    /// Applies every migration newer than the database's version, in one transaction, under an
+    /// advisory lock so that nodes starting together migrate once.
+    async fn migrate(&self) -> Result<(), LockError> {
+        let mut client = self.client().await?;
+        let tx = client
+            .transaction()
+            .await
+            .map_err(|e| contention("migration begin", e))?;
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK_ID])
+            .await
+            .map_err(|e| contention("migration lock", e))?;
+        tx.batch_execute(
+            "CREATE TABLE IF NOT EXISTS lockd_schema_migrations (
+                 version integer PRIMARY KEY,
+                 applied_at timestamptz NOT NULL DEFAULT now())",
+        )
+        .await
+        .map_err(|e| contention("creating lockd_schema_migrations", e))?;
+        let current: i32 = tx
+            .query_one(
+                "SELECT coalesce(max(version), 0) FROM lockd_schema_migrations",
+                &[],
+            )
+            .await
+            .map_err(|e| contention("reading the schema version", e))?
+            .get(0);
+        for (version, sql) in MIGRATIONS.iter().filter(|(v, _)| *v > current) {
+            tx.batch_execute(sql)
+                .await
+                .map_err(|e| contention(&format!("migration {version}"), e))?;
+            tx.execute(
+                "INSERT INTO lockd_schema_migrations (version) VALUES ($1)",
+                &[version],
+            )
+            .await
+            .map_err(|e| contention(&format!("recording migration {version}"), e))?;
+            tracing::info!(version, "applied postgres migration");
+        }
+        tx.commit()
+            .await
+            .map_err(|e| contention("migration commit", e))
+    }
+}
+
+impl LockStore for PgLockStore {
+    /// The grant carries the session's owner; `owner_id` must be valid but is not compared
+    /// (as in the Raft store).
+    async fn try_insert(
+        &self,
+        key: &str,
+        owner_id: &str,
+        session_id: &str,
+        ttl: Duration,
+    ) -> Result<Option<LockHandle>, LockError> {
+        validate::key(key)?;
+        validate::owner_id(owner_id)?;
+        validate::session_id(session_id)?;
+        let ttl_ms = ttl_ms_sql(ttl)?;
+        let started = Instant::now();
+        let mut client = self.client().await?;
+        let tx = client
+            .transaction()
+            .await
+            .map_err(|e| contention("try_insert begin", e))?;
+        // Hold the key before taking a token: token order is grant order (module doc).
+        tx.execute(
+            "SELECT pg_advisory_xact_lock(hashtextextended($1, $2))",
+            &[&key, &KEY_LOCK_SEED],
+        )
+        .await
+        .map_err(|e| contention("try_insert key lock", e))?;
+        let owner: String = match tx
+            .query_opt(
+                "SELECT owner_id FROM lock_session WHERE session_id = $1 AND expires_at > now()",
+                &[&session_id],
+            )
+            .await
+            .map_err(|e| contention("try_insert session", e))?
+        {
+            Some(row) => row.get(0),
+            None => return Err(unknown_session(session_id)),
+        };
+        // An expired grant, or one whose session expired, is already gone (C2: reaping is
+        // liveness only); clear it so the insert below can take the key.
+        tx.execute(
+            "DELETE FROM lock_entry e WHERE e.lock_key = $1 AND (e.expires_at <= now()
+                 OR NOT EXISTS (SELECT 1 FROM lock_session s
+                                WHERE s.session_id = e.session_id AND s.expires_at > now()))",
+            &[&key],
+        )
+        .await
+        .map_err(|e| contention("try_insert clearing an expired grant", e))?;
+        let row = tx
+            .query_opt(
+                "INSERT INTO lock_entry
+                     (lock_key, owner_id, session_id, fencing_token, ttl_ms, acquired_at, expires_at)
+                 VALUES ($1, $2, $3, nextval('fencing_token_seq'), $4, now(),
+                         now() + $4 * interval '1 millisecond')
+                 ON CONFLICT (lock_key) DO NOTHING
+                 RETURNING fencing_token, expires_at",
+                &[&key, &owner, &session_id, &ttl_ms],
+            )
+            .await
+            .map_err(|e| contention("try_insert", e))?;
+        tx.commit()
+            .await
+            .map_err(|e| contention("try_insert commit", e))?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let token = token_of(row.get(0))?;
+        Ok(Some(handle(
+            key,
+            owner,
+            session_id.to_owned(),
+            token,
+            ttl,
+            started,
+            row.get(1),
+        )))
+    }
+
+    async fn extend(
+        &self,
+        key: &str,
+        fencing_token: u64,
+        ttl: Duration,
+    ) -> Result<Option<LockHandle>, LockError> {
+        validate::key(key)?;
+        let token = token_sql(fencing_token)?;
+        let ttl_ms = ttl_ms_sql(ttl)?;
+        let started = Instant::now();
+        let client = self.client().await?;
+        let row = client
+            .query_opt(
+                "UPDATE lock_entry e SET expires_at = now() + $3 * interval '1 millisecond',
+                                         ttl_ms = $3
+                 WHERE e.lock_key = $1 AND e.fencing_token = $2 AND e.expires_at > now()
+                   AND EXISTS (SELECT 1 FROM lock_session s
+                               WHERE s.session_id = e.session_id AND s.expires_at > now())
+                 RETURNING owner_id, session_id, expires_at",
+                &[&key, &token, &ttl_ms],
+            )
+            .await
+            .map_err(|e| contention("extend", e))?;
+        Ok(row.map(|row| {
+            handle(
+                key,
+                row.get(0),
+                row.get(1),
+                fencing_token,
+                ttl,
+                started,
+                row.get(2),
+            )
+        }))
+    }
+
+    async fn delete_if_owner(&self, key: &str, fencing_token: u64) -> Result<bool, LockError> {
+        validate::key(key)?;
+        let token = token_sql(fencing_token)?;
+        let client = self.client().await?;
+        let deleted = client
+            .execute(
+                "DELETE FROM lock_entry WHERE lock_key = $1 AND fencing_token = $2",
+                &[&key, &token],
+            )
+            .await
+            .map_err(|e| contention("delete_if_owner", e))?;
+        Ok(deleted == 1)
+    }
+
+    async fn read(&self, key: &str) -> Result<Option<LockInfo>, LockError> {
+        validate::key(key)?;
+        let client = self.client().await?;
+        let row = client
+            .query_opt(
+                "SELECT e.owner_id, e.fencing_token, e.acquired_at, e.expires_at
+                 FROM lock_entry e JOIN lock_session s ON s.session_id = e.session_id
+                 WHERE e.lock_key = $1 AND e.expires_at > now() AND s.expires_at > now()",
+                &[&key],
+            )
+            .await
+            .map_err(|e| contention("read", e))?;
+        row.map(|row| {
+            Ok(LockInfo {
+                key: key.to_owned(),
+                owner_id: row.get(0),
+                fencing_token: token_of(row.get(1))?,
+                acquired_at: row.get(2),
+                expires_at: row.get(3),
+                waiter_count: 0,
+            })
+        })
+        .transpose()
+    }
+
+    async fn revoke(
+        &self,
+        key: &str,
+        operator: &str,
+        reason: &str,
+    ) -> Result<LockOutcome, LockError> {
+        validate::key(key)?;
+        validate::operator(operator)?;
+        validate::reason(reason)?;
+        let mut client = self.client().await?;
+        let tx = client
+            .transaction()
+            .await
+            .map_err(|e| contention("revoke begin", e))?;
+        tx.execute(
+            "SELECT pg_advisory_xact_lock(hashtextextended($1, $2))",
+            &[&key, &KEY_LOCK_SEED],
+        )
+        .await
+        .map_err(|e| contention("revoke key lock", e))?;
+        // Delete, advance the floor and write the audit row in one transaction (C2 §2.5).
+        let previous = tx
+            .query_opt(
+                "DELETE FROM lock_entry WHERE lock_key = $1 RETURNING owner_id, fencing_token",
+                &[&key],
+            )
+            .await
+            .map_err(|e| contention("revoke delete", e))?;
+        let floor: i64 = tx
+            .query_one("SELECT nextval('fencing_token_seq')", &[])
+            .await
+            .map_err(|e| contention("revoke floor", e))?
+            .get(0);
+        let (previous_owner_id, previous_token): (Option<String>, Option<i64>) = match &previous {
+            Some(row) => (Some(row.get(0)), Some(row.get(1))),
+            None => (None, None),
+        };
+        tx.execute(
+            "INSERT INTO lock_revocation
+                 (lock_key, operator, reason, previous_owner_id, previous_token, new_token_floor)
+             VALUES ($1, $2, $3, $4, $5, $6)",
+            &[
+                &key,
+                &operator,
+                &reason,
+                &previous_owner_id,
+                &previous_token,
+                &floor,
+            ],
+        )
+        .await
+        .map_err(|e| contention("revoke audit row", e))?;
+        tx.commit()
+            .await
+            .map_err(|e| contention("revoke commit", e))?;
+        Ok(LockOutcome {
+            key: key.to_owned(),
+            revoked: previous.is_some(),
+            previous_owner_id,
+            previous_token: previous_token.map(token_of).transpose()?,
+            new_token_floor: token_of(floor)?,
+        })
+    }
+
+    /// Deletes grants whose lease, or whose session's lease, ended before `now`, then the
+    /// expired sessions. Concurrent runs each delete a row at most once, so their counts add up.
+    async fn reap_expired(&self, now: SystemTime) -> Result<usize, LockError> {
+        let client = self.client().await?;
+        let reaped = client
+            .execute(
+                "DELETE FROM lock_entry e WHERE e.expires_at < $1
+                    OR e.session_id IN (SELECT session_id FROM lock_session WHERE expires_at < $1)",
+                &[&now],
+            )
+            .await
+            .map_err(|e| contention("reap_expired", e))?;
+        client
+            .execute("DELETE FROM lock_session WHERE expires_at < $1", &[&now])
+            .await
+            .map_err(|e| contention("reap_expired sessions", e))?;
+        usize::try_from(reaped).map_err(|e| contention("reap_expired count", e))
+    }
+
+    fn backend_id(&self) -> &'static str {
+        "pg"
+    }
+}
+
+impl SessionRegistry for PgLockStore {
+    async fn open_session(&self, owner_id: &str, ttl: Duration) -> Result<String, LockError> {
+        validate::owner_id(owner_id)?;
+        let ttl_ms = ttl_ms_sql(ttl)?;
+        let session_id = uuid::Uuid::new_v4().simple().to_string();
+        let client = self.client().await?;
+        client
+            .execute(
+                "INSERT INTO lock_session (session_id, owner_id, ttl_ms, expires_at)
+                 VALUES ($1, $2, $3, now() + $3 * interval '1 millisecond')",
+                &[&session_id, &owner_id, &ttl_ms],
+            )
+            .await
+            .map_err(|e| contention("open_session", e))?;
+        Ok(session_id)
+    }
+
+    /// `false` (terminal) when the session is unknown or its lease already ended; then its
+    /// grants are deleted with it (cascade through `lock_entry_session_idx`).
+    async fn heartbeat(&self, session_id: &str, ttl: Duration) -> Result<bool, LockError> {
+        validate::session_id(session_id)?;
+        let ttl_ms = ttl_ms_sql(ttl)?;
+        let client = self.client().await?;
+        let alive = client
+            .execute(
+                "UPDATE lock_session SET expires_at = now() + $2 * interval '1 millisecond',
+                                         ttl_ms = $2
+                 WHERE session_id = $1 AND expires_at > now()",
+                &[&session_id, &ttl_ms],
+            )
+            .await
+            .map_err(|e| contention("heartbeat", e))?;
+        if alive == 1 {
+            return Ok(true);
+        }
+        client
+            .execute(
+                "DELETE FROM lock_session WHERE session_id = $1",
+                &[&session_id],
+            )
+            .await
+            .map_err(|e| contention("heartbeat cascade", e))?;
+        Ok(false)
+    }
+
+    async fn close_session(&self, session_id: &str) -> Result<usize, LockError> {
+        validate::session_id(session_id)?;
+        let mut client = self.client().await?;
+        let tx = client
+            .transaction()
+            .await
+            .map_err(|e| contention("close_session begin", e))?;
+        let released = tx
+            .execute(
+                "DELETE FROM lock_entry e USING lock_session s
+                 WHERE e.session_id = $1 AND s.session_id = e.session_id
+                   AND e.expires_at > now() AND s.expires_at > now()",
+                &[&session_id],
+            )
+            .await
+            .map_err(|e| contention("close_session", e))?;
+        tx.execute(
+            "DELETE FROM lock_session WHERE session_id = $1",
+            &[&session_id],
+        )
+        .await
+        .map_err(|e| contention("close_session delete", e))?;
+        tx.commit()
+            .await
+            .map_err(|e| contention("close_session commit", e))?;
+        usize::try_from(released).map_err(|e| contention("close_session count", e))
+    }
+
+    async fn locks_of(&self, session_id: &str) -> Result<BTreeSet<String>, LockError> {
+        validate::session_id(session_id)?;
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                "SELECT e.lock_key FROM lock_entry e JOIN lock_session s
+                     ON s.session_id = e.session_id
+                 WHERE e.session_id = $1 AND e.expires_at > now() AND s.expires_at > now()",
+                &[&session_id],
+            )
+            .await
+            .map_err(|e| contention("locks_of", e))?;
+        Ok(rows.iter().map(|row| row.get(0)).collect())
+    }
+}

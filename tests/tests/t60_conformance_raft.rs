@@ -1,0 +1,186 @@
+//! The conformance suite (issue 8) against the Raft store, one node and three nodes: real
+//! `lockd` nodes started in-process with `lockd::server::run_with_store`, so the suite drives
+//! the leader's `RaftLockStore` through the `LockStore` SPI directly. Always runs.
+
+mod conformance;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use conformance::{Backend, Cut, Cuttable, run_suite};
+use lockd::config::{Config, LogFormat};
+use lockd::store::raft::RaftLockStore;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+
+/// How long a cluster gets to elect a leader whose leases are ready.
+const LEADER_WAIT: Duration = Duration::from_secs(30);
+
+struct Node {
+    store: RaftLockStore,
+    stop: Option<oneshot::Sender<()>>,
+    thread: std::thread::JoinHandle<Result<(), String>>,
+}
+
+struct InProcessCluster {
+    nodes: Vec<Node>,
+    _dir: tempfile::TempDir,
+}
+
+impl InProcessCluster {
+    async fn start(size: u64) -> InProcessCluster {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut listeners = Vec::new();
+        let mut peers = BTreeMap::new();
+        for id in 1..=size {
+            let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+            peers.insert(id, l.local_addr().expect("addr").to_string());
+            listeners.push((id, l));
+        }
+        let mut nodes = Vec::new();
+        for (id, listener) in listeners {
+            let listen = listener.local_addr().expect("addr");
+            // The node binds the port itself on its own runtime.
+            drop(listener);
+            let config = Config {
+                node_id: id,
+                listen,
+                data_dir: dir.path().join(format!("node-{id}")),
+                peers: peers.clone(),
+                bootstrap: id == 1,
+                cluster_name: "conformance".into(),
+                log_format: LogFormat::Human,
+                heartbeat_interval_ms: lockd::config::HEARTBEAT_INTERVAL_MS_DEFAULT,
+                election_timeout_min_ms: lockd::config::ELECTION_TIMEOUT_MIN_MS_DEFAULT,
+                election_timeout_max_ms: lockd::config::ELECTION_TIMEOUT_MAX_MS_DEFAULT,
+                safety_margin_ms: lockd::config::SAFETY_MARGIN_MS_DEFAULT,
+                snapshot_logs_since_last: lockd::config::SNAPSHOT_LOGS_SINCE_LAST_DEFAULT,
+                test_clock_offset_ms: 0,
+            };
+            config.validate().expect("valid config");
+            let (stop_tx, stop_rx) = oneshot::channel::<()>();
+            let (store_tx, store_rx) = oneshot::channel();
+            // `server::run*` is not `Send` (it is the body of `main`), so each node runs on a
+            // thread of its own with its own runtime, like a process would.
+            let thread = std::thread::Builder::new()
+                .name(format!("lockd-node-{id}"))
+                .spawn(move || {
+                    let runtime = tokio::runtime::Builder::new_multi_thread()
+                        .worker_threads(2)
+                        .enable_all()
+                        .build()
+                        .map_err(|e| format!("node runtime: {e}"))?;
+                    runtime
+                        .block_on(lockd::server::run_with_store(
+                            config,
+                            None,
+                            async move {
+                                let _ = stop_rx.await;
+                            },
+                            store_tx,
+                        ))
+                        .map_err(|e| format!("{e:#}"))
+                })
+                .expect("spawn node thread");
+            let store = store_rx.await.expect("the node hands over its store");
+            nodes.push(Node {
+                store,
+                stop: Some(stop_tx),
+                thread,
+            });
+        }
+        InProcessCluster { nodes, _dir: dir }
+    }
+
+    /// Polls until one node is leader with its leases ready (a session can be opened there).
+    async fn leader(&self) -> RaftLockStore {
+        use lock_api::SessionRegistry;
+        let deadline = Instant::now() + LEADER_WAIT;
+        loop {
+            for node in &self.nodes {
+                if node.store.leader_check().is_ok()
+                    && let Ok(s) = node
+                        .store
+                        .open_session("leader-probe", conformance::SESSION_TTL_LONG)
+                        .await
+                {
+                    let _ = node.store.close_session(&s).await;
+                    return node.store.clone();
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no leader within {LEADER_WAIT:?}"
+            );
+            tokio::time::sleep(conformance::POLL_INTERVAL).await;
+        }
+    }
+
+    async fn stop(mut self) {
+        for node in &mut self.nodes {
+            if let Some(stop) = node.stop.take() {
+                let _ = stop.send(());
+            }
+        }
+        for node in self.nodes {
+            tokio::task::spawn_blocking(move || node.thread.join())
+                .await
+                .expect("join task")
+                .expect("node thread")
+                .expect("node exits cleanly");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn conformance_raft_one_node() {
+    let cluster = InProcessCluster::start(1).await;
+    let leader = cluster.leader().await;
+    let ran = run_suite(
+        "raft-1",
+        Backend {
+            store: leader,
+            background_reaper: true,
+            cuttable: None,
+        },
+    )
+    .await;
+    assert!(ran >= 13);
+    cluster.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn conformance_raft_three_nodes() {
+    let mut cluster = InProcessCluster::start(3).await;
+    let leader = cluster.leader().await;
+    let leader_id = leader.node_id();
+    // The cut: stop both followers, so the leader can no longer reach a quorum.
+    let followers: Vec<oneshot::Sender<()>> = cluster
+        .nodes
+        .iter_mut()
+        .filter(|n| n.store.node_id() != leader_id)
+        .filter_map(|n| n.stop.take())
+        .collect();
+    let cut: Cut = Box::new(move || {
+        Box::pin(async move {
+            for stop in followers {
+                let _ = stop.send(());
+            }
+        })
+    });
+    let ran = run_suite(
+        "raft-3",
+        Backend {
+            store: leader.clone(),
+            background_reaper: true,
+            cuttable: Some(Cuttable {
+                store: leader,
+                cut,
+                shared: true,
+            }),
+        },
+    )
+    .await;
+    assert!(ran >= 14);
+    cluster.stop().await;
+}
