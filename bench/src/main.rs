@@ -200,12 +200,34 @@ struct Report {
 #[tokio::main]
 async fn main() -> ExitCode {
     let args = Args::parse();
-    match run(args).await {
+    // On SIGINT/SIGTERM the run is dropped, which kills every node it started (kill_on_drop)
+    // and removes their data; exiting straight from the signal would orphan them.
+    let outcome = tokio::select! {
+        outcome = run(args) => outcome,
+        signal = interrupted() => Err(signal),
+    };
+    match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("lock-bench: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Completes with an error naming the signal when SIGINT or SIGTERM arrives.
+async fn interrupted() -> anyhow::Error {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut int), Ok(mut term)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) else {
+        // Without signal handlers the default action applies; never complete.
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = int.recv() => anyhow::anyhow!("interrupted (SIGINT); nodes stopped"),
+        _ = term.recv() => anyhow::anyhow!("terminated (SIGTERM); nodes stopped"),
     }
 }
 
