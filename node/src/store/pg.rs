@@ -63,9 +63,10 @@ impl std::fmt::Debug for PgLockStore {
     }
 }
 
-/// Any driver or pool failure: retry-safe, never "lost" (C2 §2.5).
-fn contention(what: &str, e: impl std::fmt::Display) -> LockError {
-    LockError::contention(format!("postgres {what}: {e}"))
+/// Any driver or pool failure: retry-safe, never "lost" (C2 §2.5). The message names the
+/// operation and carries the whole cause chain (the driver's own `Display` says only "db error").
+fn contention(what: &str, e: impl std::fmt::Display + std::fmt::Debug) -> LockError {
+    LockError::contention(format!("postgres {what}: {e}: {e:?}"))
 }
 
 fn unknown_session(session_id: &str) -> LockError {
@@ -253,7 +254,7 @@ impl LockStore for PgLockStore {
                 "INSERT INTO lock_entry
                      (lock_key, owner_id, session_id, fencing_token, ttl_ms, acquired_at, expires_at)
                  VALUES ($1, $2, $3, nextval('fencing_token_seq'), $4, now(),
-                         now() + $4 * interval '1 millisecond')
+                         now() + $4::bigint * interval '1 millisecond')
                  ON CONFLICT (lock_key) DO NOTHING
                  RETURNING fencing_token, expires_at",
                 &[&key, &owner, &session_id, &ttl_ms],
@@ -291,7 +292,7 @@ impl LockStore for PgLockStore {
         let client = self.client().await?;
         let row = client
             .query_opt(
-                "UPDATE lock_entry e SET expires_at = now() + $3 * interval '1 millisecond',
+                "UPDATE lock_entry e SET expires_at = now() + $3::bigint * interval '1 millisecond',
                                          ttl_ms = $3
                  WHERE e.lock_key = $1 AND e.fencing_token = $2 AND e.expires_at > now()
                    AND EXISTS (SELECT 1 FROM lock_session s
@@ -450,7 +451,7 @@ impl SessionRegistry for PgLockStore {
         client
             .execute(
                 "INSERT INTO lock_session (session_id, owner_id, ttl_ms, expires_at)
-                 VALUES ($1, $2, $3, now() + $3 * interval '1 millisecond')",
+                 VALUES ($1, $2, $3, now() + $3::bigint * interval '1 millisecond')",
                 &[&session_id, &owner_id, &ttl_ms],
             )
             .await
@@ -466,7 +467,7 @@ impl SessionRegistry for PgLockStore {
         let client = self.client().await?;
         let alive = client
             .execute(
-                "UPDATE lock_session SET expires_at = now() + $2 * interval '1 millisecond',
+                "UPDATE lock_session SET expires_at = now() + $2::bigint * interval '1 millisecond',
                                          ttl_ms = $2
                  WHERE session_id = $1 AND expires_at > now()",
                 &[&session_id, &ttl_ms],
