@@ -59,6 +59,19 @@ pub enum LogFormat {
     Json,
 }
 
+/// Where the lock table lives (`--backend`, issue 8).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// In this cluster's replicated Raft state machine.
+    #[default]
+    Raft,
+    /// In PostgreSQL (`pg_url`; cargo feature `pg`); the node holds no state.
+    Pg,
+    /// In etcd (`etcd_endpoints`; cargo feature `etcd`); the node holds no state.
+    Etcd,
+}
+
 /// The `lockd run` flags. Every flag also reads `LOCKD_<FLAG>`; every value may be absent here
 /// and come from the TOML file or a default instead.
 #[derive(Args, Clone, Debug, Default)]
@@ -110,6 +123,16 @@ pub struct RunArgs {
         allow_hyphen_values = true
     )]
     pub test_clock_offset_ms: Option<i64>,
+    /// Where the lock table lives: raft (default), pg or etcd. With pg or etcd the node holds
+    /// no state and any node serves; data_dir and peers are then not used.
+    #[arg(long, env = "LOCKD_BACKEND", value_enum)]
+    pub backend: Option<Backend>,
+    /// PostgreSQL connection URL for `--backend pg` (`postgres://user@host:port/db`).
+    #[arg(long, env = "LOCKD_PG_URL")]
+    pub pg_url: Option<String>,
+    /// etcd members for `--backend etcd`: `http://host:port,http://host:port,…`.
+    #[arg(long, env = "LOCKD_ETCD_ENDPOINTS", value_delimiter = ',')]
+    pub etcd_endpoints: Option<Vec<String>>,
 }
 
 /// The voters of the cluster by node id, each with its `host:port`.
@@ -159,6 +182,9 @@ struct FileConfig {
     safety_margin_ms: Option<u64>,
     snapshot_logs_since_last: Option<u64>,
     test_clock_offset_ms: Option<i64>,
+    backend: Option<Backend>,
+    pg_url: Option<String>,
+    etcd_endpoints: Option<Vec<String>>,
 }
 
 /// A configuration error; the message names the field.
@@ -230,6 +256,12 @@ pub struct Config {
     pub snapshot_logs_since_last: u64,
     /// Test-only skew of the stamp clock.
     pub test_clock_offset_ms: i64,
+    /// Where the lock table lives.
+    pub backend: Backend,
+    /// PostgreSQL URL (`--backend pg`).
+    pub pg_url: Option<String>,
+    /// etcd members (`--backend etcd`).
+    pub etcd_endpoints: Vec<String>,
 }
 
 impl Config {
@@ -314,6 +346,13 @@ impl Config {
                     .test_clock_offset_ms
                     .or(file.test_clock_offset_ms)
                     .unwrap_or(0),
+                backend: args.backend.or(file.backend).unwrap_or_default(),
+                pg_url: args.pg_url.clone().or(file.pg_url),
+                etcd_endpoints: args
+                    .etcd_endpoints
+                    .clone()
+                    .or(file.etcd_endpoints)
+                    .unwrap_or_default(),
             };
         config.validate()?;
         Ok(config)
@@ -321,6 +360,12 @@ impl Config {
 
     /// Checks every field and the relations between them; the error names the field.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.backend == Backend::Pg && self.pg_url.as_deref().is_none_or(str::is_empty) {
+            return Err(invalid("pg_url", "is required with backend pg"));
+        }
+        if self.backend == Backend::Etcd && self.etcd_endpoints.is_empty() {
+            return Err(invalid("etcd_endpoints", "is required with backend etcd"));
+        }
         if self.node_id == 0 {
             return Err(invalid("node_id", "0 is not a node id; ids start at 1"));
         }

@@ -73,6 +73,16 @@ async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
     store_tx: Option<tokio::sync::oneshot::Sender<RaftLockStore>>,
 ) -> anyhow::Result<()> {
+    if config.backend != crate::config::Backend::Raft {
+        // The lock table lives in PostgreSQL or etcd: no identity, storage or Raft here.
+        #[cfg(any(feature = "pg", feature = "etcd"))]
+        return crate::stateless::run(config, listener, shutdown).await;
+        #[cfg(not(any(feature = "pg", feature = "etcd")))]
+        anyhow::bail!(
+            "backend {:?} needs lockd built with cargo feature `pg` or `etcd` (field `backend`)",
+            config.backend
+        );
+    }
     let identity = Identity {
         cluster_name: config.cluster_name.clone(),
         node_id: config.node_id,

@@ -56,6 +56,9 @@ impl InProcessCluster {
                 safety_margin_ms: lockd::config::SAFETY_MARGIN_MS_DEFAULT,
                 snapshot_logs_since_last: lockd::config::SNAPSHOT_LOGS_SINCE_LAST_DEFAULT,
                 test_clock_offset_ms: 0,
+                backend: lockd::config::Backend::Raft,
+                pg_url: None,
+                etcd_endpoints: Vec::new(),
             };
             config.validate().expect("valid config");
             let (stop_tx, stop_rx) = oneshot::channel::<()>();

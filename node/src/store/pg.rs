@@ -460,17 +460,18 @@ impl SessionRegistry for PgLockStore {
     }
 
     /// `false` (terminal) when the session is unknown or its lease already ended; then its
-    /// grants are deleted with it (cascade through `lock_entry_session_idx`).
+    /// grants are deleted with it (cascade through `lock_entry_session_idx`). As in the Raft
+    /// and etcd stores, the session keeps the TTL it was opened with; `ttl` must be valid but
+    /// does not change it (the wire protocol's heartbeat carries none).
     async fn heartbeat(&self, session_id: &str, ttl: Duration) -> Result<bool, LockError> {
         validate::session_id(session_id)?;
-        let ttl_ms = ttl_ms_sql(ttl)?;
+        ttl_ms_sql(ttl)?;
         let client = self.client().await?;
         let alive = client
             .execute(
-                "UPDATE lock_session SET expires_at = now() + $2::bigint * interval '1 millisecond',
-                                         ttl_ms = $2
+                "UPDATE lock_session SET expires_at = now() + ttl_ms * interval '1 millisecond'
                  WHERE session_id = $1 AND expires_at > now()",
-                &[&session_id, &ttl_ms],
+                &[&session_id],
             )
             .await
             .map_err(|e| contention("heartbeat", e))?;

@@ -86,11 +86,11 @@ pub fn backend_setting(var: &str, backend: &str) -> Option<String> {
             assert!(
                 std::env::var_os("CI").is_none(),
                 "CI is set but {var} is not: the {backend} conformance suite must run in CI \
-                 (start the services with scripts/test-services.sh)"
+                 (start the services with `eval \"$(scripts/test-services.sh start)\"`)"
             );
             eprintln!(
                 "\n!!!!!!!! SKIPPED: the {backend} conformance suite did not run because {var} \
-                 is unset (source scripts/test-services.sh start to run it) !!!!!!!!\n"
+                 is unset (run `eval \"$(scripts/test-services.sh start)\"` first) !!!!!!!!\n"
             );
             println!("SKIPPED conformance[{backend}]: {var} unset");
             None
