@@ -14,7 +14,7 @@
 //!   (D-wait).
 //! - [`store`]: `LockStore` + `SessionRegistry` over the cluster ([`store::raft`]).
 //! - [`grpc`]: the lock, session and admin services and their conversions.
-//! - [`server`]: assembles a node ([`stateless`]: a node on the pg or etcd backend); [`dev`]: the three-node dev cluster; [`cli`]: the command
+//! - [`server`]: assembles a node (`stateless`, with feature `pg` or `etcd`: a node on the pg or etcd backend); [`dev`]: the three-node dev cluster; [`cli`]: the command
 //!   line.
 
 #![forbid(unsafe_code)]

@@ -2,7 +2,7 @@
 //!
 //! - [`raft`]: the store over this node's Raft cluster (the default and only one built now);
 //!   other backends (PostgreSQL, etcd) plug in behind the same traits.
-//! - [`pg`] (feature `pg`): the lock table in PostgreSQL; [`etcd`] (feature `etcd`): in etcd.
+//! - `pg` (feature `pg`): the lock table in PostgreSQL; `etcd` (feature `etcd`): in etcd.
 
 #[cfg(feature = "etcd")]
 pub mod etcd;
