@@ -31,6 +31,11 @@
 //!   byte order is (index, chunk) order: a range scan is a log range, chunks in order. The chunks
 //!   of one record are written in one batch, so they are present all or none.
 //! - metadata: `m/<name>` ([`MetaKey`]), always after every log key (`m` > `l`).
+//! - layout version: `m/layout` = [`LAYOUT_VERSION`] as a big-endian `u32`, written when a
+//!   fresh store is created and checked by [`Engine::open`]: a directory written with another
+//!   layout, or a non-empty one without the record (written before the record existed, layout
+//!   0), is refused with [`StorageError::LayoutVersion`] instead of failing later on a key it
+//!   cannot parse. Change [`LAYOUT_VERSION`] whenever this key layout changes incompatibly.
 
 use std::collections::HashSet;
 use std::ffi::OsString;
@@ -106,6 +111,17 @@ const _: () = assert!(
     "sled 0.34 refuses segments above 16 MiB"
 );
 
+/// The version of the key layout described in the module doc, stored under the metadata
+/// key `m/layout`.
+/// Version 0 stands for every directory written before the record existed (the first layout,
+/// one key per entry, and this chunked one before the record was added): such a directory is
+/// refused rather than guessed at.
+pub const LAYOUT_VERSION: u32 = 1;
+
+/// The key of the layout version record: a metadata key, so outside the log key space, and not
+/// a [`MetaKey`], so no caller can overwrite it.
+const LAYOUT_KEY: &[u8] = b"m/layout";
+
 /// First byte of every log chunk key (see the module doc).
 const LOG_KEY_PREFIX: u8 = b'l';
 /// First byte of every metadata key.
@@ -135,6 +151,7 @@ impl MetaKey {
 }
 
 const _: () = assert!(b"m/vote"[0] == META_KEY_PREFIX);
+const _: () = assert!(LAYOUT_KEY[0] == META_KEY_PREFIX);
 
 fn log_key(index: u64, chunk: u16) -> [u8; LOG_KEY_LEN] {
     let mut key = [0u8; LOG_KEY_LEN];
@@ -262,11 +279,19 @@ impl Engine {
                 path: dir.clone(),
                 source: EngineError(e),
             })?;
+        // Whether anything at all was stored before, in any tree (sled's default tree included),
+        // looked at before `open_tree` creates ours.
+        let fresh = is_empty(&db).map_err(|e| StorageError::Engine {
+            op: "list the database's trees",
+            path: dir.clone(),
+            source: EngineError(e),
+        })?;
         let tree = db.open_tree(TREE_NAME).map_err(|e| StorageError::Engine {
             op: "open tree",
             path: dir.clone(),
             source: EngineError(e),
         })?;
+        check_layout(&dir, &tree, fresh)?;
         let data_path = dir.join(SLED_DATA_FILE_NAME);
         let data_file = File::open(&data_path).map_err(|source| StorageError::Io {
             op: "open sled's data file",
@@ -532,6 +557,75 @@ impl Engine {
     }
 }
 
+/// Whether no tree of `db` holds any key. A crash between creating our tree and writing the
+/// layout record leaves an empty tree, which is still fresh.
+fn is_empty(db: &sled::Db) -> Result<bool, sled::Error> {
+    for name in db.tree_names() {
+        if !db.open_tree(&name)?.is_empty() {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// Checks the layout version record of `tree`, writing it first if the database is `fresh`
+/// (made durable by the [`Engine::sync`] that [`Engine::open`] runs next). Refuses a database
+/// written with another layout, or a non-empty one without the record.
+fn check_layout(dir: &Path, tree: &sled::Tree, fresh: bool) -> Result<(), StorageError> {
+    let engine_error = |op, e| StorageError::Engine {
+        op,
+        path: dir.to_path_buf(),
+        source: EngineError(e),
+    };
+    let stored = tree
+        .get(LAYOUT_KEY)
+        .map_err(|e| engine_error("read the layout version", e))?;
+    let found = match stored {
+        Some(value) => {
+            let bytes: [u8; 4] = value
+                .as_ref()
+                .try_into()
+                .map_err(|_| StorageError::Layout {
+                    path: dir.to_path_buf(),
+                    message: format!(
+                        "the layout version record is {} bytes, not 4: {:02x?}",
+                        value.len(),
+                        value.as_ref()
+                    ),
+                })?;
+            Some(u32::from_be_bytes(bytes))
+        }
+        None if fresh => {
+            tree.insert(LAYOUT_KEY, &LAYOUT_VERSION.to_be_bytes())
+                .map_err(|e| engine_error("write the layout version", e))?;
+            return Ok(());
+        }
+        None => None,
+    };
+    if found == Some(LAYOUT_VERSION) {
+        return Ok(());
+    }
+    Err(StorageError::LayoutVersion {
+        path: dir.to_path_buf(),
+        found: LayoutFound(found),
+        expected: LAYOUT_VERSION,
+    })
+}
+
+/// The layout version found in a database: the record's value, or `None` for a non-empty
+/// database without the record (layout 0). Displayed as `1` or `0 (no layout record)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LayoutFound(pub Option<u32>);
+
+impl fmt::Display for LayoutFound {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Some(version) => write!(f, "{version}"),
+            None => write!(f, "0 (no layout record)"),
+        }
+    }
+}
+
 /// fsyncs a directory, making the creation, rename or removal of its entries durable.
 pub fn sync_dir(dir: &Path) -> Result<(), StorageError> {
     File::open(dir)
@@ -573,8 +667,8 @@ mod tests {
 
     #[test]
     fn meta_keys_sort_outside_the_log_range() {
-        for key in [MetaKey::Vote, MetaKey::Committed, MetaKey::LastPurged] {
-            let key = key.key();
+        let keys = [MetaKey::Vote, MetaKey::Committed, MetaKey::LastPurged];
+        for key in keys.map(MetaKey::key).into_iter().chain([LAYOUT_KEY]) {
             assert!(key > &log_key(u64::MAX, u16::MAX)[..], "{key:?}");
         }
     }
@@ -645,7 +739,10 @@ mod tests {
             .expect("remove");
         engine.write(batch).expect("write");
         assert_eq!(engine.last_log().expect("last").map(|(i, _)| i), Some(12));
-        assert_eq!(engine.tree.range(log_key(13, 0)..).count(), 0);
+        let rest = engine
+            .tree
+            .range(log_key(13, 0)..=log_key(u64::MAX, u16::MAX));
+        assert_eq!(rest.count(), 0);
     }
 
     #[test]
@@ -695,6 +792,144 @@ mod tests {
         assert_eq!(
             engine.last_log().expect("last"),
             Some((7, b"seven".to_vec()))
+        );
+    }
+
+    /// Calls `open` again while it fails because sled's file lock is still held: sled 0.34
+    /// releases it when its last background IO thread lets go of the file, which can be a
+    /// moment after the previous handle was dropped. Gives up after ten seconds.
+    fn when_unlocked<T, E: fmt::Display>(mut open: impl FnMut() -> Result<T, E>) -> Result<T, E> {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            match open() {
+                Err(e)
+                    if e.to_string().contains("could not acquire lock")
+                        && std::time::Instant::now() < deadline =>
+                {
+                    std::thread::yield_now();
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Opens `<dir>/log` with [`Engine::open`], once sled's file lock is free.
+    fn reopen(dir: &Path) -> Result<Engine, StorageError> {
+        when_unlocked(|| Engine::open(dir))
+    }
+
+    /// Opens the sled database in `<dir>/log` directly, bypassing [`Engine::open`]'s check,
+    /// to fake a directory written by another layout.
+    fn raw_tree(dir: &Path) -> (sled::Db, sled::Tree) {
+        let db = when_unlocked(|| {
+            sled::Config::new()
+                .path(dir.join(LOG_DIR_NAME))
+                .segment_size(SEGMENT_BYTES)
+                .open()
+        })
+        .expect("open sled");
+        let tree = db.open_tree(TREE_NAME).expect("open tree");
+        (db, tree)
+    }
+
+    #[test]
+    fn a_fresh_store_gets_the_layout_record_and_reopens() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        {
+            let engine = Engine::open(dir.path()).expect("open");
+            assert_eq!(
+                engine.tree.get(LAYOUT_KEY).expect("read").as_deref(),
+                Some(&LAYOUT_VERSION.to_be_bytes()[..])
+            );
+        }
+        {
+            let (db, tree) = raw_tree(dir.path());
+            assert_eq!(
+                tree.get(LAYOUT_KEY).expect("read").as_deref(),
+                Some(&LAYOUT_VERSION.to_be_bytes()[..]),
+                "the record is durable"
+            );
+            drop((tree, db));
+        }
+        let engine = reopen(dir.path()).expect("reopen");
+        assert_eq!(engine.get_log(1).expect("read"), None);
+    }
+
+    #[test]
+    fn a_store_with_another_layout_version_is_refused() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        drop(Engine::open(dir.path()).expect("open"));
+        {
+            let (db, tree) = raw_tree(dir.path());
+            tree.insert(LAYOUT_KEY, &(LAYOUT_VERSION + 1).to_be_bytes())
+                .expect("write");
+            db.flush().expect("flush");
+        }
+        let error = reopen(dir.path()).expect_err("another layout");
+        let log_dir = dir.path().join(LOG_DIR_NAME);
+        assert_eq!(
+            error.to_string(),
+            format!(
+                "{} was written with storage layout {}; this lockd reads layout {}: restore a \
+                 matching lockd version or start from an empty data dir",
+                log_dir.display(),
+                LAYOUT_VERSION + 1,
+                LAYOUT_VERSION
+            )
+        );
+        assert!(matches!(
+            error,
+            StorageError::LayoutVersion { found: LayoutFound(Some(v)), .. } if v == LAYOUT_VERSION + 1
+        ));
+    }
+
+    #[test]
+    fn a_non_empty_store_without_the_layout_record_is_refused() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        {
+            // What layout 0 wrote: one key per entry, no chunk suffix, and no layout record.
+            let (db, tree) = raw_tree(dir.path());
+            let mut key = vec![LOG_KEY_PREFIX];
+            key.extend_from_slice(&1u64.to_be_bytes());
+            tree.insert(key, b"entry").expect("write");
+            tree.insert(MetaKey::Vote.key(), b"vote").expect("write");
+            db.flush().expect("flush");
+        }
+        let error = reopen(dir.path()).expect_err("no layout record");
+        let message = error.to_string();
+        let log_dir = dir.path().join(LOG_DIR_NAME);
+        assert!(
+            message.starts_with(&format!(
+                "{} was written with storage layout 0 (no layout record); this lockd reads \
+                 layout {LAYOUT_VERSION}:",
+                log_dir.display()
+            )),
+            "{message}"
+        );
+        // Refusing must not have written the record: the next open refuses again.
+        let again = reopen(dir.path()).expect_err("still refused");
+        assert!(matches!(
+            again,
+            StorageError::LayoutVersion {
+                found: LayoutFound(None),
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn an_empty_tree_without_the_record_is_still_fresh() {
+        // A crash after creating the tree but before writing the record.
+        let dir = tempfile::tempdir().expect("temp dir");
+        {
+            let (db, tree) = raw_tree(dir.path());
+            drop(tree);
+            db.flush().expect("flush");
+        }
+        let engine = reopen(dir.path()).expect("open");
+        assert_eq!(
+            engine.tree.get(LAYOUT_KEY).expect("read").as_deref(),
+            Some(&LAYOUT_VERSION.to_be_bytes()[..])
         );
     }
 }

@@ -42,7 +42,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 pub use codec::CodecError;
-pub use engine::{EngineError, RECORD_BYTES_MAX};
+pub use engine::{EngineError, LAYOUT_VERSION, LayoutFound, RECORD_BYTES_MAX};
 pub use log_store::{LogReader, LogStore};
 pub use snapshot::SNAPSHOT_BYTES_MAX;
 pub use state_machine::{ApplyObserver, StateMachineStore, StateReader};
@@ -132,6 +132,21 @@ pub enum StorageError {
         path: PathBuf,
         /// What does not fit.
         message: String,
+    },
+    /// The directory was written with a storage layout this build does not read (another
+    /// [`LAYOUT_VERSION`], or none recorded in a non-empty directory).
+    #[error(
+        "{} was written with storage layout {found}; this lockd reads layout {expected}: restore \
+         a matching lockd version or start from an empty data dir",
+        path.display()
+    )]
+    LayoutVersion {
+        /// The database directory.
+        path: PathBuf,
+        /// The layout version found.
+        found: LayoutFound,
+        /// The layout version this build reads, [`LAYOUT_VERSION`].
+        expected: u32,
     },
     /// A flush shared by several callers failed (the first error, as text, since one error
     /// value cannot be handed to each of them).
