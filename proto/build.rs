@@ -3,6 +3,10 @@
 //! The `.proto` files are compiled in-process by `protox`, so the build needs
 //! no `protoc` binary. The same file descriptor set feeds the code generator
 //! and is written to `OUT_DIR` for gRPC reflection (`FILE_DESCRIPTOR_SET`).
+//!
+//! With cargo feature `etcd` only, it also generates tonic clients for the
+//! subset of etcd's v3 API under `proto/etcd/` (the `etcd-client` crate would
+//! need a `protoc` binary). Default builds do not compile it.
 
 use std::path::PathBuf;
 
@@ -17,6 +21,10 @@ const PROTO_FILES: &[&str] = &[
     "lockd/v1/raft.proto",
     "lockd/v1/session.proto",
 ];
+
+/// The etcd API subset, relative to [`PROTO_ROOT`] (feature `etcd` only);
+/// `etcd/mvccpb/kv.proto` comes in as an import.
+const ETCD_PROTO_FILES: &[&str] = &["etcd/etcdserverpb/rpc.proto", "etcd/v3lockpb/v3lock.proto"];
 
 /// The file in `OUT_DIR` that holds the encoded descriptor set.
 const DESCRIPTOR_FILE: &str = "lockd_v1_descriptor.bin";
@@ -41,6 +49,25 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)
+        .compile_fds(compiler.file_descriptor_set())?;
+
+    // Cargo sets this for the build script of a package built with feature `etcd`.
+    if std::env::var_os("CARGO_FEATURE_ETCD").is_some() {
+        compile_etcd()?;
+    }
+    Ok(())
+}
+
+/// Generates the etcd clients (no servers: nothing here serves etcd's API),
+/// in a descriptor set of their own so that `FILE_DESCRIPTOR_SET` stays
+/// `lockd.v1` only.
+fn compile_etcd() -> Result<(), Box<dyn std::error::Error>> {
+    let mut compiler = protox::Compiler::new([PROTO_ROOT])?;
+    compiler.include_source_info(true).include_imports(true);
+    compiler.open_files(ETCD_PROTO_FILES)?;
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(false)
         .compile_fds(compiler.file_descriptor_set())?;
     Ok(())
 }

@@ -17,23 +17,9 @@ use crate::lockd::channel;
 use crate::procs::{NodeProcess, free_ports};
 use crate::system::{KEEPER_TASKS, KeeperCounters, Keepers, LockSystem, LockWorker, keepalive_due};
 
-/// The generated etcd stubs (see `build.rs` and `proto/etcd/`).
-#[allow(
-    clippy::all,
-    clippy::pedantic,
-    missing_docs,
-    missing_debug_implementations
-)]
-pub mod wire {
-    /// etcd's server API (leases, maintenance).
-    pub mod etcdserverpb {
-        tonic::include_proto!("etcdserverpb");
-    }
-    /// etcd's v3lock service.
-    pub mod v3lockpb {
-        tonic::include_proto!("v3lockpb");
-    }
-}
+/// The etcd stubs: the etcd API subset generated in `lock-proto` (`proto/proto/etcd/`, its
+/// feature `etcd`).
+pub use lock_proto::etcd as wire;
 
 use wire::etcdserverpb::lease_client::LeaseClient;
 use wire::etcdserverpb::maintenance_client::MaintenanceClient;

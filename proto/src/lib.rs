@@ -30,6 +30,9 @@
 //!   (`v1::*_server`).
 //! - [`error`] — [`status_from_lock_error`] and [`lock_error_from_status`].
 //! - [`FILE_DESCRIPTOR_SET`] — the compiled schema, for gRPC reflection.
+//! - `proto/etcd/` and `etcd` (cargo feature `etcd` only) — the one copy of
+//!   the subset of etcd's v3 API this workspace calls (lockd's etcd lock store,
+//!   lock-bench), with etcd's packages and field numbers, as tonic clients.
 
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
@@ -46,6 +49,30 @@ pub use error::{lock_error_from_status, status_from_lock_error};
 #[allow(clippy::all, clippy::pedantic, clippy::nursery)]
 pub mod v1 {
     tonic::include_proto!("lockd.v1");
+}
+
+/// The subset of etcd's v3 API that this workspace calls, generated from
+/// `proto/etcd/` (cargo feature `etcd`): clients only. One module per etcd
+/// package, so the gRPC paths (`/etcdserverpb.KV/Txn`, ...) and the encodings
+/// are etcd's; everything neither lockd's etcd lock store nor lock-bench
+/// calls is left out.
+#[cfg(feature = "etcd")]
+pub mod etcd {
+    /// etcd's storage types (`mvccpb.KeyValue`).
+    #[allow(missing_docs, clippy::all, clippy::pedantic, clippy::nursery)]
+    pub mod mvccpb {
+        tonic::include_proto!("mvccpb");
+    }
+    /// etcd's server API: KV (range, transactions), leases, maintenance status.
+    #[allow(missing_docs, clippy::all, clippy::pedantic, clippy::nursery)]
+    pub mod etcdserverpb {
+        tonic::include_proto!("etcdserverpb");
+    }
+    /// etcd's v3lock service (server-side mutexes on leases).
+    #[allow(missing_docs, clippy::all, clippy::pedantic, clippy::nursery)]
+    pub mod v3lockpb {
+        tonic::include_proto!("v3lockpb");
+    }
 }
 
 /// The encoded `google.protobuf.FileDescriptorSet` of package `lockd.v1`,

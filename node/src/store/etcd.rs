@@ -37,25 +37,19 @@ use lock_api::{
 use serde::{Deserialize, Serialize};
 use tonic::transport::{Channel, Endpoint};
 
-/// The generated etcd stubs (see `build.rs` and `proto/etcd/rpc.proto`).
-#[allow(
-    clippy::all,
-    clippy::pedantic,
-    missing_docs,
-    missing_debug_implementations
-)]
-pub mod wire {
-    tonic::include_proto!("etcdserverpb");
-}
+/// The etcd stubs: package `etcdserverpb` of the etcd API subset generated in `lock-proto`
+/// (`proto/proto/etcd/`, its feature `etcd`).
+pub use lock_proto::etcd::etcdserverpb as wire;
 
+use lock_proto::etcd::mvccpb::KeyValue;
 use wire::compare::{CompareResult, CompareTarget, TargetUnion};
 use wire::kv_client::KvClient;
 use wire::lease_client::LeaseClient;
 use wire::request_op::Request;
 use wire::response_op::Response;
 use wire::{
-    Compare, DeleteRangeRequest, KeyValue, LeaseGrantRequest, LeaseKeepAliveRequest,
-    LeaseRevokeRequest, PutRequest, RangeRequest, RequestOp, TxnRequest, TxnResponse,
+    Compare, DeleteRangeRequest, LeaseGrantRequest, LeaseKeepAliveRequest, LeaseRevokeRequest,
+    PutRequest, RangeRequest, RequestOp, TxnRequest, TxnResponse,
 };
 
 /// Every call to etcd gives up after this long (then `Contention`).
