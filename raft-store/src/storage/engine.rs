@@ -783,7 +783,7 @@ mod tests {
             engine.write(batch).expect("write");
             engine.sync().expect("sync");
         }
-        let engine = Engine::open(dir.path()).expect("reopen");
+        let engine = reopen(dir.path()).expect("reopen");
         assert_eq!(engine.get_log(7).expect("read"), Some(b"seven".to_vec()));
         assert_eq!(
             engine.get_meta(MetaKey::Vote).expect("read"),
