@@ -31,6 +31,14 @@ fn failover_bound(cluster: &Cluster) -> Duration {
     cluster.config().election_timeout_max() * 5
 }
 
+/// How long a test whose subject is *not* failover speed waits for the next leader after a
+/// crash: a liveness bound, not a speed claim. openraft 0.9 has no pre-vote, so a survivor whose
+/// log lags keeps campaigning and splitting votes with the one node that can win; randomised
+/// timeouts end that, but on a loaded two-core CI machine it has taken more than
+/// [`failover_bound`] (seen once in CI: 4.5 s). The speed promise (DESIGN.md §5.5) is asserted
+/// with [`failover_bound`] by `a_leader_crash_keeps_every_held_lock` alone.
+const NEXT_LEADER_WAIT: Duration = Duration::from_secs(20);
+
 /// What one holder saw.
 #[derive(Debug, Default)]
 struct HolderLog {
@@ -308,7 +316,7 @@ async fn a_paused_leader_is_replaced_and_rejoins_as_a_follower() {
     let paused = cluster.leader().await;
     let paused_at = Instant::now();
     cluster.pause(paused);
-    let bound = failover_bound(&cluster);
+    let bound = NEXT_LEADER_WAIT;
     let new_leader = cluster
         .wait_for_leader(bound)
         .await
@@ -494,7 +502,7 @@ async fn five_nodes_survive_two_crashes() {
     let follower = cluster.followers().await[0];
     cluster.kill(leader);
     cluster.kill(follower);
-    let bound = failover_bound(&cluster);
+    let bound = NEXT_LEADER_WAIT;
     let new_leader = cluster
         .wait_for_leader(bound)
         .await
@@ -571,7 +579,7 @@ async fn a_waiter_queued_at_a_crashed_leader_is_served_by_the_next_one() {
         })
     };
     cluster
-        .wait_for_leader(failover_bound(&cluster))
+        .wait_for_leader(NEXT_LEADER_WAIT)
         .await
         .expect("a new leader");
     poll_until(
@@ -632,7 +640,7 @@ async fn an_abandoned_session_still_expires_after_a_failover() {
     let old_leader = cluster.leader().await;
     cluster.kill(old_leader);
     cluster
-        .wait_for_leader(failover_bound(&cluster))
+        .wait_for_leader(NEXT_LEADER_WAIT)
         .await
         .expect("a new leader");
     // The new leader restarts the lease (never shortens it) and must still reap it.
@@ -692,7 +700,7 @@ async fn repeated_leader_crashes_lose_no_acknowledged_grant() {
         cluster.kill(leader);
         let started = Instant::now();
         let next = cluster
-            .wait_for_leader(failover_bound(&cluster))
+            .wait_for_leader(NEXT_LEADER_WAIT)
             .await
             .expect("a new leader");
         println!(
@@ -739,7 +747,7 @@ async fn a_gracefully_stopped_leader_is_replaced() {
         "the leader exited with {status} after SIGTERM"
     );
     let next = cluster
-        .wait_for_leader(failover_bound(&cluster))
+        .wait_for_leader(NEXT_LEADER_WAIT)
         .await
         .expect("a new leader");
     println!(
@@ -918,7 +926,7 @@ async fn skewed_leader_clocks_never_end_a_lease_early() {
         let leader = cluster.leader().await;
         cluster.kill(leader);
         let next = cluster
-            .wait_for_leader(failover_bound(&cluster))
+            .wait_for_leader(NEXT_LEADER_WAIT)
             .await
             .expect("a new leader");
         cluster.start_node(leader).await;
@@ -1016,7 +1024,7 @@ async fn a_wait_abandoned_in_a_leader_crash_is_not_granted_after_its_max_wait() 
     // The client does not retry. Once the wait's max_wait has passed, the queued waiter is
     // dead; a release must not hand it the key (nobody would ever learn of that grant).
     cluster
-        .wait_for_leader(failover_bound(&cluster))
+        .wait_for_leader(NEXT_LEADER_WAIT)
         .await
         .expect("a new leader");
     let past = max_wait + Duration::from_millis(500);
@@ -1078,7 +1086,7 @@ async fn a_leader_paused_past_every_lease_expires_nothing_when_it_resumes() {
     cluster.pause(paused);
     let paused_at = Instant::now();
     cluster
-        .wait_for_leader(failover_bound(&cluster))
+        .wait_for_leader(NEXT_LEADER_WAIT)
         .await
         .expect("a new leader");
     // Keep the old leader frozen until every lease it knew has lapsed on its own clock: the
@@ -1199,7 +1207,7 @@ async fn a_wait_granted_while_its_call_was_cut_is_answered_at_once_on_retry() {
         "{cut:?}"
     );
     cluster
-        .wait_for_leader(failover_bound(&cluster))
+        .wait_for_leader(NEXT_LEADER_WAIT)
         .await
         .expect("a new leader");
     // The hand-off happens while nobody waits for the answer.
@@ -1297,7 +1305,7 @@ async fn a_leader_stopped_during_a_wait_exits_promptly_and_the_wait_survives() {
         })
     };
     cluster
-        .wait_for_leader(failover_bound(&cluster))
+        .wait_for_leader(NEXT_LEADER_WAIT)
         .await
         .expect("a new leader");
     assert!(
@@ -1361,7 +1369,7 @@ async fn a_force_revoke_retried_at_the_next_leader_revokes_at_most_once() {
     let leader = cluster.leader().await;
     cluster.kill(leader);
     cluster
-        .wait_for_leader(failover_bound(&cluster))
+        .wait_for_leader(NEXT_LEADER_WAIT)
         .await
         .expect("a new leader");
     let retry = any
@@ -1401,7 +1409,7 @@ async fn a_release_acknowledged_just_before_a_crash_stays_done() {
         let leader = cluster.leader().await;
         cluster.kill(leader);
         cluster
-            .wait_for_leader(failover_bound(&cluster))
+            .wait_for_leader(NEXT_LEADER_WAIT)
             .await
             .expect("a new leader");
         // The first leader-confirmed read at the new leader must already reflect it.
