@@ -179,21 +179,17 @@ impl LockClient {
         let sent_at = Instant::now();
         let answer = self
             .router
-            .call(
+            .unary(
                 "open session",
                 self.router.budget(Duration::ZERO),
-                |channel, timeout| {
-                    let mut request = tonic::Request::new(request.clone());
-                    request.set_timeout(timeout);
-                    async move {
-                        v1::session_service_client::SessionServiceClient::new(channel)
-                            .open_session(request)
-                            .await
-                    }
+                &request,
+                |channel, request| async move {
+                    v1::session_service_client::SessionServiceClient::new(channel)
+                        .open_session(request)
+                        .await
                 },
             )
-            .await?
-            .into_inner();
+            .await?;
         validate::session_id(&answer.session_id).map_err(|err| {
             LockError::contention(format!("the server answered an unusable session id: {err}"))
         })?;
@@ -234,21 +230,18 @@ impl LockClient {
         };
         let answer = self
             .router
-            .call(
+            .unary(
                 "inspect",
                 self.router.budget(Duration::ZERO),
-                |channel, timeout| {
-                    let mut request = tonic::Request::new(request.clone());
-                    request.set_timeout(timeout);
-                    async move {
-                        v1::lock_service_client::LockServiceClient::new(channel)
-                            .inspect(request)
-                            .await
-                    }
+                &request,
+                |channel, request| async move {
+                    v1::lock_service_client::LockServiceClient::new(channel)
+                        .inspect(request)
+                        .await
                 },
             )
             .await?;
-        Ok(answer.into_inner().info.map(|info| LockInfo {
+        Ok(answer.info.map(|info| LockInfo {
             key: info.key,
             owner_id: info.owner_id,
             fencing_token: info.fencing_token,
@@ -278,21 +271,18 @@ impl LockClient {
         };
         let answer = self
             .router
-            .call(
+            .unary(
                 "force revoke",
                 self.router.budget(Duration::ZERO),
-                |channel, timeout| {
-                    let mut request = tonic::Request::new(request.clone());
-                    request.set_timeout(timeout);
-                    async move {
-                        v1::lock_service_client::LockServiceClient::new(channel)
-                            .force_revoke(request)
-                            .await
-                    }
+                &request,
+                |channel, request| async move {
+                    v1::lock_service_client::LockServiceClient::new(channel)
+                        .force_revoke(request)
+                        .await
                 },
             )
             .await?;
-        let outcome = answer.into_inner().outcome.ok_or_else(|| {
+        let outcome = answer.outcome.ok_or_else(|| {
             LockError::contention("the server answered a force-revoke without an outcome")
         })?;
         Ok(LockOutcome {
@@ -359,17 +349,17 @@ impl LockClient {
         };
         let answer = self
             .router
-            .call("heartbeat", budget, |channel, timeout| {
-                let mut request = tonic::Request::new(request.clone());
-                request.set_timeout(timeout);
-                async move {
+            .unary(
+                "heartbeat",
+                budget,
+                &request,
+                |channel, request| async move {
                     v1::session_service_client::SessionServiceClient::new(channel)
                         .heartbeat(request)
                         .await
-                }
-            })
-            .await?
-            .into_inner();
+                },
+            )
+            .await?;
         Ok(answer.alive.then(|| Duration::from_millis(answer.ttl_ms)))
     }
 
@@ -411,23 +401,19 @@ impl LockClient {
         let sent_at = Instant::now();
         let answer = self
             .router
-            .call(
+            .unary(
                 "renew",
                 self.router.budget(Duration::ZERO),
-                |channel, timeout| {
-                    let mut request = tonic::Request::new(request.clone());
-                    request.set_timeout(timeout);
-                    async move {
-                        v1::lock_service_client::LockServiceClient::new(channel)
-                            .renew(request)
-                            .await
-                    }
+                &request,
+                |channel, request| async move {
+                    v1::lock_service_client::LockServiceClient::new(channel)
+                        .renew(request)
+                        .await
                 },
             )
             .await;
         match answer {
             Ok(response) => Ok(response
-                .into_inner()
                 .grant
                 .map(|grant| handle_from_grant(grant, ttl, sent_at, margin))),
             Err(LockError::LockLost { .. }) => Ok(None),
@@ -455,21 +441,18 @@ impl LockClient {
         };
         let answer = self
             .router
-            .call(
+            .unary(
                 "release",
                 self.router.budget(Duration::ZERO),
-                |channel, timeout| {
-                    let mut request = tonic::Request::new(request.clone());
-                    request.set_timeout(timeout);
-                    async move {
-                        v1::lock_service_client::LockServiceClient::new(channel)
-                            .release(request)
-                            .await
-                    }
+                &request,
+                |channel, request| async move {
+                    v1::lock_service_client::LockServiceClient::new(channel)
+                        .release(request)
+                        .await
                 },
             )
             .await?;
-        Ok(answer.into_inner().released)
+        Ok(answer.released)
     }
 
     /// Closes the session `session_id`, releasing every lock on it; returns how many. Closing
@@ -481,21 +464,18 @@ impl LockClient {
         };
         let answer = self
             .router
-            .call(
+            .unary(
                 "close session",
                 self.router.budget(Duration::ZERO),
-                |channel, timeout| {
-                    let mut request = tonic::Request::new(request.clone());
-                    request.set_timeout(timeout);
-                    async move {
-                        v1::session_service_client::SessionServiceClient::new(channel)
-                            .close_session(request)
-                            .await
-                    }
+                &request,
+                |channel, request| async move {
+                    v1::session_service_client::SessionServiceClient::new(channel)
+                        .close_session(request)
+                        .await
                 },
             )
             .await?;
-        Ok(answer.into_inner().locks_released)
+        Ok(answer.locks_released)
     }
 }
 

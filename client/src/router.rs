@@ -220,6 +220,30 @@ impl Router {
         Backoff::new(self.config.backoff, seed)
     }
 
+    /// [`Router::call`] for the common case: one unary RPC whose request is the same on every
+    /// attempt. Wraps `request` with the attempt's timeout, sends it with `send` (which names the
+    /// service client and method), and returns the answer's message.
+    pub(crate) async fn unary<Req, Resp, F, Fut>(
+        &self,
+        what: &str,
+        budget: Budget,
+        request: &Req,
+        send: F,
+    ) -> Result<Resp, LockError>
+    where
+        Req: Clone,
+        F: Fn(Channel, tonic::Request<Req>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<Resp>, Status>>,
+    {
+        self.call(what, budget, |channel, timeout| {
+            let mut attempt = tonic::Request::new(request.clone());
+            attempt.set_timeout(timeout);
+            send(channel, attempt)
+        })
+        .await
+        .map(tonic::Response::into_inner)
+    }
+
     /// Runs `attempt` against the believed leader until it answers, retrying retry-safe
     /// failures elsewhere with backoff until `budget.deadline` (see the module doc).
     ///

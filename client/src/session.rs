@@ -380,18 +380,14 @@ impl SessionInner {
         let sent_at = Instant::now();
         let answer = self
             .router()
-            .call("renew", budget, |channel, timeout| {
-                let mut request = tonic::Request::new(request.clone());
-                request.set_timeout(timeout);
-                async move {
-                    v1::lock_service_client::LockServiceClient::new(channel)
-                        .renew(request)
-                        .await
-                }
+            .unary("renew", budget, &request, |channel, request| async move {
+                v1::lock_service_client::LockServiceClient::new(channel)
+                    .renew(request)
+                    .await
             })
             .await;
         let grant = match answer {
-            Ok(response) => response.into_inner().grant,
+            Ok(response) => response.grant,
             // The server's verdict that the grant is gone is the same answer as "no grant".
             Err(LockError::LockLost { .. }) => None,
             Err(err) => return Err(err),
@@ -566,17 +562,14 @@ impl SessionInner {
         };
         let cancelled = self
             .router()
-            .call(
+            .unary(
                 "cancel acquire",
                 self.router().budget(Duration::ZERO),
-                |channel, timeout| {
-                    let mut request = tonic::Request::new(request.clone());
-                    request.set_timeout(timeout);
-                    async move {
-                        v1::lock_service_client::LockServiceClient::new(channel)
-                            .cancel_acquire(request)
-                            .await
-                    }
+                &request,
+                |channel, request| async move {
+                    v1::lock_service_client::LockServiceClient::new(channel)
+                        .cancel_acquire(request)
+                        .await
                 },
             )
             .await;
@@ -599,21 +592,18 @@ impl SessionInner {
         };
         let answer = self
             .router()
-            .call(
+            .unary(
                 "release",
                 self.router().budget(Duration::ZERO),
-                |channel, timeout| {
-                    let mut request = tonic::Request::new(request.clone());
-                    request.set_timeout(timeout);
-                    async move {
-                        v1::lock_service_client::LockServiceClient::new(channel)
-                            .release(request)
-                            .await
-                    }
+                &request,
+                |channel, request| async move {
+                    v1::lock_service_client::LockServiceClient::new(channel)
+                        .release(request)
+                        .await
                 },
             )
             .await?;
-        Ok(answer.into_inner().released)
+        Ok(answer.released)
     }
 
     pub(crate) async fn release(&self, handle: &LockHandle) -> Result<bool, LockError> {
