@@ -35,6 +35,8 @@ pub const CLUSTER_NAME_LEN_MAX: usize = 64;
 /// Most voters a cluster may be configured with. Raft clusters beyond 7 voters gain no
 /// availability and pay for every extra replica on every write.
 pub const PEERS_MAX: usize = 7;
+/// Most `raft_dial` overrides: one per other member at most, so the voter limit bounds it.
+pub const RAFT_DIAL_MAX: usize = PEERS_MAX;
 /// Shortest heartbeat interval (ms): below this a 2-core machine spends its time on heartbeats.
 pub const HEARTBEAT_INTERVAL_MS_MIN: u64 = 10;
 /// Longest tolerated safety margin (ms): it must stay well inside the shortest lease.
@@ -88,6 +90,12 @@ pub struct RunArgs {
     /// Every voter, this node included: `1=127.0.0.1:7101,2=127.0.0.1:7102,…`.
     #[arg(long, env = "LOCKD_PEERS", value_parser = parse_peers)]
     pub peers: Option<Peers>,
+    /// Per-peer Raft dial overrides, `2=127.0.0.1:9002,3=127.0.0.1:9003`: Raft RPCs to peer
+    /// ID connect to ADDR instead of the address in the replicated membership. The
+    /// membership, and so the leader address clients are sent to, is unchanged. Meant for
+    /// test harnesses that route node-to-node traffic through a proxy that can cut links.
+    #[arg(long, env = "LOCKD_RAFT_DIAL", value_parser = parse_raft_dial)]
+    pub raft_dial: Option<Peers>,
     /// Initialise the cluster with all peers as voters if this node's data is fresh.
     #[arg(long, env = "LOCKD_BOOTSTRAP", num_args = 0..=1, default_missing_value = "true")]
     pub bootstrap: Option<bool>,
@@ -141,17 +149,27 @@ pub struct Peers(pub BTreeMap<u64, String>);
 
 /// Parses `1=127.0.0.1:7101,2=127.0.0.1:7102`.
 fn parse_peers(text: &str) -> Result<Peers, String> {
+    parse_id_addrs(text, "peer")
+}
+
+/// Parses `--raft-dial`: `2=127.0.0.1:9002,3=127.0.0.1:9003`.
+fn parse_raft_dial(text: &str) -> Result<Peers, String> {
+    parse_id_addrs(text, "raft dial entry")
+}
+
+/// Parses `ID=HOST:PORT,…`; `what` names one entry in errors.
+fn parse_id_addrs(text: &str, what: &str) -> Result<Peers, String> {
     let mut peers = BTreeMap::new();
     for item in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
         let (id, addr) = item
             .split_once('=')
-            .ok_or_else(|| format!("peer {item:?} is not of the form ID=HOST:PORT"))?;
+            .ok_or_else(|| format!("{what} {item:?} is not of the form ID=HOST:PORT"))?;
         let id: u64 = id
             .trim()
             .parse()
-            .map_err(|e| format!("peer {item:?}: node id {id:?} is not a number: {e}"))?;
+            .map_err(|e| format!("{what} {item:?}: node id {id:?} is not a number: {e}"))?;
         if peers.insert(id, addr.trim().to_owned()).is_some() {
-            return Err(format!("peer id {id} is listed twice"));
+            return Err(format!("{what} id {id} is listed twice"));
         }
     }
     Ok(Peers(peers))
@@ -173,6 +191,7 @@ struct FileConfig {
     listen: Option<SocketAddr>,
     data_dir: Option<PathBuf>,
     peers: Option<Vec<FilePeer>>,
+    raft_dial: Option<Vec<FilePeer>>,
     bootstrap: Option<bool>,
     cluster_name: Option<String>,
     log_format: Option<LogFormat>,
@@ -238,6 +257,9 @@ pub struct Config {
     pub data_dir: PathBuf,
     /// Every voter, this node included.
     pub peers: BTreeMap<u64, String>,
+    /// Raft dial overrides: RPCs to peer id go to this `host:port` instead of the
+    /// membership's address (empty: dial the membership's addresses).
+    pub raft_dial: BTreeMap<u64, String>,
     /// Initialise the cluster if this node's data is fresh.
     pub bootstrap: bool,
     /// The cluster's name.
@@ -272,21 +294,8 @@ impl Config {
             Some(path) => read_file(path)?,
             None => FileConfig::default(),
         };
-        let file_peers = match file.peers {
-            Some(list) => {
-                let mut peers = BTreeMap::new();
-                for p in list {
-                    if peers.insert(p.id, p.addr).is_some() {
-                        return Err(invalid(
-                            "peers",
-                            format!("peer id {} is listed twice", p.id),
-                        ));
-                    }
-                }
-                Some(peers)
-            }
-            None => None,
-        };
+        let file_peers = file_id_addrs(file.peers, "peers")?;
+        let file_raft_dial = file_id_addrs(file.raft_dial, "raft_dial")?;
         let config =
             Config {
                 node_id: args.node_id.or(file.node_id).ok_or(ConfigError::Missing {
@@ -315,6 +324,12 @@ impl Config {
                         env: "PEERS",
                     },
                 )?,
+                raft_dial: args
+                    .raft_dial
+                    .clone()
+                    .map(|p| p.0)
+                    .or(file_raft_dial)
+                    .unwrap_or_default(),
                 bootstrap: args.bootstrap.or(file.bootstrap).unwrap_or(false),
                 cluster_name: args
                     .cluster_name
@@ -405,6 +420,7 @@ impl Config {
                 ),
             ));
         }
+        self.validate_raft_dial()?;
         if self.data_dir.as_os_str().is_empty() {
             return Err(invalid("data_dir", "is empty"));
         }
@@ -481,6 +497,35 @@ impl Config {
         Ok(())
     }
 
+    /// `raft_dial`: at most [`RAFT_DIAL_MAX`] entries, non-zero ids, `HOST:PORT` addresses.
+    /// An id need not be in `peers` (a member added later may be dialled through it too).
+    fn validate_raft_dial(&self) -> Result<(), ConfigError> {
+        if self.raft_dial.len() > RAFT_DIAL_MAX {
+            return Err(invalid(
+                "raft_dial",
+                format!(
+                    "lists {} overrides; the limit is {RAFT_DIAL_MAX}",
+                    self.raft_dial.len()
+                ),
+            ));
+        }
+        if self.raft_dial.contains_key(&0) {
+            return Err(invalid(
+                "raft_dial",
+                "node id 0 is not a node id; ids start at 1",
+            ));
+        }
+        for (id, addr) in &self.raft_dial {
+            check_host_port(addr).map_err(|reason| {
+                invalid(
+                    "raft_dial",
+                    format!("node {id}'s dial address {addr:?} {reason}"),
+                )
+            })?;
+        }
+        Ok(())
+    }
+
     /// This node's advertised `host:port` (its entry in `peers`).
     pub fn advertised_addr(&self) -> &str {
         self.peers
@@ -538,6 +583,23 @@ fn check_host_port(addr: &str) -> Result<(), &'static str> {
         Ok(0) | Err(_) => Err("has no valid port (1..=65535)"),
         Ok(_) => Ok(()),
     }
+}
+
+/// The `[[peers]]`-shaped list of the TOML file as a map; `field` names it in errors.
+fn file_id_addrs(
+    list: Option<Vec<FilePeer>>,
+    field: &'static str,
+) -> Result<Option<BTreeMap<u64, String>>, ConfigError> {
+    let Some(list) = list else {
+        return Ok(None);
+    };
+    let mut map = BTreeMap::new();
+    for p in list {
+        if map.insert(p.id, p.addr).is_some() {
+            return Err(invalid(field, format!("node id {} is listed twice", p.id)));
+        }
+    }
+    Ok(Some(map))
 }
 
 fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
@@ -633,6 +695,94 @@ mod tests {
         let mut a = args();
         a.peers = Some(parse_peers("1=127.0.0.1").unwrap());
         assert_eq!(field_of(Config::load(&a).unwrap_err()), "peers");
+    }
+
+    #[test]
+    fn raft_dial_parses_and_is_validated() {
+        let c = Config::load(&args()).unwrap();
+        assert!(c.raft_dial.is_empty(), "no override unless asked");
+
+        let mut a = args();
+        a.raft_dial = Some(parse_raft_dial("2=127.0.0.1:9002, 3=127.0.0.1:9003").unwrap());
+        let c = Config::load(&a).unwrap();
+        assert_eq!(
+            c.raft_dial.get(&2).map(String::as_str),
+            Some("127.0.0.1:9002")
+        );
+        assert_eq!(
+            c.raft_dial.get(&3).map(String::as_str),
+            Some("127.0.0.1:9003")
+        );
+        assert_eq!(c.peers.get(&2).map(String::as_str), Some("127.0.0.1:7102"));
+
+        let err = parse_raft_dial("2=a:1,2=b:2").unwrap_err();
+        assert!(
+            err.contains("raft dial entry id 2 is listed twice"),
+            "{err}"
+        );
+        assert!(parse_raft_dial("x=a:1").is_err());
+        assert!(parse_raft_dial("127.0.0.1:9002").is_err());
+
+        for bad in [
+            "0=127.0.0.1:9000",
+            "2=127.0.0.1",
+            "2=127.0.0.1:0",
+            "2=http://127.0.0.1:9002",
+            "2=:9002",
+        ] {
+            let mut a = args();
+            a.raft_dial = Some(parse_raft_dial(bad).unwrap());
+            let err = Config::load(&a).unwrap_err();
+            assert!(err.to_string().contains("raft_dial"), "{bad}: {err}");
+            assert_eq!(field_of(err), "raft_dial", "{bad}");
+        }
+
+        let too_many = (1..=RAFT_DIAL_MAX as u64 + 1)
+            .map(|id| format!("{id}=127.0.0.1:{}", 9000 + id))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut a = args();
+        a.raft_dial = Some(parse_raft_dial(&too_many).unwrap());
+        let err = Config::load(&a).unwrap_err();
+        assert!(err.to_string().contains("limit"), "{err}");
+        assert_eq!(field_of(err), "raft_dial");
+    }
+
+    #[test]
+    fn raft_dial_comes_from_the_file_below_the_flag() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("lockd.toml");
+        std::fs::write(
+            &path,
+            r#"
+raft_dial = [{ id = 2, addr = "127.0.0.1:9002" }, { id = 3, addr = "127.0.0.1:9003" }]
+"#,
+        )
+        .unwrap();
+        let mut a = args();
+        a.config = Some(path.clone());
+        let c = Config::load(&a).unwrap();
+        assert_eq!(c.raft_dial.len(), 2);
+        assert_eq!(
+            c.raft_dial.get(&3).map(String::as_str),
+            Some("127.0.0.1:9003")
+        );
+
+        a.raft_dial = Some(parse_raft_dial("2=127.0.0.1:9999").unwrap());
+        let c = Config::load(&a).unwrap();
+        assert_eq!(
+            c.raft_dial.into_iter().collect::<Vec<_>>(),
+            vec![(2, "127.0.0.1:9999".to_owned())],
+            "the flag replaces the file's list"
+        );
+
+        std::fs::write(
+            &path,
+            r#"raft_dial = [{ id = 2, addr = "a:1" }, { id = 2, addr = "b:2" }]"#,
+        )
+        .unwrap();
+        a.raft_dial = None;
+        assert_eq!(field_of(Config::load(&a).unwrap_err()), "raft_dial");
     }
 
     #[test]

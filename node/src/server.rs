@@ -116,10 +116,18 @@ async fn serve(
     let reader = state_machine.reader();
 
     let raft_config = Arc::new(config.raft_config()?);
+    for (peer, addr) in &config.raft_dial {
+        tracing::info!(
+            peer,
+            dial = %addr,
+            membership = config.peers.get(peer).map_or("-", String::as_str),
+            "raft dial override active: Raft RPCs to this peer connect to the dial address"
+        );
+    }
     let raft = Raft::<TypeConfig>::new(
         config.node_id,
         raft_config,
-        NetworkFactory::new(config.node_id),
+        NetworkFactory::new(config.node_id).with_dial_overrides(config.raft_dial.clone()),
         log_store,
         state_machine,
     )

@@ -47,6 +47,7 @@ impl InProcessCluster {
                 listen,
                 data_dir: dir.path().join(format!("node-{id}")),
                 peers: peers.clone(),
+                raft_dial: Default::default(),
                 bootstrap: id == 1,
                 cluster_name: "conformance".into(),
                 log_format: LogFormat::Human,

@@ -5,7 +5,14 @@
 //! bounded by the TTL openraft passes in (`RPCOption::hard_ttl`), connections are made lazily
 //! and re-made by the channel after a peer restarts. Must not interpret Raft messages: it only
 //! carries them (see `raft::service` for the receiving side).
+//!
+//! A peer is dialled at its address in the replicated membership unless the node was started
+//! with a dial override for it (`--raft-dial ID=ADDR`, see `config::RunArgs::raft_dial`): then
+//! at ADDR. The override changes only where this node connects; it never changes the
+//! membership, so the leader address handed to clients stays the membership's.
 
+use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use lock_proto::v1::RaftPayload;
@@ -42,12 +49,32 @@ const UNREACHABLE_BACKOFF: Duration = Duration::from_millis(200);
 pub struct NetworkFactory {
     /// This node's id, for openraft's timeout errors.
     self_id: NodeId,
+    /// Peer id → `host:port` to dial instead of the membership's address.
+    dial: Arc<BTreeMap<NodeId, String>>,
 }
 
 impl NetworkFactory {
-    /// A factory for node `self_id`.
+    /// A factory for node `self_id` that dials every peer at its membership address.
     pub fn new(self_id: NodeId) -> Self {
-        Self { self_id }
+        Self {
+            self_id,
+            dial: Arc::default(),
+        }
+    }
+
+    /// The same factory, but Raft RPCs to each peer id in `dial` connect to its `host:port`
+    /// instead of the membership's address (the membership itself is not touched).
+    pub fn with_dial_overrides(mut self, dial: BTreeMap<NodeId, String>) -> Self {
+        self.dial = Arc::new(dial);
+        self
+    }
+
+    /// Where RPCs to `target`, whose membership entry is `node`, are sent.
+    pub fn dial_addr(&self, target: NodeId, node: &Node) -> String {
+        self.dial
+            .get(&target)
+            .cloned()
+            .unwrap_or_else(|| node.addr.clone())
     }
 }
 
@@ -55,10 +82,19 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
     type Network = PeerClient;
 
     async fn new_client(&mut self, target: NodeId, node: &Node) -> PeerClient {
+        let addr = self.dial_addr(target, node);
+        if addr != node.addr {
+            tracing::debug!(
+                target,
+                membership_addr = %node.addr,
+                dial_addr = %addr,
+                "raft dial override"
+            );
+        }
         PeerClient {
             self_id: self.self_id,
             target,
-            addr: node.addr.clone(),
+            addr,
             client: None,
         }
     }
@@ -69,6 +105,7 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
 pub struct PeerClient {
     self_id: NodeId,
     target: NodeId,
+    /// The address dialled: the membership's, or the override for `target`.
     addr: String,
     /// Made on first use; the channel reconnects by itself after a peer restart.
     client: Option<RaftServiceClient<Channel>>,
@@ -242,5 +279,79 @@ impl RaftNetwork<TypeConfig> for PeerClient {
 
     fn backoff(&self) -> openraft::network::Backoff {
         openraft::network::Backoff::new(std::iter::repeat(UNREACHABLE_BACKOFF))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use openraft::Vote;
+    use tokio::net::TcpListener;
+
+    /// How long the test waits for the dialled listener to see a connection: the client dials
+    /// at once on a loopback address, so seconds mean it dialled somewhere else.
+    const ACCEPT_WAIT: Duration = Duration::from_secs(5);
+
+    fn vote_request() -> VoteRequest<NodeId> {
+        VoteRequest::new(Vote::new(1, 1), None)
+    }
+
+    #[test]
+    fn the_override_wins_only_for_its_peer() {
+        let factory = NetworkFactory::new(1)
+            .with_dial_overrides(BTreeMap::from([(2, "127.0.0.1:9002".to_owned())]));
+        let two = Node::new("127.0.0.1:7102");
+        let three = Node::new("127.0.0.1:7103");
+        assert_eq!(factory.dial_addr(2, &two), "127.0.0.1:9002");
+        assert_eq!(factory.dial_addr(3, &three), "127.0.0.1:7103");
+        let plain = NetworkFactory::new(1);
+        assert_eq!(plain.dial_addr(2, &two), "127.0.0.1:7102");
+    }
+
+    #[tokio::test]
+    async fn rpcs_go_to_the_override_not_to_the_membership_address() {
+        let dialled = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let membership = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let dial_addr = dialled.local_addr().unwrap().to_string();
+        let node = Node::new(membership.local_addr().unwrap().to_string());
+        let mut factory =
+            NetworkFactory::new(1).with_dial_overrides(BTreeMap::from([(2, dial_addr)]));
+        let mut client = factory.new_client(2, &node).await;
+        // Nobody answers the RPC (the listener only accepts), so it ends in a timeout; what
+        // matters is which listener it reached.
+        let call = tokio::spawn(async move {
+            client
+                .vote(vote_request(), RPCOption::new(Duration::from_millis(300)))
+                .await
+        });
+        let accepted = tokio::time::timeout(ACCEPT_WAIT, dialled.accept()).await;
+        assert!(
+            matches!(accepted, Ok(Ok(_))),
+            "the override address saw no connection: {accepted:?}"
+        );
+        let result = call.await.unwrap();
+        assert!(result.is_err(), "nobody answered, yet: {result:?}");
+        let stray = tokio::time::timeout(Duration::from_millis(100), membership.accept()).await;
+        assert!(stray.is_err(), "the membership address was dialled too");
+    }
+
+    #[tokio::test]
+    async fn without_an_override_rpcs_go_to_the_membership_address() {
+        let membership = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let node = Node::new(membership.local_addr().unwrap().to_string());
+        let mut factory = NetworkFactory::new(1)
+            .with_dial_overrides(BTreeMap::from([(3, "127.0.0.1:9".to_owned())]));
+        let mut client = factory.new_client(2, &node).await;
+        let call = tokio::spawn(async move {
+            client
+                .vote(vote_request(), RPCOption::new(Duration::from_millis(300)))
+                .await
+        });
+        let accepted = tokio::time::timeout(ACCEPT_WAIT, membership.accept()).await;
+        assert!(
+            matches!(accepted, Ok(Ok(_))),
+            "the membership address saw no connection: {accepted:?}"
+        );
+        assert!(call.await.unwrap().is_err());
     }
 }
