@@ -83,6 +83,9 @@ pub struct ClusterConfig {
     pub log_dir: PathBuf,
     /// Inside a namespace: own addresses and uids per node.
     pub in_netns: bool,
+    /// Per node, its `--raft-dial` value (proxy mode: its links' proxies); none for a node
+    /// that dials its peers directly.
+    pub raft_dial: BTreeMap<u64, String>,
     /// libfaketime to preload, for the clock nemesis.
     pub libfaketime: Option<PathBuf>,
 }
@@ -178,6 +181,20 @@ impl StatusProbe {
     }
 }
 
+/// Where node `id` listens: its own address inside a namespace, else its own port on
+/// 127.0.0.1 (see [`BASE_PORT`]).
+pub fn node_addr(in_netns: bool, id: u64) -> anyhow::Result<String> {
+    if in_netns {
+        return Ok(format!("{}:{NETNS_PORT}", net::node_ip(id)));
+    }
+    let slot = u16::try_from(std::process::id() % PORT_SLOTS).unwrap_or(0);
+    let id = u16::try_from(id)
+        .ok()
+        .filter(|&id| id < 10)
+        .with_context(|| format!("node {id}: at most 9 nodes outside a namespace"))?;
+    Ok(format!("127.0.0.1:{}", BASE_PORT + 10 * slot + id))
+}
+
 /// Awaits every future, concurrently, in order (a tiny `join_all`, to keep dependencies
 /// light).
 async fn futures_join_all<F, T>(futures: impl IntoIterator<Item = F>) -> Vec<T>
@@ -213,13 +230,7 @@ impl Cluster {
         let mut peers = Vec::new();
         let mut channels = Vec::new();
         for id in 1..=config.nodes {
-            let addr = if config.in_netns {
-                format!("{}:{NETNS_PORT}", net::node_ip(id))
-            } else {
-                let slot = u16::try_from(std::process::id() % PORT_SLOTS).unwrap_or(0);
-                let port = BASE_PORT + 10 * slot + u16::try_from(id).context("too many nodes")?;
-                format!("127.0.0.1:{port}")
-            };
+            let addr = node_addr(config.in_netns, id)?;
             let data_dir = config.work_dir.join(format!("n{id}"));
             std::fs::create_dir_all(&data_dir)
                 .with_context(|| format!("creating {}", data_dir.display()))?;
@@ -323,6 +334,7 @@ impl Cluster {
         let in_netns = self.config.in_netns;
         let libfaketime = self.config.libfaketime.clone();
         let peers = self.peers.clone();
+        let raft_dial = self.config.raft_dial.get(&id).cloned();
         let started = self.started;
         let crashes = Arc::clone(&self.crashes);
         let node = self.node_mut(id)?;
@@ -362,6 +374,9 @@ impl Cluster {
             .kill_on_drop(true);
         if id == 1 && node.starts == 0 {
             command.arg("--bootstrap");
+        }
+        if let Some(dial) = &raft_dial {
+            command.args(["--raft-dial", dial]);
         }
         if let Some(lib) = &libfaketime {
             command

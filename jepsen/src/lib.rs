@@ -7,7 +7,9 @@
 //! - [`checker`] — pairs the history and checks one property per module.
 //! - [`report`] — `results.json` and `index.html` (timeline, latency, throughput as SVG).
 //! - [`stats`] — counts of operations and faults, shared by the report and the progress line.
-//! - [`net`] — the network namespace, per-node uids and addresses, iptables cuts.
+//! - [`net`] — the network mode: a namespace with per-node uids, addresses and iptables cuts,
+//!   or the proxies; the [`net::Firewall`] the nemeses cut links through.
+//! - [`proxy`] — the per-link TCP proxies that cut links without root.
 //! - [`cluster`] — the `lockd` processes: start, kill, restart, pause, clock offsets.
 //! - [`workload`] — the clients and the fenced register they write to.
 //! - [`nemesis`] — the faults and their schedule.
@@ -24,6 +26,7 @@ pub mod cluster;
 pub mod history;
 pub mod nemesis;
 pub mod net;
+pub mod proxy;
 pub mod report;
 pub mod runner;
 pub mod stats;

@@ -1,9 +1,10 @@
 //! `lock-jepsen`: the command line. `run` tests a real cluster under faults and writes its
 //! report; `check` re-checks a recorded history and writes its report.
 //!
-//! As root, `run` creates a network namespace, re-executes itself inside it (see
-//! `lock_jepsen::net`), and deletes the namespace afterwards; without root it runs on
-//! 127.0.0.1 and the partition nemesis is skipped.
+//! `--net auto` (the default) picks the network by privilege: as root, `run` creates a network
+//! namespace, re-executes itself inside it and cuts links with iptables (`--net netns`), and
+//! deletes the namespace afterwards; without root it runs on 127.0.0.1 and cuts links in the
+//! harness's own TCP proxies (`--net proxy`). See `lock_jepsen::net`.
 //!
 //! Exit codes: 0 every property passed; 1 a violation; 3 a property could not be decided
 //! (unknown); 2 the harness failed (a malformed history, an unwritable folder) — a harness
@@ -19,6 +20,7 @@ use clap::{Parser, Subcommand};
 use lock_jepsen::args::parse_duration;
 use lock_jepsen::checker::{self, Analysis, CheckConfig, Status, duration_ns};
 use lock_jepsen::nemesis::Kind;
+use lock_jepsen::net::{NetArg, NetMode, NetPlan};
 use lock_jepsen::runner::{self, RunConfig};
 use lock_jepsen::{history, net, report};
 
@@ -81,9 +83,11 @@ enum Command {
         /// How soon after the last heal every key must be granted again.
         #[arg(long, value_parser = parse_duration, default_value = "20s")]
         recovery_bound: Duration,
-        /// Run on 127.0.0.1 without a network namespace even as root (no partitions).
-        #[arg(long)]
-        no_netns: bool,
+        /// How node-to-node links are cut: `netns` (a network namespace and iptables; root),
+        /// `proxy` (nodes on 127.0.0.1, Raft traffic through the harness's TCP proxies; any
+        /// user), or `auto` (netns as root, proxy otherwise).
+        #[arg(long, value_enum, default_value = "auto")]
+        net: NetArg,
     },
     /// Re-checks an existing history and writes results.json and index.html.
     Check {
@@ -146,7 +150,7 @@ async fn run(cli: Cli) -> anyhow::Result<Exit> {
             max_wait,
             tail,
             recovery_bound,
-            no_netns,
+            net: net_arg,
         } => {
             let nemeses: Vec<Kind> = if nemesis.trim() == "none" {
                 Vec::new()
@@ -164,8 +168,9 @@ async fn run(cli: Cli) -> anyhow::Result<Exit> {
             lock_api::validate::max_wait(max_wait)
                 .map_err(|e| anyhow::anyhow!("--max-wait: {e}"))?;
             let lockd = runner::find_lockd(lockd.as_deref())?;
-            if net::current_netns().is_none() && !no_netns {
-                if net::is_root() {
+            let net_mode = match net::plan(net_arg, net::is_root(), net::current_netns().is_some())?
+            {
+                NetPlan::EnterNetns => {
                     let name = format!("lockjepsen-{}", std::process::id());
                     net::create_netns(&name).await?;
                     let code = net::reexec_in_netns(&name).await?;
@@ -173,9 +178,12 @@ async fn run(cli: Cli) -> anyhow::Result<Exit> {
                         u8::try_from(code).unwrap_or(EXIT_HARNESS_FAILURE),
                     ));
                 }
+                NetPlan::Run(mode) => mode,
+            };
+            if net_mode == NetMode::Proxy {
                 eprintln!(
-                    "lock-jepsen: not root: running on 127.0.0.1 without a network namespace; \
-                     the partition nemesis will be skipped"
+                    "lock-jepsen: --net proxy: nodes on 127.0.0.1, Raft links through the \
+                     harness's TCP proxies"
                 );
             }
             let config = RunConfig {
@@ -191,6 +199,7 @@ async fn run(cli: Cli) -> anyhow::Result<Exit> {
                 max_wait,
                 tail,
                 recovery_bound,
+                net: net_mode,
             };
             eprintln!("lock-jepsen: {}", serde_json::to_string(&config)?);
             let outcome = runner::run(config).await?;

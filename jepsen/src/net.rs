@@ -1,30 +1,46 @@
-//! The test network: a private network namespace in which each node has its own loopback
-//! address, and iptables rules inside it that cut node-to-node links.
+//! The test network, in one of two modes ([`NetMode`]), behind one [`Firewall`] that cuts and
+//! heals node-to-node links whichever mode is active.
+//!
+//! - `netns` (root): a private network namespace in which each node has its own loopback
+//!   address, and iptables rules inside it that cut links.
+//! - `proxy` (no root needed): every node on 127.0.0.1 with its own port; node i reaches node
+//!   j's Raft service only through an in-harness TCP proxy for link i→j ([`crate::proxy`]),
+//!   which cuts by holding bytes.
 //!
 //! Owns the namespace's life (create, re-exec the harness inside it, delete it and whatever
-//! still runs in it) and the `LOCKJEPSEN` iptables chain. Must not know about Raft, nodes'
-//! roles or the history; [`crate::nemesis`] decides *which* links to cut.
+//! still runs in it), the `LOCKJEPSEN` iptables chain and the choice between the modes. Must
+//! not know about Raft, nodes' roles or the history; [`crate::nemesis`] decides *which* links
+//! to cut.
 //!
-//! # Why a namespace, uids and iptables (and not a TCP proxy)
+//! # Why a namespace, uids and iptables
 //!
 //! Every packet of the test stays inside a namespace the harness made and deletes, so nothing
 //! reaches the host's network and no host firewall rule is touched; deleting the namespace
 //! removes every rule at once, even after a crash. The nodes run the real `lockd` binary with
 //! its real transport: no proxy sits between them, so a cut is a kernel-level drop, and a
-//! partition behaves like one (connections hang rather than being reset by a proxy).
+//! partition behaves like one (connections hang rather than being reset).
 //!
 //! Loopback traffic is sourced from 127.0.0.1 whatever address a node listens on, so a rule
 //! cannot tell senders apart by source address. Each node therefore runs as its own uid
 //! ([`NODE_UID_BASE`] + node id) and a cut of link a–b is two `OUTPUT` rules: packets *owned by*
 //! node a's uid to node b's address are dropped, and vice versa. Clients (the harness, uid 0)
-//! are never cut. A proxy design (needed only without root) would depend on the node using its
-//! own `--peers` addresses rather than the replicated membership's; it is not implemented, and
-//! without root the partition nemesis is skipped (recorded as `skipped`).
+//! are never cut.
+//!
+//! # The proxy mode
+//!
+//! Without root there is no namespace and no iptables. Node i is started with `--raft-dial
+//! j=<proxy i→j>` for every other node j, so its Raft RPCs go through the harness while the
+//! replicated membership (and the leader address clients are sent to) keeps the nodes' real
+//! addresses; clients talk to the nodes directly and are never cut. A cut holds bytes in both
+//! directions and blackholes new connections, as a DROP rule would (see [`crate::proxy`]).
 
+use std::collections::BTreeMap;
 use std::process::Stdio;
 
 use anyhow::{Context, bail};
 use tokio::process::Command;
+
+use crate::proxy::ProxyNet;
 
 /// Environment variable set on the harness re-executed inside the namespace, naming it.
 pub const NETNS_ENV: &str = "LOCK_JEPSEN_NETNS";
@@ -137,65 +153,166 @@ pub async fn reexec_in_netns(name: &str) -> anyhow::Result<i32> {
     Ok(status.code().unwrap_or(2))
 }
 
-/// The iptables chain that holds the cuts between nodes, inside the current namespace.
+/// How node-to-node links are cut.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NetMode {
+    /// A network namespace, own loopback addresses and uids, iptables DROP rules (root).
+    Netns,
+    /// Nodes on 127.0.0.1, Raft traffic through the harness's per-link TCP proxies.
+    Proxy,
+}
+
+impl NetMode {
+    /// The name used on the command line and in `results.json`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Netns => "netns",
+            Self::Proxy => "proxy",
+        }
+    }
+
+    /// How the report describes the network.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Self::Netns => "network namespace, cuts by iptables DROP rules",
+            Self::Proxy => {
+                "127.0.0.1, Raft links through the harness's TCP proxies (cuts hold bytes)"
+            }
+        }
+    }
+}
+
+/// The `--net` choice before it is resolved.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum NetArg {
+    /// `netns` as root, `proxy` otherwise.
+    Auto,
+    /// Network namespace and iptables (needs root).
+    Netns,
+    /// In-harness TCP proxies (any user).
+    Proxy,
+}
+
+/// What the harness should do with `--net`, given whether it runs as root and whether it
+/// already runs inside its namespace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NetPlan {
+    /// Create a namespace and re-execute inside it.
+    EnterNetns,
+    /// Run here in this mode.
+    Run(NetMode),
+}
+
+/// Resolves `--net`: inside the harness's namespace the mode is `netns`; `auto` picks `netns`
+/// for root and `proxy` otherwise; `netns` without root is an error naming the way out.
+pub fn plan(arg: NetArg, root: bool, in_netns: bool) -> anyhow::Result<NetPlan> {
+    Ok(match (arg, in_netns) {
+        (_, true) => NetPlan::Run(NetMode::Netns),
+        (NetArg::Proxy, false) => NetPlan::Run(NetMode::Proxy),
+        (NetArg::Auto, false) if !root => NetPlan::Run(NetMode::Proxy),
+        (NetArg::Auto | NetArg::Netns, false) => {
+            if !root {
+                bail!("--net netns needs root (a network namespace and iptables); use --net proxy");
+            }
+            NetPlan::EnterNetns
+        }
+    })
+}
+
+/// Cuts and heals links between nodes, by iptables rules or by proxies; the nemeses use only
+/// this and never learn which.
 #[derive(Debug)]
 pub struct Firewall {
-    enabled: bool,
+    backend: Backend,
+}
+
+#[derive(Debug)]
+enum Backend {
+    /// The `LOCKJEPSEN` chain inside the current namespace.
+    Iptables,
+    /// One proxy per ordered node pair.
+    Proxy(ProxyNet),
 }
 
 impl Firewall {
-    /// Sets up the chain (inside a namespace) or a disabled firewall (outside one: cuts are
-    /// then refused, and the partition nemesis records them as skipped).
-    pub async fn new(in_netns: bool) -> anyhow::Result<Self> {
-        if in_netns {
-            run("iptables", &["-w", "-N", CHAIN]).await?;
-            run("iptables", &["-w", "-A", "OUTPUT", "-j", CHAIN]).await?;
+    /// Sets up the iptables chain; only inside the harness's namespace.
+    pub async fn iptables() -> anyhow::Result<Self> {
+        if current_netns().is_none() {
+            bail!("iptables cuts only run inside the harness's network namespace");
         }
-        Ok(Self { enabled: in_netns })
+        run("iptables", &["-w", "-N", CHAIN]).await?;
+        run("iptables", &["-w", "-A", "OUTPUT", "-j", CHAIN]).await?;
+        Ok(Self {
+            backend: Backend::Iptables,
+        })
     }
 
-    /// Whether links can be cut.
-    pub fn enabled(&self) -> bool {
-        self.enabled
+    /// Starts a proxy for every ordered pair of `nodes` (id → real `host:port`).
+    pub async fn proxy(nodes: &BTreeMap<u64, String>) -> anyhow::Result<Self> {
+        Ok(Self {
+            backend: Backend::Proxy(ProxyNet::start(nodes).await?),
+        })
+    }
+
+    /// Which mode cuts the links.
+    pub fn mode(&self) -> NetMode {
+        match self.backend {
+            Backend::Iptables => NetMode::Netns,
+            Backend::Proxy(_) => NetMode::Proxy,
+        }
+    }
+
+    /// Node `id`'s `--raft-dial` value, if its Raft traffic must go through the proxies.
+    pub fn raft_dial(&self, id: u64) -> Option<String> {
+        match &self.backend {
+            Backend::Iptables => None,
+            Backend::Proxy(net) => Some(net.raft_dial(id)),
+        }
     }
 
     /// Cuts every link in `links` (pairs of node ids), both directions.
     pub async fn cut(&self, links: &[(u64, u64)]) -> anyhow::Result<()> {
-        if !self.enabled {
-            bail!("links cannot be cut outside a network namespace (run as root)");
-        }
-        for &(a, b) in links {
-            for (from, to) in [(a, b), (b, a)] {
-                let uid = node_uid(from).to_string();
-                let dest = node_ip(to);
-                run(
-                    "iptables",
-                    &[
-                        "-w",
-                        "-A",
-                        CHAIN,
-                        "-m",
-                        "owner",
-                        "--uid-owner",
-                        &uid,
-                        "-d",
-                        &dest,
-                        "-j",
-                        "DROP",
-                    ],
-                )
-                .await?;
+        match &self.backend {
+            Backend::Proxy(net) => net.cut(links),
+            Backend::Iptables => {
+                for &(a, b) in links {
+                    for (from, to) in [(a, b), (b, a)] {
+                        let uid = node_uid(from).to_string();
+                        let dest = node_ip(to);
+                        run(
+                            "iptables",
+                            &[
+                                "-w",
+                                "-A",
+                                CHAIN,
+                                "-m",
+                                "owner",
+                                "--uid-owner",
+                                &uid,
+                                "-d",
+                                &dest,
+                                "-j",
+                                "DROP",
+                            ],
+                        )
+                        .await?;
+                    }
+                }
+                Ok(())
             }
         }
-        Ok(())
     }
 
     /// Removes every cut.
     pub async fn heal(&self) -> anyhow::Result<()> {
-        if self.enabled {
-            run("iptables", &["-w", "-F", CHAIN]).await?;
+        match &self.backend {
+            Backend::Proxy(net) => {
+                net.heal();
+                Ok(())
+            }
+            Backend::Iptables => run("iptables", &["-w", "-F", CHAIN]).await,
         }
-        Ok(())
     }
 }
 
@@ -210,4 +327,38 @@ pub fn node_ip(id: u64) -> String {
         "127.0.0.{}",
         u64::from(NODE_ADDR_BASE) + id.min(u64::from(u8::MAX - NODE_ADDR_BASE))
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn net_auto_is_netns_for_root_and_proxy_otherwise() {
+        assert_eq!(
+            plan(NetArg::Auto, true, false).unwrap(),
+            NetPlan::EnterNetns
+        );
+        assert_eq!(
+            plan(NetArg::Auto, false, false).unwrap(),
+            NetPlan::Run(NetMode::Proxy)
+        );
+        assert_eq!(
+            plan(NetArg::Proxy, true, false).unwrap(),
+            NetPlan::Run(NetMode::Proxy)
+        );
+        assert_eq!(
+            plan(NetArg::Netns, true, false).unwrap(),
+            NetPlan::EnterNetns
+        );
+        let err = plan(NetArg::Netns, false, false).unwrap_err();
+        assert!(err.to_string().contains("--net proxy"), "{err}");
+        for arg in [NetArg::Auto, NetArg::Netns, NetArg::Proxy] {
+            assert_eq!(
+                plan(arg, true, true).unwrap(),
+                NetPlan::Run(NetMode::Netns),
+                "inside the namespace"
+            );
+        }
+    }
 }

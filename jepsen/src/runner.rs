@@ -6,6 +6,7 @@
 //! not choose faults (the nemeses do). Any failure of the harness itself returns an error and
 //! no verdict.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -19,10 +20,10 @@ use serde_json::json;
 use tokio::sync::{Mutex, watch};
 
 use crate::checker::{self, Analysis, CheckConfig, duration_ns};
-use crate::cluster::{Cluster, ClusterConfig, find_libfaketime};
+use crate::cluster::{Cluster, ClusterConfig, find_libfaketime, node_addr};
 use crate::history::{self, Recorder};
 use crate::nemesis::{self, Ctx, Kind};
-use crate::net::{self, Firewall};
+use crate::net::{Firewall, NetMode};
 use crate::report::{self, HISTORY_FILE, Results};
 use crate::workload::{self, ClientPauses, FencedRegister, Shared, WorkloadConfig};
 
@@ -64,6 +65,8 @@ pub struct RunConfig {
     pub tail: Duration,
     /// The recovery bound the checker applies.
     pub recovery_bound: Duration,
+    /// How links are cut: inside the harness's namespace (`netns`) or through its proxies.
+    pub net: NetMode,
 }
 
 /// What a finished run hands back.
@@ -84,19 +87,32 @@ pub async fn run(config: RunConfig) -> anyhow::Result<RunOutcome> {
         std::fs::remove_dir_all(&work_dir)
             .with_context(|| format!("clearing {}", work_dir.display()))?;
     }
-    let in_netns = net::current_netns().is_some();
+    let in_netns = config.net == NetMode::Netns;
     let libfaketime = if config.nemeses.contains(&Kind::Clock) {
         find_libfaketime()
     } else {
         None
     };
-    let firewall = Arc::new(Firewall::new(in_netns).await?);
+    let firewall = Arc::new(match config.net {
+        NetMode::Netns => Firewall::iptables().await?,
+        NetMode::Proxy => {
+            let mut addrs = BTreeMap::new();
+            for id in 1..=config.nodes {
+                addrs.insert(id, node_addr(false, id)?);
+            }
+            Firewall::proxy(&addrs).await?
+        }
+    });
+    let raft_dial = (1..=config.nodes)
+        .filter_map(|id| firewall.raft_dial(id).map(|dial| (id, dial)))
+        .collect();
     let cluster = Cluster::start(ClusterConfig {
         lockd: config.lockd.clone(),
         nodes: config.nodes,
         work_dir: work_dir.clone(),
         log_dir: config.out.join("nodes"),
         in_netns,
+        raft_dial,
         libfaketime: libfaketime.clone(),
     })
     .await;
@@ -135,7 +151,8 @@ pub async fn run(config: RunConfig) -> anyhow::Result<RunOutcome> {
         "ttl_ms": config.ttl.as_millis() as u64,
         "max_wait_ms": config.max_wait.as_millis() as u64,
         "tail_s": config.tail.as_secs_f64(),
-        "network": if in_netns { "netns+iptables" } else { "loopback (no partitions)" },
+        "net": config.net.name(),
+        "network": config.net.describe(),
         "libfaketime": libfaketime.map(|p| p.display().to_string()),
         "node_crashes": crashes,
     });

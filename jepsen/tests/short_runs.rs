@@ -3,8 +3,10 @@
 //! nemesis must actually have installed at least one fault — a run whose faults were all
 //! skipped proves nothing.
 //!
-//! Needs the `lockd` binary (`cargo build -p lockd`, same target dir, or `LOCKD_BIN`), root
-//! (a network namespace and iptables for partitions), and libfaketime for the clock nemesis.
+//! Needs the `lockd` binary (`cargo build -p lockd`, same target dir, or `LOCKD_BIN`), and
+//! libfaketime for the clock nemesis. As root (CI) the runs use a network namespace and
+//! iptables for partitions; one partition run forces `--net proxy`, the mode a non-root user
+//! gets, so both ways of cutting links are exercised.
 //! The runs are serialised within this binary; nextest's `cluster` group bounds them across
 //! binaries.
 
@@ -45,7 +47,12 @@ fn lockd_exists() -> Result<(), String> {
 
 /// Runs `lock-jepsen run` with one nemesis and checks its verdict and that `fault` (the
 /// stats key of the nemesis's faults, or `revoke` for revokes) was installed at least once.
-fn short_run(nemesis: &str, fault: &str) {
+fn short_run(nemesis: &str, fault: &str) -> serde_json::Value {
+    short_run_with(nemesis, fault, &[])
+}
+
+/// [`short_run`] with `extra` arguments; returns `results.json`.
+fn short_run_with(nemesis: &str, fault: &str, extra: &[&str]) -> serde_json::Value {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     lockd_exists().unwrap();
     let out = tempfile::tempdir().unwrap();
@@ -53,6 +60,7 @@ fn short_run(nemesis: &str, fault: &str) {
         .args(["run", "--nodes", "3", "--clients", "8", "--keys", "4"])
         .args(["--time", TIME, "--tail", TAIL, "--seed", SEED])
         .args(["--nemesis", nemesis])
+        .args(extra)
         .arg("--out")
         .arg(out.path())
         .status()
@@ -90,11 +98,20 @@ fn short_run(nemesis: &str, fault: &str) {
         "only {operations} operations: {}",
         summary["stats"]
     );
+    summary
 }
 
 #[test]
 fn t10_partition() {
     short_run("partition", "partition");
+}
+
+/// The partition nemesis through the harness's TCP proxies instead of iptables (what a
+/// non-root user gets): partitions must be installed and every property must still pass.
+#[test]
+fn t10_partition_proxy() {
+    let summary = short_run_with("partition", "partition", &["--net", "proxy"]);
+    assert_eq!(summary["run"]["net"], "proxy", "{}", summary["run"]);
 }
 
 #[test]

@@ -2,7 +2,8 @@
 //! one of three shapes — random halves, the leader isolated, or a majority ring in which every
 //! node still sees a majority but no two see the same one.
 //!
-//! Owns the choice of links; the cutting is [`crate::net::Firewall`]'s.
+//! Owns the choice of links; the cutting is [`crate::net::Firewall`]'s, by iptables rules or
+//! by the harness's proxies — this module does not know which.
 
 use rand::Rng;
 use rand::rngs::StdRng;
@@ -69,15 +70,6 @@ pub fn links(mode: &str, nodes: &[u64], leader: Option<u64>, rng: &mut StdRng) -
 pub async fn start(ctx: &Ctx, rng: &mut StdRng) -> Cut {
     let modes = ["halves", "isolate-leader", "majority-ring"];
     let mode = modes[rng.gen_range(0..modes.len())];
-    if !ctx.firewall.enabled() {
-        ctx.record(
-            F::Partition,
-            Phase::Start,
-            Outcome::Skipped,
-            json!({"mode": mode, "reason": "no network namespace (needs root)"}),
-        );
-        return Cut { attempted: false };
-    }
     let leader = ctx.probe.leader().await;
     let cut = links(mode, &ctx.nodes, leader, rng);
     if cut.is_empty() {

@@ -108,6 +108,14 @@ pub fn html(analysis: &Analysis, verdict: &Verdict, results: &Results) -> String
         secs(results.stats.duration_ns)
     );
     if let Some(run) = &results.run {
+        if let Some(net) = run.get("net").and_then(|n| n.as_str()) {
+            let _ = write!(
+                out,
+                "<p><b>network:</b> {} ({})</p>",
+                esc(net),
+                esc(run.get("network").and_then(|n| n.as_str()).unwrap_or(""))
+            );
+        }
         let _ = write!(
             out,
             "<p><b>run:</b> <code>{}</code></p>",

@@ -1,0 +1,408 @@
+//! The in-harness TCP proxy that stands in for iptables when the harness runs without root:
+//! one listener per ordered node pair (i→j) on 127.0.0.1, forwarding to node j's real address.
+//! Node i is started with `--raft-dial j=<that listener>`, so every Raft byte from i to j (and
+//! j's answers on those connections) passes through it.
+//!
+//! Owns the listeners, the forwarding of bytes and what a cut does to them. A cut behaves like
+//! an iptables DROP rule rather than a refused or reset connection: bytes on existing
+//! connections stop in both directions and are held (nothing is closed, nothing is lost: they
+//! flow on after the heal, like TCP retransmitting after a partition), and a connection made
+//! while the link is cut is accepted and then blackholed — nothing it sends is read or
+//! forwarded. Healing closes those blackholed connections, so the dialler (gRPC) reconnects,
+//! and lets the held connections flow again. Must not know about Raft or choose which links to
+//! cut ([`crate::nemesis::partition`] does, through [`crate::net::Firewall`]).
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::{JoinHandle, JoinSet};
+
+/// Bytes read from one side before they are written to the other: a Raft append of a few
+/// dozen entries fits in a handful of reads, and a small buffer bounds what a cut holds.
+pub const COPY_BUF_BYTES: usize = 16 * 1024;
+
+/// How long the proxy may take to reach the target node. On loopback a live node accepts in
+/// microseconds; a killed one refuses at once; only a SIGSTOPped one with a full backlog lets
+/// a connect hang, and then the dialler's own connect timeout (500 ms in lockd) decides.
+pub const UPSTREAM_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Pause after a failed `accept` (e.g. out of file descriptors) before the next, so a
+/// persistent failure does not spin a core.
+const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(50);
+
+/// One link i→j: a listener forwarding every connection to j's address, cut or not.
+#[derive(Debug)]
+pub struct LinkProxy {
+    addr: SocketAddr,
+    target: String,
+    cut: watch::Sender<bool>,
+    /// The accept loop; it owns every connection's task, so aborting it ends them all.
+    task: JoinHandle<()>,
+}
+
+impl LinkProxy {
+    /// Listens on an ephemeral port of 127.0.0.1 and forwards every connection to `target`
+    /// (`host:port`, dialled per connection, so a restarted target is reached again).
+    pub async fn start(target: &str) -> anyhow::Result<Self> {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .with_context(|| format!("binding a proxy listener for {target}"))?;
+        let addr = listener
+            .local_addr()
+            .context("reading the proxy listener's address")?;
+        let (cut, cut_rx) = watch::channel(false);
+        let task = tokio::spawn(accept_loop(listener, target.to_owned(), cut_rx));
+        Ok(Self {
+            addr,
+            target: target.to_owned(),
+            cut,
+            task,
+        })
+    }
+
+    /// Where the dialler connects instead of the target.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The address forwarded to.
+    pub fn target(&self) -> &str {
+        &self.target
+    }
+
+    /// Stops forwarding (existing connections are held, new ones blackholed).
+    pub fn cut(&self) {
+        self.cut.send_replace(true);
+    }
+
+    /// Forwards again; connections blackholed while cut are closed.
+    pub fn heal(&self) {
+        self.cut.send_replace(false);
+    }
+
+    /// Whether the link is cut now.
+    pub fn is_cut(&self) -> bool {
+        *self.cut.borrow()
+    }
+}
+
+impl Drop for LinkProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn accept_loop(listener: TcpListener, target: String, cut: watch::Receiver<bool>) {
+    let mut connections = JoinSet::new();
+    loop {
+        match listener.accept().await {
+            Ok((inbound, _)) => {
+                connections.spawn(serve(inbound, target.clone(), cut.clone()));
+            }
+            Err(_) => tokio::time::sleep(ACCEPT_ERROR_BACKOFF).await,
+        }
+        // Reap finished connections so the set does not grow over a long run.
+        while connections.try_join_next().is_some() {}
+    }
+}
+
+/// Waits until the link is not cut; `false` if the proxy is gone.
+async fn until_healed(cut: &mut watch::Receiver<bool>) -> bool {
+    cut.wait_for(|c| !*c).await.is_ok()
+}
+
+/// Waits until the link is cut; never returns if the proxy is gone (the task is aborted).
+async fn until_cut(cut: &mut watch::Receiver<bool>) {
+    if cut.wait_for(|c| *c).await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
+async fn serve(inbound: TcpStream, target: String, mut cut: watch::Receiver<bool>) {
+    if *cut.borrow_and_update() {
+        // Accepted while cut: read nothing, forward nothing, and close it at the heal.
+        let _held = inbound;
+        until_healed(&mut cut).await;
+        return;
+    }
+    let outbound =
+        match tokio::time::timeout(UPSTREAM_CONNECT_TIMEOUT, TcpStream::connect(&target)).await {
+            Ok(Ok(stream)) => stream,
+            // The target is down: close the dialler's connection, as a refused connect would.
+            _ => return,
+        };
+    let _ = inbound.set_nodelay(true);
+    let _ = outbound.set_nodelay(true);
+    let (in_read, in_write) = inbound.into_split();
+    let (out_read, out_write) = outbound.into_split();
+    let mut there = std::pin::pin!(pump(in_read, out_write, cut.clone()));
+    let mut back = std::pin::pin!(pump(out_read, in_write, cut));
+    // One side's clean end (EOF) is passed on and the other direction runs on; an error on
+    // either side ends both.
+    tokio::select! {
+        done = &mut there => if done.is_ok() { let _ = back.await; },
+        done = &mut back => if done.is_ok() { let _ = there.await; },
+    }
+}
+
+/// Copies `from` to `to` while the link is not cut; while it is, reads nothing and writes
+/// nothing, holding whatever was read. Ends at EOF (shutting `to` down) or on an error.
+async fn pump(
+    mut from: impl AsyncRead + Unpin,
+    mut to: impl AsyncWrite + Unpin,
+    mut cut: watch::Receiver<bool>,
+) -> std::io::Result<()> {
+    let mut buf = vec![0u8; COPY_BUF_BYTES];
+    loop {
+        if !until_healed(&mut cut).await {
+            return Ok(());
+        }
+        let n = tokio::select! {
+            read = from.read(&mut buf) => read?,
+            () = until_cut(&mut cut) => continue,
+        };
+        if n == 0 {
+            return to.shutdown().await;
+        }
+        let mut written = 0;
+        while written < n {
+            if !until_healed(&mut cut).await {
+                return Ok(());
+            }
+            // A single `write` is cancel-safe (it wrote nothing if cancelled), so a cut that
+            // lands mid-message holds the rest of it.
+            tokio::select! {
+                wrote = to.write(&buf[written..n]) => match wrote? {
+                    0 => return Err(std::io::ErrorKind::WriteZero.into()),
+                    w => written += w,
+                },
+                () = until_cut(&mut cut) => {}
+            }
+        }
+    }
+}
+
+/// A proxy for every ordered pair of nodes.
+#[derive(Debug)]
+pub struct ProxyNet {
+    links: BTreeMap<(u64, u64), LinkProxy>,
+}
+
+impl ProxyNet {
+    /// Starts one [`LinkProxy`] per ordered pair (i, j), i ≠ j, of `nodes` (id → the node's
+    /// real `host:port`), forwarding to j.
+    pub async fn start(nodes: &BTreeMap<u64, String>) -> anyhow::Result<Self> {
+        let mut links = BTreeMap::new();
+        for &from in nodes.keys() {
+            for (&to, addr) in nodes {
+                if from != to {
+                    let proxy = LinkProxy::start(addr)
+                        .await
+                        .with_context(|| format!("starting the proxy of link {from}→{to}"))?;
+                    links.insert((from, to), proxy);
+                }
+            }
+        }
+        Ok(Self { links })
+    }
+
+    /// Node `from`'s `--raft-dial` value: `j=<proxy of from→j>` for every other node j.
+    pub fn raft_dial(&self, from: u64) -> String {
+        self.links
+            .iter()
+            .filter(|((f, _), _)| *f == from)
+            .map(|((_, to), proxy)| format!("{to}={}", proxy.addr()))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// The proxy of link `from`→`to`.
+    pub fn link(&self, from: u64, to: u64) -> Option<&LinkProxy> {
+        self.links.get(&(from, to))
+    }
+
+    /// Cuts every link in `links` (pairs of node ids), both directions.
+    pub fn cut(&self, links: &[(u64, u64)]) -> anyhow::Result<()> {
+        for &(a, b) in links {
+            for (from, to) in [(a, b), (b, a)] {
+                self.link(from, to)
+                    .with_context(|| format!("no proxy for link {from}→{to}"))?
+                    .cut();
+            }
+        }
+        Ok(())
+    }
+
+    /// Heals every link.
+    pub fn heal(&self) {
+        for proxy in self.links.values() {
+            proxy.heal();
+        }
+    }
+
+    /// The links cut now, as ordered pairs.
+    pub fn cut_links(&self) -> Vec<(u64, u64)> {
+        self.links
+            .iter()
+            .filter(|(_, p)| p.is_cut())
+            .map(|(link, _)| *link)
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// How long a test waits for bytes that must arrive (loopback: microseconds).
+    const ARRIVES: Duration = Duration::from_secs(5);
+    /// How long a test watches for bytes that must not arrive.
+    const QUIET: Duration = Duration::from_millis(300);
+
+    async fn read_exact(stream: &mut TcpStream, n: usize) -> Vec<u8> {
+        let mut buf = vec![0u8; n];
+        tokio::time::timeout(ARRIVES, stream.read_exact(&mut buf))
+            .await
+            .expect("bytes arrive in time")
+            .expect("read succeeds");
+        buf
+    }
+
+    async fn nothing_arrives(stream: &mut TcpStream, what: &str) {
+        let mut buf = [0u8; 64];
+        match tokio::time::timeout(QUIET, stream.read(&mut buf)).await {
+            Err(_) => {}
+            Ok(Ok(n)) => panic!("{what}: {n} bytes (or EOF if 0) came through a cut link"),
+            Ok(Err(e)) => panic!("{what}: the connection failed instead of hanging: {e}"),
+        }
+    }
+
+    /// A target, the proxy in front of it, and one connection through it with the target's
+    /// end of it.
+    async fn setup() -> (TcpListener, LinkProxy, TcpStream, TcpStream) {
+        let target = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let proxy = LinkProxy::start(&target.local_addr().unwrap().to_string())
+            .await
+            .unwrap();
+        let client = TcpStream::connect(proxy.addr()).await.unwrap();
+        let (server, _) = tokio::time::timeout(ARRIVES, target.accept())
+            .await
+            .expect("the proxy dials the target")
+            .unwrap();
+        (target, proxy, client, server)
+    }
+
+    #[tokio::test]
+    async fn bytes_flow_both_ways() {
+        let (_target, _proxy, mut client, mut server) = setup().await;
+        client.write_all(b"ping").await.unwrap();
+        assert_eq!(read_exact(&mut server, 4).await, b"ping");
+        server.write_all(b"pong!").await.unwrap();
+        assert_eq!(read_exact(&mut client, 5).await, b"pong!");
+        // A message larger than the copy buffer arrives whole.
+        let big: Vec<u8> = (0..COPY_BUF_BYTES * 3).map(|i| (i % 251) as u8).collect();
+        client.write_all(&big).await.unwrap();
+        assert_eq!(read_exact(&mut server, big.len()).await, big);
+        // EOF is passed on.
+        client.shutdown().await.unwrap();
+        let mut rest = Vec::new();
+        let n = tokio::time::timeout(ARRIVES, server.read_to_end(&mut rest))
+            .await
+            .expect("EOF arrives")
+            .unwrap();
+        assert_eq!(n, 0);
+    }
+
+    #[tokio::test]
+    async fn a_cut_holds_existing_connections_and_blackholes_new_ones_until_the_heal() {
+        let (target, proxy, mut client, mut server) = setup().await;
+        client.write_all(b"before").await.unwrap();
+        assert_eq!(read_exact(&mut server, 6).await, b"before");
+
+        proxy.cut();
+        assert!(proxy.is_cut());
+        client.write_all(b"held-up").await.unwrap();
+        server.write_all(b"held-down").await.unwrap();
+        nothing_arrives(&mut server, "client→target on an existing connection").await;
+        nothing_arrives(&mut client, "target→client on an existing connection").await;
+
+        // A new connection is accepted (like a SYN into a DROP rule, it does not fail) but
+        // gets nothing through, and the target never sees it.
+        let mut late = TcpStream::connect(proxy.addr()).await.unwrap();
+        late.write_all(b"hello?").await.unwrap();
+        nothing_arrives(&mut late, "a connection made while cut").await;
+        assert!(
+            tokio::time::timeout(QUIET, target.accept()).await.is_err(),
+            "a connection made while cut reached the target"
+        );
+
+        proxy.heal();
+        // The held bytes flow on, in order, on the same connection.
+        assert_eq!(read_exact(&mut server, 7).await, b"held-up");
+        assert_eq!(read_exact(&mut client, 9).await, b"held-down");
+        client.write_all(b"after").await.unwrap();
+        assert_eq!(read_exact(&mut server, 5).await, b"after");
+
+        // The blackholed connection is closed, so its dialler reconnects.
+        let mut buf = [0u8; 16];
+        let closed = tokio::time::timeout(ARRIVES, late.read(&mut buf))
+            .await
+            .expect("the blackholed connection is closed at the heal");
+        assert!(
+            matches!(closed, Ok(0) | Err(_)),
+            "the blackholed connection got data: {closed:?}"
+        );
+
+        // And a new connection works.
+        let mut fresh = TcpStream::connect(proxy.addr()).await.unwrap();
+        let (mut fresh_server, _) = tokio::time::timeout(ARRIVES, target.accept())
+            .await
+            .expect("a connection after the heal reaches the target")
+            .unwrap();
+        fresh.write_all(b"new").await.unwrap();
+        assert_eq!(read_exact(&mut fresh_server, 3).await, b"new");
+        fresh_server.write_all(b"ok").await.unwrap();
+        assert_eq!(read_exact(&mut fresh, 2).await, b"ok");
+    }
+
+    #[tokio::test]
+    async fn a_connection_to_a_dead_target_is_closed() {
+        let target = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = target.local_addr().unwrap().to_string();
+        drop(target);
+        let proxy = LinkProxy::start(&addr).await.unwrap();
+        let mut client = TcpStream::connect(proxy.addr()).await.unwrap();
+        let mut buf = [0u8; 8];
+        let closed = tokio::time::timeout(ARRIVES, client.read(&mut buf))
+            .await
+            .expect("closed in time");
+        assert!(matches!(closed, Ok(0) | Err(_)), "{closed:?}");
+    }
+
+    #[tokio::test]
+    async fn the_net_cuts_both_directions_of_exactly_the_links_named() {
+        let nodes: BTreeMap<u64, String> = (1..=3)
+            .map(|id| (id, format!("127.0.0.1:{}", 9000 + id)))
+            .collect();
+        let net = ProxyNet::start(&nodes).await.unwrap();
+        assert_eq!(net.links.len(), 6);
+        let dial = net.raft_dial(1);
+        assert!(dial.starts_with("2=127.0.0.1:"), "{dial}");
+        assert!(dial.contains(",3=127.0.0.1:"), "{dial}");
+        assert!(!dial.contains("1="), "{dial}");
+        assert_eq!(net.link(1, 2).unwrap().target(), "127.0.0.1:9002");
+
+        net.cut(&[(1, 2)]).unwrap();
+        assert_eq!(net.cut_links(), vec![(1, 2), (2, 1)]);
+        net.cut(&[(1, 3)]).unwrap();
+        assert_eq!(net.cut_links(), vec![(1, 2), (1, 3), (2, 1), (3, 1)]);
+        net.heal();
+        assert!(net.cut_links().is_empty());
+        assert!(net.cut(&[(1, 4)]).is_err());
+    }
+}
