@@ -45,8 +45,15 @@ pub const NETNS_PORT: u16 = 7101;
 /// collide; a collision fails the start with an error naming the node's log.
 pub const BASE_PORT: u16 = 20000;
 
-/// Number of port slots outside a namespace (see [`BASE_PORT`]).
-const PORT_SLOTS: u32 = 3000;
+/// Number of port slots outside a namespace (see [`BASE_PORT`]). Every node port stays below
+/// `EPHEMERAL_PORT_MIN`, so no ephemeral port — a proxy's listener, the source port of any
+/// connection — can take a node's port before the node binds it or while it restarts.
+const PORT_SLOTS: u32 = 1200;
+
+/// Start of Linux's default ephemeral port range (`net.ipv4.ip_local_port_range`).
+const EPHEMERAL_PORT_MIN: u32 = 32768;
+
+const _: () = assert!(BASE_PORT as u32 + 10 * PORT_SLOTS < EPHEMERAL_PORT_MIN);
 
 /// Raft timings given to every node: lockd's defaults, spelled out so a run's report says
 /// what it ran with.
