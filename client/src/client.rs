@@ -15,6 +15,7 @@ use serde::Serialize;
 
 use crate::config::ClientConfig;
 use crate::deadline::{check_margin, handle_from_grant, system_time_from_unix_ms, unix_ms};
+use crate::heartbeat::Heartbeats;
 use crate::router::{Budget, Router};
 use crate::session::LockClientSession;
 
@@ -32,6 +33,8 @@ pub struct LockClient {
     /// Request ids of force-revokes (which have no session): random start, then a counter, so
     /// that two clients are unlikely to share one and a retry reuses its own.
     revoke_ids: Arc<AtomicU64>,
+    /// The heartbeat schedule of every session opened through this client or its clones.
+    heartbeats: Arc<Heartbeats>,
 }
 
 /// One node's answer to `lockctl status` / [`LockClient::cluster_status`].
@@ -140,11 +143,16 @@ impl LockClient {
         Ok(Self {
             router: Arc::new(router),
             revoke_ids: Arc::new(AtomicU64::new((rand::random::<u64>() >> 2).max(1))),
+            heartbeats: Arc::new(Heartbeats::default()),
         })
     }
 
     pub(crate) fn router(&self) -> &Router {
         &self.router
+    }
+
+    pub(crate) fn heartbeats(&self) -> &Arc<Heartbeats> {
+        &self.heartbeats
     }
 
     /// The configuration in force.
@@ -361,6 +369,71 @@ impl LockClient {
             )
             .await?;
         Ok(answer.alive.then(|| Duration::from_millis(answer.ttl_ms)))
+    }
+
+    /// Heartbeats several sessions in one `HeartbeatBatch` call, retrying transient failures of
+    /// the whole call until `until`. `Ok(Some(answers))`: one answer per id, in order, each as
+    /// [`LockClient::heartbeat_until`] would give it (`Ok(Some(ttl))` alive, `Ok(None)` dead,
+    /// `Err` that session's own error). `Ok(None)`: the server does not know the call
+    /// (`Unimplemented`); use unary heartbeats. `Err`: the call as a whole failed.
+    pub(crate) async fn heartbeat_batch_until(
+        &self,
+        session_ids: &[String],
+        until: Instant,
+    ) -> Result<Option<Vec<Result<Option<Duration>, LockError>>>, LockError> {
+        lock_proto::session::check_heartbeat_batch_len(session_ids.len())?;
+        let request = v1::HeartbeatBatchRequest {
+            session_ids: session_ids.to_vec(),
+        };
+        let budget = Budget {
+            deadline: until,
+            attempt_timeout: self.config().attempt_timeout,
+        };
+        let answer = self
+            .router
+            .call("heartbeat batch", budget, |channel, timeout| {
+                let mut attempt = tonic::Request::new(request.clone());
+                attempt.set_timeout(timeout);
+                async move {
+                    match v1::session_service_client::SessionServiceClient::new(channel)
+                        .heartbeat_batch(attempt)
+                        .await
+                    {
+                        Ok(response) => Ok(Some(response.into_inner())),
+                        // Answered, not failed: the router must not retry it elsewhere.
+                        Err(status) if status.code() == tonic::Code::Unimplemented => Ok(None),
+                        Err(status) => Err(status),
+                    }
+                }
+            })
+            .await?;
+        let Some(answer) = answer else {
+            return Ok(None);
+        };
+        if answer.results.len() != session_ids.len() {
+            return Err(LockError::contention(format!(
+                "the server answered {} heartbeat results for {} sessions",
+                answer.results.len(),
+                session_ids.len()
+            )));
+        }
+        Ok(Some(
+            answer
+                .results
+                .into_iter()
+                .map(|result| match result.outcome {
+                    Some(v1::heartbeat_batch_result::Outcome::Heartbeat(h)) => {
+                        Ok(h.alive.then(|| Duration::from_millis(h.ttl_ms)))
+                    }
+                    Some(v1::heartbeat_batch_result::Outcome::Error(detail)) => {
+                        Err(lock_proto::error::lock_error_from_detail(detail))
+                    }
+                    None => Err(LockError::contention(
+                        "the server answered a heartbeat result without an outcome",
+                    )),
+                })
+                .collect(),
+        ))
     }
 
     /// Heartbeats the session `session_id` once (with retries within the call budget), for a

@@ -43,6 +43,8 @@
 //! - [`session`]: [`LockClientSession`] — the `LockService` implementation, heartbeats,
 //!   keep-alive, the deadline watchdog, lost-lock listeners, cancellation of dropped acquires.
 //! - [`guard`]: [`LockGuard`] — release on drop.
+//! - `heartbeat` (private): the heartbeat schedule of a client's sessions, coalesced into
+//!   `HeartbeatBatch` calls.
 //! - `router` (private): endpoints, leader discovery and the retry loop.
 //! - [`backoff`]: bounded, jittered exponential backoff (FR-28).
 //! - [`deadline`]: the client-deadline rule (FR-11).
@@ -57,6 +59,7 @@ pub mod client;
 pub mod config;
 pub mod deadline;
 pub mod guard;
+mod heartbeat;
 mod router;
 pub mod session;
 

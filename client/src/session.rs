@@ -8,11 +8,14 @@
 //!
 //! # Tasks
 //!
-//! Opening a session spawns two tasks on the caller's Tokio runtime, and keep-alive spawns one
-//! per handle; all stop when the session is closed, dropped, detached or dies:
+//! Opening a session spawns a task on the caller's Tokio runtime, puts the session on its
+//! client's heartbeat schedule, and keep-alive spawns one task per handle; all stop when the
+//! session is closed, dropped, detached or dies:
 //!
-//! - the **heartbeat** task heartbeats every third of the session TTL, retrying transient
-//!   failures up to the session's local deadline; `alive = false` kills the session;
+//! - the client's **heartbeat** schedule (the private `heartbeat` module) heartbeats the
+//!   session every third of its TTL, together with the client's other sessions due then
+//!   (`HeartbeatBatch`), retrying transient failures up to the session's local deadline;
+//!   `alive = false` kills the session;
 //! - the **watchdog** sleeps until the earliest local deadline (of a handle or of the session)
 //!   and marks what passed as lost;
 //! - a **keep-alive** task renews its handle every third of its TTL until it is released or
@@ -118,6 +121,8 @@ pub(crate) struct SessionInner {
     runtime: tokio::runtime::Handle,
     next_request_id: AtomicU64,
     state: Mutex<SessionState>,
+    /// This session's key in its client's heartbeat schedule.
+    heartbeat_key: u64,
     /// Wakes the watchdog when a deadline changes.
     changed: Notify,
     /// `true` tells every task of the session to stop.
@@ -291,7 +296,7 @@ impl SessionInner {
 
     /// Ends the session as dead: every held grant is lost (listeners fire), tasks stop.
     /// `by_server`: the server answered that the session is gone.
-    fn die(&self, reason: String, by_server: bool) {
+    pub(crate) fn die(&self, reason: String, by_server: bool) {
         let handles: Vec<LockHandle> = {
             let mut state = self.state();
             if state.life != Life::Open {
@@ -302,6 +307,7 @@ impl SessionInner {
             state.held.values().map(|h| h.handle.clone()).collect()
         };
         let _ = self.shutdown.send(true);
+        self.client.heartbeats().deregister(self.heartbeat_key);
         for handle in handles {
             self.mark_lost(&handle);
         }
@@ -322,6 +328,60 @@ impl SessionInner {
             }
         }
         let _ = self.shutdown.send(true);
+        self.client.heartbeats().deregister(self.heartbeat_key);
+    }
+
+    /// The session's local deadline if it is still open (the next heartbeat must be answered
+    /// before it); `None` once it is closed or dead.
+    pub(crate) fn heartbeat_deadline(&self) -> Option<Instant> {
+        let state = self.state();
+        (state.life == Life::Open).then_some(state.deadline)
+    }
+
+    /// Applies the answer to a heartbeat of this session sent at `sent_at` (alone or in a
+    /// batch): `Ok(Some(ttl))` moves the local deadline to `sent_at + ttl - margin`;
+    /// `Ok(None)` (the server says the session is gone) and `InvalidArgument` / `LockLost`
+    /// kill the session; any other error is transient and retried after a short pause, up to
+    /// the local deadline. Answers when the next heartbeat is due, or `None` when the session
+    /// ended (or had already ended: a late answer changes nothing then).
+    pub(crate) fn on_heartbeat(
+        &self,
+        sent_at: Instant,
+        answer: Result<Option<Duration>, LockError>,
+    ) -> Option<Instant> {
+        match answer {
+            Ok(Some(answered)) => {
+                // Trust the shorter of what was asked and what was answered; a zero answer
+                // (a server that does not fill the field) means the TTL asked for.
+                let ttl = if answered.is_zero() {
+                    self.ttl
+                } else {
+                    answered.min(self.ttl)
+                };
+                let mut state = self.state();
+                if state.life != Life::Open {
+                    return None;
+                }
+                state.deadline = client_deadline(sent_at, ttl, self.margin);
+                drop(state);
+                self.changed.notify_one();
+                Some(sent_at + self.ttl / RENEW_FRACTION)
+            }
+            Ok(None) => {
+                self.die("the server reports the session dead".into(), true);
+                None
+            }
+            Err(LockError::InvalidArgument { message })
+            | Err(LockError::LockLost { key: message }) => {
+                self.die(format!("the server refused the heartbeat: {message}"), true);
+                None
+            }
+            Err(err) => {
+                tracing::debug!(session = %self.session_id, %err, "heartbeat failed; retrying");
+                self.heartbeat_deadline()
+                    .map(|_| Instant::now() + HEARTBEAT_RETRY_PAUSE)
+            }
+        }
     }
 
     /// The instant until which `handle`'s grant is held as far as this process knows: the
@@ -720,61 +780,6 @@ async fn keep_alive(inner: Arc<SessionInner>, key: String, token: u64) {
     }
 }
 
-/// Heartbeats the session every third of its TTL (see the module doc).
-async fn heartbeat(inner: Arc<SessionInner>) {
-    let mut shutdown = inner.shutdown.subscribe();
-    let interval = inner.ttl / RENEW_FRACTION;
-    let mut next = Instant::now() + interval;
-    loop {
-        tokio::select! {
-            _ = tokio::time::sleep_until(next.into()) => {}
-            _ = shutdown.wait_for(|stop| *stop) => return,
-        }
-        let deadline = inner.state().deadline;
-        let sent_at = Instant::now();
-        if sent_at >= deadline {
-            inner.die(
-                "no heartbeat was answered before the session's local deadline".into(),
-                false,
-            );
-            return;
-        }
-        match inner
-            .client
-            .heartbeat_until(&inner.session_id, deadline)
-            .await
-        {
-            Ok(Some(answered)) => {
-                // Trust the shorter of what was asked and what was answered; a zero answer
-                // (a server that does not fill the field) means the TTL asked for.
-                let ttl = if answered.is_zero() {
-                    inner.ttl
-                } else {
-                    answered.min(inner.ttl)
-                };
-                let mut state = inner.state();
-                state.deadline = client_deadline(sent_at, ttl, inner.margin);
-                drop(state);
-                inner.changed.notify_one();
-                next = sent_at + interval;
-            }
-            Ok(None) => {
-                inner.die("the server reports the session dead".into(), true);
-                return;
-            }
-            Err(LockError::InvalidArgument { message })
-            | Err(LockError::LockLost { key: message }) => {
-                inner.die(format!("the server refused the heartbeat: {message}"), true);
-                return;
-            }
-            Err(err) => {
-                tracing::debug!(session = %inner.session_id, %err, "heartbeat failed; retrying");
-                next = Instant::now() + HEARTBEAT_RETRY_PAUSE;
-            }
-        }
-    }
-}
-
 /// Marks lost every grant whose local deadline passed, and the session dead when its own did.
 async fn watchdog(inner: Arc<SessionInner>) {
     let mut shutdown = inner.shutdown.subscribe();
@@ -847,6 +852,8 @@ impl LockClientSession {
     ) -> Self {
         let margin = client.router().config().safety_margin.for_ttl(ttl);
         let (shutdown, _) = watch::channel(false);
+        let heartbeats = Arc::clone(client.heartbeats());
+        let heartbeat_key = heartbeats.new_key();
         let inner = Arc::new(SessionInner {
             client,
             session_id,
@@ -863,10 +870,12 @@ impl LockClientSession {
                 lost_order: VecDeque::new(),
                 listeners: Vec::new(),
             }),
+            heartbeat_key,
             changed: Notify::new(),
             shutdown,
         });
-        tokio::spawn(heartbeat(Arc::clone(&inner)));
+        let interval = ttl / RENEW_FRACTION;
+        heartbeats.register(heartbeat_key, &inner, interval, sent_at + interval);
         tokio::spawn(watchdog(Arc::clone(&inner)));
         Self {
             inner,

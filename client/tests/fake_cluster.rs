@@ -48,6 +48,10 @@ struct Script {
     renew_delay: Duration,
     /// Heartbeat answers `alive = false`.
     heartbeat_dead: bool,
+    /// Heartbeats of these sessions (unary or batched) answer `alive = false`.
+    dead_sessions: Vec<String>,
+    /// HeartbeatBatch answers `Unimplemented`, like a server older than the call.
+    batch_unimplemented: bool,
 }
 
 /// What a fake node saw.
@@ -61,7 +65,9 @@ struct Seen {
     releases: Vec<(String, u64)>,
     renews: u32,
     heartbeats: u32,
-    /// The owner of the last session opened (the fake has one session, "s1").
+    /// The session ids of each HeartbeatBatch call, in arrival order.
+    batches: Vec<Vec<String>>,
+    /// The owner of the last session opened (sessions are "s1", "s2", ... in opening order).
     owner: String,
 }
 
@@ -70,6 +76,7 @@ struct Fake {
     script: Arc<Mutex<Script>>,
     seen: Arc<Mutex<Seen>>,
     tokens: Arc<AtomicU64>,
+    sessions: Arc<AtomicU64>,
 }
 
 impl Fake {
@@ -87,6 +94,21 @@ impl Fake {
                 leader_addr: hint.clone(),
             })),
             None => Ok(()),
+        }
+    }
+    /// The scripted answer to a heartbeat of `session_id`.
+    fn heartbeat_answer(&self, session_id: &str) -> v1::HeartbeatResponse {
+        let alive = {
+            let script = self.script();
+            !script.heartbeat_dead && !script.dead_sessions.iter().any(|d| d == session_id)
+        };
+        v1::HeartbeatResponse {
+            alive,
+            ttl_ms: if alive {
+                SESSION_TTL.as_millis() as u64
+            } else {
+                0
+            },
         }
     }
     fn grant(&self, session_id: &str, key: &str, ttl_ms: u64, token: u64) -> v1::Grant {
@@ -149,26 +171,45 @@ impl v1::session_service_server::SessionService for Fake {
         self.note("open_session")?;
         let request = request.into_inner();
         self.seen().owner = request.owner_id;
+        let n = self.sessions.fetch_add(1, Ordering::SeqCst) + 1;
         Ok(Response::new(v1::OpenSessionResponse {
-            session_id: "s1".into(),
+            session_id: format!("s{n}"),
             ttl_ms: request.ttl_ms,
         }))
     }
     async fn heartbeat(
         &self,
-        _: Request<v1::HeartbeatRequest>,
+        request: Request<v1::HeartbeatRequest>,
     ) -> Result<Response<v1::HeartbeatResponse>, Status> {
         self.note("heartbeat")?;
         self.seen().heartbeats += 1;
-        let alive = !self.script().heartbeat_dead;
-        Ok(Response::new(v1::HeartbeatResponse {
-            alive,
-            ttl_ms: if alive {
-                SESSION_TTL.as_millis() as u64
-            } else {
-                0
-            },
-        }))
+        Ok(Response::new(
+            self.heartbeat_answer(&request.into_inner().session_id),
+        ))
+    }
+    async fn heartbeat_batch(
+        &self,
+        request: Request<v1::HeartbeatBatchRequest>,
+    ) -> Result<Response<v1::HeartbeatBatchResponse>, Status> {
+        self.note("heartbeat_batch")?;
+        if self.script().batch_unimplemented {
+            return Err(Status::unimplemented("fake: no HeartbeatBatch"));
+        }
+        let ids = request.into_inner().session_ids;
+        {
+            let mut seen = self.seen();
+            seen.heartbeats += ids.len() as u32;
+            seen.batches.push(ids.clone());
+        }
+        let results = ids
+            .iter()
+            .map(|id| v1::HeartbeatBatchResult {
+                outcome: Some(v1::heartbeat_batch_result::Outcome::Heartbeat(
+                    self.heartbeat_answer(id),
+                )),
+            })
+            .collect();
+        Ok(Response::new(v1::HeartbeatBatchResponse { results }))
     }
     async fn close_session(
         &self,
@@ -541,6 +582,108 @@ async fn a_dead_session_fires_the_listeners_of_every_handle() {
         session.renew(&b).await,
         Err(LockError::LockLost { .. })
     ));
+}
+
+#[tokio::test]
+async fn the_sessions_of_one_client_heartbeat_together_in_batches() {
+    let (leader, client) = leader_and_client().await;
+    // Opened 100 ms apart, so they are due at different instants; each is within a quarter of
+    // the heartbeat interval of the first, so the first round carries all three.
+    let mut sessions = Vec::new();
+    for _ in 0..3 {
+        sessions.push(client.open_session("owner").await.expect("session"));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Past the sessions' TTL (3 s): only the batches can have kept them alive.
+    wait_for("four heartbeat batches", || {
+        leader.seen().batches.len() >= 4
+    })
+    .await;
+    let seen = leader.seen();
+    let mut first = seen.batches[0].clone();
+    first.sort();
+    assert_eq!(
+        first,
+        vec!["s1", "s2", "s3"],
+        "one batch for every session due"
+    );
+    assert!(
+        seen.batches.iter().all(|b| b.len() == 3),
+        "the sessions stay together: {:?}",
+        seen.batches
+    );
+    assert!(
+        !seen.calls.iter().any(|c| c == "heartbeat"),
+        "no unary heartbeat: {:?}",
+        seen.calls
+    );
+    drop(seen);
+    assert!(sessions.iter().all(|s| s.is_alive()));
+}
+
+#[tokio::test]
+async fn a_session_answered_dead_in_a_batch_dies_alone() {
+    let (leader, client) = leader_and_client().await;
+    let mut sessions = Vec::new();
+    for _ in 0..3 {
+        sessions.push(client.open_session("owner").await.expect("session"));
+    }
+    let doomed = sessions
+        .iter()
+        .position(|s| s.session_id() == "s2")
+        .expect("s2");
+    let handle = sessions[doomed]
+        .try_acquire("k", "owner", Duration::from_secs(30))
+        .await
+        .expect("acquire")
+        .expect("granted");
+    let lost: Arc<Mutex<Vec<LockHandle>>> = Arc::default();
+    let sink = Arc::clone(&lost);
+    sessions[doomed].on_lock_lost(move |h| sink.lock().expect("lost").push(h.clone()));
+    leader.script().dead_sessions = vec!["s2".into()];
+    wait_for("the listener of s2's grant", || {
+        !lost.lock().expect("lost").is_empty()
+    })
+    .await;
+    assert!(!sessions[doomed].is_alive());
+    assert_eq!(
+        sessions[doomed].check_still_held(&handle),
+        Err(LockError::LockLost { key: "k".into() })
+    );
+    // The two others keep being heartbeated in batches, past their TTL.
+    let batches_then = leader.seen().batches.len();
+    wait_for("three more heartbeat batches", || {
+        leader.seen().batches.len() >= batches_then + 3
+    })
+    .await;
+    let last = leader.seen().batches.last().cloned().expect("a batch");
+    assert_eq!(
+        last.len(),
+        2,
+        "the dead session left the schedule: {last:?}"
+    );
+    assert!(!last.contains(&"s2".to_owned()));
+    for (i, session) in sessions.iter().enumerate() {
+        assert_eq!(session.is_alive(), i != doomed, "{}", session.session_id());
+    }
+}
+
+#[tokio::test]
+async fn a_server_without_heartbeat_batch_gets_unary_heartbeats() {
+    let (leader, client) = leader_and_client().await;
+    leader.script().batch_unimplemented = true;
+    let a = client.open_session("owner").await.expect("a");
+    let b = client.open_session("owner").await.expect("b");
+    // Past the TTL (3 s): unary heartbeats must have kept both alive.
+    wait_for("eight unary heartbeats", || leader.seen().heartbeats >= 8).await;
+    let calls = leader.seen().calls.clone();
+    assert_eq!(
+        calls.iter().filter(|c| *c == "heartbeat_batch").count(),
+        1,
+        "asked once, then unary only: {calls:?}"
+    );
+    assert!(leader.seen().batches.is_empty());
+    assert!(a.is_alive() && b.is_alive());
 }
 
 #[tokio::test]

@@ -250,13 +250,24 @@ impl LeaseKeeper {
     /// session is gone, lapsed or expiring (terminal for the client).
     pub fn heartbeat_session(&self, session_id: &str) -> Option<u64> {
         let now = self.clock.now();
+        restart_session(&mut self.lock(), session_id, now)
+    }
+
+    /// [`LeaseKeeper::heartbeat_session`] for each of `session_ids`, in order, under one
+    /// acquisition of the lease table and one clock reading (`HeartbeatBatch`). Each answer is
+    /// exactly what `heartbeat_session` would have answered for that id at that instant; the
+    /// caller bounds the batch (`lock_proto::session::HEARTBEAT_BATCH_SESSIONS_MAX`), which
+    /// bounds how long the table stays locked.
+    pub fn heartbeat_sessions<'a>(
+        &self,
+        session_ids: impl IntoIterator<Item = &'a str>,
+    ) -> Vec<Option<u64>> {
+        let now = self.clock.now();
         let mut leases = self.lock();
-        let lease = leases.sessions.get_mut(session_id)?;
-        if lease.expiring || now > lease.deadline {
-            return None;
-        }
-        lease.deadline = now + Duration::from_millis(lease.ttl_ms);
-        Some(lease.ttl_ms)
+        session_ids
+            .into_iter()
+            .map(|id| restart_session(&mut leases, id, now))
+            .collect()
     }
 
     /// The live lease of `key`, if any (for building answers).
@@ -323,6 +334,17 @@ impl LeaseKeeper {
         let leases = self.lock();
         (leases.grants.len(), leases.sessions.len())
     }
+}
+
+/// Restarts session `session_id`'s lease at `now` if it is alive (present, not expiring, its
+/// deadline not passed) and returns its TTL; a lapsed lease is never revived (D-lease).
+fn restart_session(leases: &mut Leases, session_id: &str, now: Instant) -> Option<u64> {
+    let lease = leases.sessions.get_mut(session_id)?;
+    if lease.expiring || now > lease.deadline {
+        return None;
+    }
+    lease.deadline = now + Duration::from_millis(lease.ttl_ms);
+    Some(lease.ttl_ms)
 }
 
 fn lease_of(grant: &Grant, now: Instant) -> GrantLease {
@@ -658,6 +680,43 @@ mod tests {
         clock.advance(Duration::from_millis(1_001));
         assert_eq!(keeper.heartbeat_session("s"), None);
         assert_eq!(keeper.heartbeat_session("unknown"), None);
+    }
+
+    #[test]
+    fn a_batch_heartbeat_answers_each_session_as_one_heartbeat_would() {
+        let clock = Arc::new(ManualClock::new(0));
+        let keeper = LeaseKeeper::new(clock.clone(), Duration::ZERO);
+        keeper.on_events(&[
+            Event::SessionOpened {
+                session_id: "live".into(),
+                ttl_ms: 1_000,
+            },
+            Event::SessionOpened {
+                session_id: "lapsed".into(),
+                ttl_ms: 500,
+            },
+            Event::SessionOpened {
+                session_id: "expiring".into(),
+                ttl_ms: 5_000,
+            },
+        ]);
+        clock.advance(Duration::from_millis(600));
+        keeper
+            .lock()
+            .sessions
+            .get_mut("expiring")
+            .expect("opened")
+            .expiring = true;
+        assert_eq!(
+            keeper.heartbeat_sessions(["live", "unknown", "lapsed", "expiring", "live"]),
+            vec![Some(1_000), None, None, None, Some(1_000)]
+        );
+        // The live session's lease restarted at the batch's instant: alive 999 ms later, and a
+        // lapsed one stays lapsed.
+        clock.advance(Duration::from_millis(999));
+        assert_eq!(keeper.heartbeat_session("live"), Some(1_000));
+        assert_eq!(keeper.heartbeat_sessions(["lapsed"]), vec![None]);
+        assert!(keeper.heartbeat_sessions([]).is_empty());
     }
 
     #[test]

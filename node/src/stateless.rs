@@ -251,6 +251,38 @@ where
         Ok(Response::new(v1::HeartbeatResponse { alive, ttl_ms: 0 }))
     }
 
+    /// Each session is heartbeated on the backend as `heartbeat` would, concurrently (a batch is
+    /// bounded by `HEARTBEAT_BATCH_SESSIONS_MAX`); a session's failure is its own result.
+    async fn heartbeat_batch(
+        &self,
+        request: Request<v1::HeartbeatBatchRequest>,
+    ) -> Result<Response<v1::HeartbeatBatchResponse>, Status> {
+        let r = request.into_inner();
+        lock_proto::session::check_heartbeat_batch_len(r.session_ids.len()).map_err(status)?;
+        let beats = r
+            .session_ids
+            .iter()
+            .map(|id| self.store.heartbeat(id, lock_api::limits::TTL_MIN));
+        let results = futures::future::join_all(beats)
+            .await
+            .into_iter()
+            .map(|answer| v1::HeartbeatBatchResult {
+                outcome: Some(match answer {
+                    Ok(alive) => {
+                        v1::heartbeat_batch_result::Outcome::Heartbeat(v1::HeartbeatResponse {
+                            alive,
+                            ttl_ms: 0,
+                        })
+                    }
+                    Err(err) => v1::heartbeat_batch_result::Outcome::Error(
+                        lock_proto::error::error_detail_from_lock_error(&err),
+                    ),
+                }),
+            })
+            .collect();
+        Ok(Response::new(v1::HeartbeatBatchResponse { results }))
+    }
+
     async fn close_session(
         &self,
         request: Request<v1::CloseSessionRequest>,

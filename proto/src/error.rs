@@ -60,7 +60,51 @@ const ERROR_DETAIL_TYPE_NAME: &str = "lockd.v1.ErrorDetail";
 /// written maps to `Unknown` without a detail, which the decoder reads as
 /// `Contention`.
 pub fn status_from_lock_error(err: &LockError) -> Status {
-    let (code, kind) = match err {
+    // `LockError` is #[non_exhaustive]; a new variant needs a new detail.
+    let Some((code, kind)) = code_and_kind(err) else {
+        return Status::unknown(err.to_string());
+    };
+    let message = err.to_string();
+    let detail = ErrorDetail { kind: Some(kind) };
+    let envelope = RpcStatus {
+        code: code as i32,
+        message: message.clone(),
+        details: vec![prost_types::Any {
+            type_url: ERROR_DETAIL_TYPE_URL.to_owned(),
+            value: detail.encode_to_vec(),
+        }],
+    };
+    Status::with_details(code, message, envelope.encode_to_vec().into())
+}
+
+/// The [`ErrorDetail`] of `err`, for an error that travels inside an answer rather than as
+/// the call's status: the per-session outcome of `SessionService.HeartbeatBatch`.
+/// [`lock_error_from_detail`] gives back an equal [`LockError`]. A variant added to
+/// [`LockError`] after this crate was written becomes `Contention` carrying its text (retry-safe,
+/// never a loss), as it does through a status.
+pub fn error_detail_from_lock_error(err: &LockError) -> ErrorDetail {
+    let kind = match code_and_kind(err) {
+        Some((_, kind)) => kind,
+        None => Kind::Contention(v1::Contention {
+            message: err.to_string(),
+        }),
+    };
+    ErrorDetail { kind: Some(kind) }
+}
+
+/// The [`LockError`] an [`ErrorDetail`] carried inside an answer describes. A detail without
+/// a kind (from a newer server whose kind this build does not know) is `Contention`:
+/// transient, never a loss (DESIGN D-errors).
+pub fn lock_error_from_detail(detail: ErrorDetail) -> LockError {
+    match detail.kind {
+        Some(kind) => lock_error_from_kind(kind),
+        None => LockError::contention("the server answered an error detail of an unknown kind"),
+    }
+}
+
+/// The status code and detail kind of `err`; `None` for a variant this crate does not know.
+fn code_and_kind(err: &LockError) -> Option<(Code, Kind)> {
+    let pair = match err {
         LockError::NotLeader {
             leader_id,
             leader_addr,
@@ -99,20 +143,9 @@ pub fn status_from_lock_error(err: &LockError) -> Status {
                 stored: *stored,
             }),
         ),
-        // `LockError` is #[non_exhaustive]; a new variant needs a new detail.
-        other => return Status::unknown(other.to_string()),
+        _ => return None,
     };
-    let message = err.to_string();
-    let detail = ErrorDetail { kind: Some(kind) };
-    let envelope = RpcStatus {
-        code: code as i32,
-        message: message.clone(),
-        details: vec![prost_types::Any {
-            type_url: ERROR_DETAIL_TYPE_URL.to_owned(),
-            value: detail.encode_to_vec(),
-        }],
-    };
-    Status::with_details(code, message, envelope.encode_to_vec().into())
+    Some(pair)
 }
 
 /// Reads the [`LockError`] a lockd server (or anything on the way) answered.
@@ -255,6 +288,19 @@ mod tests {
             assert!(!status.details().is_empty(), "{err}: no details");
             assert_eq!(lock_error_from_status(&status), err);
         }
+    }
+
+    #[test]
+    fn every_variant_round_trips_through_an_error_detail() {
+        for (err, _) in every_variant() {
+            let detail = error_detail_from_lock_error(&err);
+            assert!(detail.kind.is_some(), "{err}: no kind");
+            assert_eq!(lock_error_from_detail(detail), err);
+        }
+        assert!(matches!(
+            lock_error_from_detail(ErrorDetail { kind: None }),
+            LockError::Contention { .. }
+        ));
     }
 
     #[test]

@@ -21,14 +21,17 @@
 //! - `proto/lockd/v1/lock.proto` — `LockService`: acquire, renew, release,
 //!   inspect, force-revoke.
 //! - `proto/lockd/v1/session.proto` — `SessionService`: open, heartbeat,
-//!   close, locks-of.
+//!   batched heartbeat, close, locks-of.
 //! - `proto/lockd/v1/admin.proto` — `AdminService`: status and membership.
 //! - `proto/lockd/v1/raft.proto` — `RaftService`: node-to-node openraft
 //!   transport, opaque postcard payloads.
 //! - `proto/lockd/v1/error.proto` — `ErrorDetail` and its envelope.
 //! - [`v1`] — the generated messages, clients (`v1::*_client`) and servers
 //!   (`v1::*_server`).
-//! - [`error`] — [`status_from_lock_error`] and [`lock_error_from_status`].
+//! - [`error`] — [`status_from_lock_error`] and [`lock_error_from_status`],
+//!   and the per-answer form of the same mapping (`ErrorDetail`).
+//! - [`session`] — the limit of a `HeartbeatBatch`, shared by server and
+//!   client.
 //! - [`FILE_DESCRIPTOR_SET`] — the compiled schema, for gRPC reflection.
 //! - `proto/etcd/` and `etcd` (cargo feature `etcd` only) — the one copy of
 //!   the subset of etcd's v3 API this workspace calls (lockd's etcd lock store,
@@ -38,6 +41,7 @@
 #![deny(missing_docs)]
 
 pub mod error;
+pub mod session;
 
 pub use error::{lock_error_from_status, status_from_lock_error};
 

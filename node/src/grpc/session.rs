@@ -1,16 +1,35 @@
-//! `lockd.v1.SessionService` over [`RaftLockStore`]: open, heartbeat, close, locks-of.
+//! `lockd.v1.SessionService` over [`RaftLockStore`]: open, heartbeat, batched heartbeat,
+//! close, locks-of.
 //!
-//! Owns request unpacking and answer packing only; the rules live in the store.
+//! Owns request unpacking, answer packing and the wire limit of a `HeartbeatBatch`; the lease
+//! rules (leader check, one confirmation round per batch) live in the store.
 
+use lock_proto::error::error_detail_from_lock_error;
+use lock_proto::session::{HEARTBEAT_BATCH_REQUEST_BYTES_MAX, check_heartbeat_batch_len};
 use lock_proto::status_from_lock_error;
+use lock_proto::v1::heartbeat_batch_result::Outcome;
 use lock_proto::v1::session_service_server::SessionService;
 use lock_proto::v1::{
-    CloseSessionRequest, CloseSessionResponse, HeartbeatRequest, HeartbeatResponse, LocksOfRequest,
-    LocksOfResponse, OpenSessionRequest, OpenSessionResponse,
+    CloseSessionRequest, CloseSessionResponse, HeartbeatBatchRequest, HeartbeatBatchResponse,
+    HeartbeatBatchResult, HeartbeatRequest, HeartbeatResponse, LocksOfRequest, LocksOfResponse,
+    OpenSessionRequest, OpenSessionResponse,
 };
 use tonic::{Request, Response, Status};
 
+use crate::grpc::CLIENT_MESSAGE_BYTES_MAX;
 use crate::store::raft::RaftLockStore;
+
+// A full batch must fit in one client message, or a client splitting by the batch limit
+// would still be refused by the transport.
+const _: () = assert!(HEARTBEAT_BATCH_REQUEST_BYTES_MAX < CLIENT_MESSAGE_BYTES_MAX);
+
+/// The `Heartbeat` answer for a keep-alive outcome: alive with its TTL, or terminal.
+fn heartbeat_answer(ttl_ms: Option<u64>) -> HeartbeatResponse {
+    HeartbeatResponse {
+        alive: ttl_ms.is_some(),
+        ttl_ms: ttl_ms.unwrap_or(0),
+    }
+}
 
 /// The session service of one node.
 #[derive(Clone, Debug)]
@@ -50,10 +69,30 @@ impl SessionService for SessionApi {
     ) -> Result<Response<HeartbeatResponse>, Status> {
         let r = request.into_inner();
         let ttl = self.store.keep_alive(&r.session_id).await.map_err(status)?;
-        Ok(Response::new(HeartbeatResponse {
-            alive: ttl.is_some(),
-            ttl_ms: ttl.unwrap_or(0),
-        }))
+        Ok(Response::new(heartbeat_answer(ttl)))
+    }
+
+    async fn heartbeat_batch(
+        &self,
+        request: Request<HeartbeatBatchRequest>,
+    ) -> Result<Response<HeartbeatBatchResponse>, Status> {
+        let r = request.into_inner();
+        check_heartbeat_batch_len(r.session_ids.len()).map_err(status)?;
+        let answers = self
+            .store
+            .keep_alive_batch(&r.session_ids)
+            .await
+            .map_err(status)?;
+        let results = answers
+            .into_iter()
+            .map(|answer| HeartbeatBatchResult {
+                outcome: Some(match answer {
+                    Ok(ttl) => Outcome::Heartbeat(heartbeat_answer(ttl)),
+                    Err(err) => Outcome::Error(error_detail_from_lock_error(&err)),
+                }),
+            })
+            .collect();
+        Ok(Response::new(HeartbeatBatchResponse { results }))
     }
 
     async fn close_session(

@@ -307,6 +307,47 @@ impl RaftLockStore {
         Ok(Some(ttl))
     }
 
+    /// [`RaftLockStore::keep_alive`] for many sessions at once (`SessionService.HeartbeatBatch`):
+    /// one leader check, every lease restarted under one lock of the lease table, and ONE
+    /// leadership-confirmation round for the whole batch instead of one per session. Each
+    /// session's answer is what `keep_alive` gives it: `Ok(Some(ttl))` alive, `Ok(None)`
+    /// terminal, `Err(InvalidArgument)` for a malformed id. The whole call fails as
+    /// `keep_alive` does: `NotLeader`, or `Contention` while leases restart or when the round
+    /// fails. The caller bounds the batch (the gRPC layer refuses one over
+    /// `lock_proto::session::HEARTBEAT_BATCH_SESSIONS_MAX`), which bounds how long the lease
+    /// table stays locked.
+    pub async fn keep_alive_batch(
+        &self,
+        session_ids: &[String],
+    ) -> Result<Vec<Result<Option<u64>, LockError>>, LockError> {
+        self.leases_ready()?;
+        let checked: Vec<Result<(), LockError>> = session_ids
+            .iter()
+            .map(|id| validate::session_id(id))
+            .collect();
+        let mut ttls = self
+            .inner
+            .keeper
+            .heartbeat_sessions(
+                session_ids
+                    .iter()
+                    .zip(&checked)
+                    .filter(|(_, ok)| ok.is_ok())
+                    .map(|(id, _)| id.as_str()),
+            )
+            .into_iter();
+        let answers: Vec<Result<Option<u64>, LockError>> = checked
+            .into_iter()
+            .map(|ok| ok.map(|()| ttls.next().flatten()))
+            .collect();
+        // As in `keep_alive`: the extensions above happened before the round, and only a
+        // restarted lease needs the proof that this node still leads.
+        if answers.iter().any(|a| matches!(a, Ok(Some(_)))) {
+            self.confirm_leadership().await?;
+        }
+        Ok(answers)
+    }
+
     /// Closes a session, releasing its grants; returns how many (0 if it was already gone).
     pub async fn close(&self, session_id: &str) -> Result<u32, LockError> {
         validate::session_id(session_id)?;
