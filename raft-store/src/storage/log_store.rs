@@ -1,10 +1,10 @@
 //! The Raft log and vote: openraft's [`RaftLogStorage`] and [`RaftLogReader`] over the engine.
 //!
 //! Owns the meaning of the engine's records (entries, vote, committed, last purged) and the
-//! durability promise: **durable before acknowledged**. An `append` writes its entries to sled in
-//! one atomic batch (readable as soon as `append` returns) and hands openraft's callback to the
-//! log's flush thread, which fires it only after `Engine::sync` (sled flush + `fdatasync`)
-//! covered the batch. `save_vote`, `truncate` and `purge` return only once synced. The flush
+//! durability promise: **durable before acknowledged**. An `append` writes its entries to the
+//! engine in one batch (readable as soon as `append` returns) and hands openraft's callback to
+//! the log's flush thread, which fires it only after `Engine::sync` (an `fdatasync`) covered the
+//! batch. `save_vote`, `truncate` and `purge` return only once synced. The flush
 //! thread takes every job queued while it was syncing and covers them with one sync (group
 //! commit), so each call costs at most one sync and concurrent appends share one. Jobs complete
 //! in submission order, so callbacks fire in log order.
@@ -26,7 +26,7 @@ use serde::de::DeserializeOwned;
 
 use super::StorageError;
 use super::codec;
-use super::engine::{Engine, MetaKey, WriteBatch};
+use super::engine::{Engine, EngineKind, MetaKey, WriteBatch};
 use crate::{NodeId, TypeConfig};
 
 type RaftStorageError = openraft::StorageError<NodeId>;
@@ -49,18 +49,30 @@ pub struct LogReader {
 }
 
 impl LogStore {
-    /// Opens the log in `<dir>/log`, verifying every stored record (format version, checksum)
-    /// and that the log has no hole. Refuses to open, naming the record and the file, otherwise.
+    /// Opens the log in `dir` with the engine already there, or a fresh one of the default
+    /// kind ([`EngineKind::Wal`]), verifying every stored record (format version, checksum) and
+    /// that the log has no hole. Refuses to open, naming the record and the file, otherwise.
     pub fn open(dir: &Path) -> Result<LogStore, StorageError> {
-        let engine = Arc::new(Engine::open(dir)?);
+        Self::open_with(dir, EngineKind::default())
+    }
+
+    /// [`LogStore::open`], creating a fresh log with the engine `fresh` (an existing log keeps
+    /// its engine).
+    pub fn open_with(dir: &Path, fresh: EngineKind) -> Result<LogStore, StorageError> {
+        let engine = Arc::new(Engine::open(dir, fresh)?);
         verify_all(&engine)?;
         let flusher = Flusher::start(engine.clone())?;
         Ok(LogStore { engine, flusher })
     }
 
-    /// The database directory, for logs and error messages.
+    /// The engine's directory, for logs and error messages.
     pub fn dir(&self) -> &Path {
         self.engine.dir()
+    }
+
+    /// The engine storing the log.
+    pub fn engine_kind(&self) -> EngineKind {
+        self.engine.kind()
     }
 
     /// Makes every write so far durable, through the flush thread so that it is ordered with
@@ -263,10 +275,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         load_vote(&self.engine).map_err(|e| e.into_raft(ErrorSubject::Vote, ErrorVerb::Read))
     }
 
-    /// Stored without a sync of its own: the next append, vote or sled's background flush makes
-    /// it durable. Losing the latest value in a crash only makes the restarted node re-apply
-    /// fewer entries before it learns the commit index again; sled's log is sequential, so a
-    /// durable committed id never points past durable entries.
+    /// Stored without a sync of its own: the next append or vote makes it durable (and sled's
+    /// background flush, on that engine). Losing the latest value in a crash only makes the
+    /// restarted node re-apply fewer entries before it learns the commit index again; both
+    /// engines persist writes as a prefix in write order, so a durable committed id never
+    /// points past durable entries.
     async fn save_committed(
         &mut self,
         committed: Option<LogId<NodeId>>,
@@ -296,12 +309,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 |e: StorageError| e.into_raft(ErrorSubject::Log(entry.log_id), ErrorVerb::Write);
             if first {
                 // An append replaces the log from its first entry on. openraft truncates a
-                // conflicting tail before appending, so this normally removes nothing (one
-                // seek); it guarantees that no chunk of an older, longer record at these
-                // indexes survives to be joined to a new one.
-                self.engine
-                    .remove_logs(&mut batch, Bound::Included(index), Bound::Unbounded)
-                    .map_err(to_raft)?;
+                // conflicting tail before appending, so this normally removes nothing; it
+                // guarantees that no entry of an older, longer log survives past this append.
+                batch.remove_logs(Bound::Included(index), Bound::Unbounded);
                 first = false;
             }
             let record = codec::encode(&entry)
@@ -322,9 +332,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn truncate(&mut self, log_id: LogId<NodeId>) -> Result<(), RaftStorageError> {
         let to_raft = |e: StorageError| e.into_raft(ErrorSubject::Logs, ErrorVerb::Delete);
         let mut batch = WriteBatch::default();
-        self.engine
-            .remove_logs(&mut batch, Bound::Included(log_id.index), Bound::Unbounded)
-            .map_err(to_raft)?;
+        batch.remove_logs(Bound::Included(log_id.index), Bound::Unbounded);
         self.engine.write(batch).map_err(to_raft)?;
         self.sync().await.map_err(to_raft)
     }
@@ -340,9 +348,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .map_err(to_raft)?;
         // One batch: the last purged id and the removal land together or not at all.
         batch.put_meta(MetaKey::LastPurged, &record);
-        self.engine
-            .remove_logs(&mut batch, Bound::Unbounded, Bound::Included(log_id.index))
-            .map_err(to_raft)?;
+        batch.remove_logs(Bound::Unbounded, Bound::Included(log_id.index));
         self.engine.write(batch).map_err(to_raft)?;
         self.sync().await.map_err(to_raft)
     }
@@ -493,13 +499,14 @@ mod tests {
             store.try_get_log_entries(1..3).await.expect("read").len(),
             2
         );
+        let engine_dir = store.dir().to_path_buf();
         drop(store);
 
         let reopen = LogStore::open(dir.path()).expect_err("a corrupt log must refuse to open");
         let message = reopen.to_string();
         assert!(message.contains("log entry 3"), "{message}");
         assert!(
-            message.contains(&dir.path().join("log").display().to_string()),
+            message.contains(&engine_dir.display().to_string()),
             "{message}"
         );
         assert!(matches!(reopen, StorageError::Corrupt { .. }), "{reopen:?}");
@@ -536,7 +543,7 @@ mod tests {
     async fn an_append_replaces_longer_entries_at_its_indexes() {
         let dir = tempfile::tempdir().expect("temp dir");
         let mut store = LogStore::open(dir.path()).expect("open");
-        let long = "l".repeat(3 * super::super::engine::CHUNK_BYTES);
+        let long = "l".repeat(3 * 64 * 1024);
         store
             .blocking_append((1..=4).map(|i| entry(i, long.clone())))
             .await

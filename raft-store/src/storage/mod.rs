@@ -1,10 +1,12 @@
-//! Durable openraft storage (storage-v2) for the lock cluster: the Raft log and vote in sled,
-//! the lock state machine in memory, and its snapshots as files.
+//! Durable openraft storage (storage-v2) for the lock cluster: the Raft log and vote in a
+//! write-ahead log (or, for directories created with it, sled), the lock state machine in
+//! memory, and its snapshots as files.
 //!
 //! # Layout on disk
 //!
 //! ```text
-//! <dir>/log/          sled database (engine.rs): log entries, vote, committed, last purged
+//! <dir>/wal/          WAL segments (engine/wal.rs): log entries, vote, committed, last purged
+//! <dir>/log/          or, with the sled engine, a sled database (engine/sled_engine.rs)
 //! <dir>/snapshots/    <snapshot id>.snap, one current snapshot (snapshot.rs)
 //! ```
 //!
@@ -23,7 +25,7 @@
 //!
 //! # Modules
 //!
-//! - `engine`: the one seam over sled (tree, key layout, flush + `fdatasync`).
+//! - `engine`: the one seam over the disk: the WAL engine and the sled engine.
 //! - `codec`: the `[version][crc32][postcard]` frame of every persisted record.
 //! - [`log_store`]: [`LogStore`] / [`LogReader`], openraft's `RaftLogStorage`.
 //! - [`state_machine`]: [`StateMachineStore`], openraft's `RaftStateMachine`, and [`StateReader`].
@@ -42,7 +44,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 pub use codec::CodecError;
-pub use engine::{EngineError, LAYOUT_VERSION, LayoutFound, RECORD_BYTES_MAX};
+pub use engine::{
+    EngineError, EngineKind, LAYOUT_VERSION, LayoutFound, RECORD_BYTES_MAX, WAL_FORMAT_VERSION,
+};
 pub use log_store::{LogReader, LogStore};
 pub use snapshot::SNAPSHOT_BYTES_MAX;
 pub use state_machine::{ApplyObserver, StateMachineStore, StateReader};
@@ -63,12 +67,22 @@ pub fn open(
     dir: &Path,
     observer: Option<Arc<dyn ApplyObserver>>,
 ) -> Result<(LogStore, StateMachineStore), StorageError> {
+    open_with(dir, EngineKind::default(), observer)
+}
+
+/// [`open`], creating a fresh log with the engine `fresh`; a directory that already holds a log
+/// keeps its engine (logged when it differs).
+pub fn open_with(
+    dir: &Path,
+    fresh: EngineKind,
+    observer: Option<Arc<dyn ApplyObserver>>,
+) -> Result<(LogStore, StateMachineStore), StorageError> {
     std::fs::create_dir_all(dir).map_err(|source| StorageError::Io {
         op: "create directory",
         path: dir.to_path_buf(),
         source,
     })?;
-    let log_store = LogStore::open(dir)?;
+    let log_store = LogStore::open_with(dir, fresh)?;
     let state_machine = StateMachineStore::open(&dir.join(SNAPSHOT_DIR_NAME), observer)?;
     Ok((log_store, state_machine))
 }

@@ -1,18 +1,18 @@
-//! The one seam over sled: where the Raft log and its metadata live on disk, how their keys are
+//! The sled engine: the Raft log and its metadata in a sled 0.34 database, how their keys are
 //! encoded, and how a write is made durable.
 //!
 //! Owns the sled database in `<dir>/log/`, its single tree [`TREE_NAME`], the key layout, and
-//! [`Engine::sync`] (sled flush, then `fdatasync` of sled's data file). It stores opaque bytes
+//! [`SledEngine::sync`] (sled flush, then `fdatasync` of sled's data file). It stores opaque bytes
 //! (already framed by `codec`) and must not know what an entry or a vote is. Nothing outside this
-//! file names sled: if the crash tests ever show sled losing an acknowledged write, replacing it
-//! touches this file only (DESIGN.md D-deps).
+//! file names sled (DESIGN.md D-deps). New data directories get the WAL engine (`wal.rs`, which
+//! explains why); this one serves directories created with it and `--log-engine sled`.
 //!
 //! # Why the extra `fdatasync`
 //!
 //! sled 0.34's `flush` writes its log buffers with `pwrite` followed by `sync_file_range`, which
 //! starts and waits for the data write-back of that byte range but neither flushes the disk's
 //! volatile cache nor persists the file's size or allocation metadata. A write acknowledged after
-//! that alone can be lost by a power failure. So after every sled flush [`Engine::sync`] calls
+//! that alone can be lost by a power failure. So after every sled flush [`SledEngine::sync`] calls
 //! `File::sync_data` (`fdatasync`) on sled's data file `<dir>/log/db`, through one handle kept
 //! open for the life of the engine.
 //!
@@ -22,7 +22,7 @@
 //! sled 0.34 never fsyncs blob files. A leaf node holds up to 17 values before it splits, so the
 //! engine stores a log record as chunks of at most [`CHUNK_BYTES`] (64 KiB) under consecutive
 //! keys, and with [`SEGMENT_BYTES`] = 16 MiB (the largest sled accepts) a leaf never reaches the
-//! blob threshold whatever the record sizes. As a second line of defence, [`Engine::sync`] also
+//! blob threshold whatever the record sizes. As a second line of defence, [`SledEngine::sync`] also
 //! fsyncs any blob file it has not synced before (and the blob directory).
 //!
 //! # Key layout (one tree, two key spaces)
@@ -32,7 +32,7 @@
 //!   of one record are written in one batch, so they are present all or none.
 //! - metadata: `m/<name>` ([`MetaKey`]), always after every log key (`m` > `l`).
 //! - layout version: `m/layout` = [`LAYOUT_VERSION`] as a big-endian `u32`, written when a
-//!   fresh store is created and checked by [`Engine::open`]: a directory written with another
+//!   fresh store is created and checked by [`SledEngine::open`]: a directory written with another
 //!   layout, or a non-empty one without the record (written before the record existed, layout
 //!   0), is refused with [`StorageError::LayoutVersion`] instead of failing later on a key it
 //!   cannot parse. Change [`LAYOUT_VERSION`] whenever this key layout changes incompatibly.
@@ -46,7 +46,7 @@ use std::ops::Bound;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError};
 
-use super::StorageError;
+use super::{LayoutFound, MetaKey, Op, RECORD_BYTES_MAX, StorageError, WriteBatch, sync_dir};
 
 /// The sled tree holding the log and its metadata. Versioned so that a future incompatible
 /// layout can live beside this one during a migration.
@@ -56,11 +56,11 @@ pub const TREE_NAME: &str = "lockd.raft.v1";
 pub const LOG_DIR_NAME: &str = "log";
 
 /// sled 0.34's data file inside its directory (`Config::db_path`: `<path>/db`). It is the file
-/// whose writes sled only `sync_file_range`s, so it is the one [`Engine::sync`] `fdatasync`s.
+/// whose writes sled only `sync_file_range`s, so it is the one [`SledEngine::sync`] `fdatasync`s.
 pub const SLED_DATA_FILE_NAME: &str = "db";
 
 /// sled 0.34's configuration file (`Config::config_path`: `<path>/conf`), written at creation
-/// without an fsync; [`Engine::open`] syncs it, since sled refuses to open without it.
+/// without an fsync; [`SledEngine::open`] syncs it, since sled refuses to open without it.
 pub const SLED_CONFIG_FILE_NAME: &str = "conf";
 
 /// sled 0.34's directory of oversized page images (`Config::blob_path`: `<path>/blobs/<lsn>`).
@@ -75,25 +75,6 @@ pub const SEGMENT_BYTES: usize = 16 * 1024 * 1024;
 /// quarter segment.
 pub const CHUNK_BYTES: usize = 64 * 1024;
 
-/// The largest framed log entry the log store accepts: 1 MiB. It must hold the largest entry a
-/// leader can propose, a `Batch` of `limits::BATCH_MAX` commands of the largest size the
-/// argument limits allow (asserted below); much more would also strain the Raft transport,
-/// which ships whole entries.
-pub const RECORD_BYTES_MAX: usize = 1024 * 1024;
-
-/// An upper bound of one command's postcard encoding: every string argument at its limit (no
-/// command has them all) plus 64 bytes of tags, integers and length prefixes.
-const COMMAND_BYTES_BOUND: usize = lock_api::limits::KEY_LEN_MAX
-    + lock_api::limits::OWNER_ID_LEN_MAX
-    + lock_api::limits::SESSION_ID_LEN_MAX
-    + lock_api::limits::OPERATOR_LEN_MAX
-    + lock_api::limits::REASON_LEN_MAX
-    + 64;
-
-const _: () = assert!(
-    crate::limits::BATCH_MAX * COMMAND_BYTES_BOUND + 1024 <= RECORD_BYTES_MAX,
-    "a full batch of the largest commands must fit one log record"
-);
 const _: () = assert!(RECORD_BYTES_MAX / CHUNK_BYTES <= u16::MAX as usize);
 
 /// sled's page cache budget. sled defaults to 1 GiB; the log is purged after every snapshot,
@@ -101,7 +82,7 @@ const _: () = assert!(RECORD_BYTES_MAX / CHUNK_BYTES <= u16::MAX as usize);
 pub const CACHE_BYTES: u64 = 64 * 1024 * 1024;
 
 /// sled's background flush interval. Our own writes that need durability call
-/// [`Engine::sync`] themselves; this background flush only bounds how long a write that does
+/// [`SledEngine::sync`] themselves; this background flush only bounds how long a write that does
 /// not need it (the committed log id) stays in memory.
 pub const BACKGROUND_FLUSH_MS: u64 = 500;
 
@@ -129,24 +110,12 @@ const META_KEY_PREFIX: u8 = b'm';
 /// Length of a log chunk key.
 const LOG_KEY_LEN: usize = 11;
 
-/// A metadata record kept beside the log, one value each.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum MetaKey {
-    /// The last saved vote.
-    Vote,
-    /// The last saved committed log id.
-    Committed,
-    /// The log id of the last purged entry.
-    LastPurged,
-}
-
-impl MetaKey {
-    fn key(self) -> &'static [u8] {
-        match self {
-            MetaKey::Vote => b"m/vote",
-            MetaKey::Committed => b"m/committed",
-            MetaKey::LastPurged => b"m/last_purged",
-        }
+/// The sled key of a metadata record.
+fn meta_key(key: MetaKey) -> &'static [u8] {
+    match key {
+        MetaKey::Vote => b"m/vote",
+        MetaKey::Committed => b"m/committed",
+        MetaKey::LastPurged => b"m/last_purged",
     }
 }
 
@@ -207,14 +176,14 @@ impl std::error::Error for EngineError {}
 
 /// Writes to apply together, atomically: after a crash either all of them are present or none.
 #[derive(Debug, Default)]
-pub struct WriteBatch {
+pub(super) struct SledBatch {
     inner: sled::Batch,
 }
 
-impl WriteBatch {
+impl SledBatch {
     /// Stores `record` as the log entry at `index`, in chunks of at most [`CHUNK_BYTES`].
     /// Replacing an entry with a shorter one must remove the old one first
-    /// ([`Engine::remove_logs`]), or its surplus chunks would remain.
+    /// ([`SledEngine::remove_logs`]), or its surplus chunks would remain.
     /// Refuses a record above [`RECORD_BYTES_MAX`], naming the entry.
     pub fn put_log(&mut self, index: u64, record: &[u8]) -> Result<(), StorageError> {
         if record.len() > RECORD_BYTES_MAX {
@@ -240,13 +209,13 @@ impl WriteBatch {
 
     /// Stores `record` as the metadata record `key`.
     pub fn put_meta(&mut self, key: MetaKey, record: &[u8]) {
-        self.inner.insert(key.key(), record);
+        self.inner.insert(meta_key(key), record);
     }
 }
 
-/// The open sled database plus the handles [`Engine::sync`] needs.
+/// The open sled database plus the handles [`SledEngine::sync`] needs.
 #[derive(Debug)]
-pub struct Engine {
+pub struct SledEngine {
     /// `<dir>/log`, for error messages.
     dir: PathBuf,
     db: sled::Db,
@@ -258,10 +227,10 @@ pub struct Engine {
     synced_blobs: Mutex<HashSet<OsString>>,
 }
 
-impl Engine {
+impl SledEngine {
     /// Opens (creating if needed) the sled database in `<storage_dir>/log`, and makes its
     /// directory entries durable.
-    pub fn open(storage_dir: &Path) -> Result<Engine, StorageError> {
+    pub fn open(storage_dir: &Path) -> Result<SledEngine, StorageError> {
         let dir = storage_dir.join(LOG_DIR_NAME);
         std::fs::create_dir_all(&dir).map_err(|source| StorageError::Io {
             op: "create directory",
@@ -298,7 +267,7 @@ impl Engine {
             path: data_path.clone(),
             source,
         })?;
-        let engine = Engine {
+        let engine = SledEngine {
             dir,
             db,
             tree,
@@ -338,17 +307,9 @@ impl Engine {
     /// Reads the metadata record `key`.
     pub fn get_meta(&self, key: MetaKey) -> Result<Option<Vec<u8>>, StorageError> {
         self.tree
-            .get(key.key())
+            .get(meta_key(key))
             .map(|v| v.map(|v| v.to_vec()))
             .map_err(|e| self.engine_error("read metadata", e))
-    }
-
-    /// Stores the metadata record `key` (not yet durable: see [`Engine::sync`]).
-    pub fn put_meta(&self, key: MetaKey, record: &[u8]) -> Result<(), StorageError> {
-        self.tree
-            .insert(key.key(), record)
-            .map(|_| ())
-            .map_err(|e| self.engine_error("write metadata", e))
     }
 
     /// Reads the log entry record at `index` (openraft reads ranges; tests read one).
@@ -454,9 +415,9 @@ impl Engine {
 
     /// Adds to `batch` the removal of every log entry (every chunk) with an index in
     /// `(start, end)`.
-    pub fn remove_logs(
+    fn remove_logs(
         &self,
-        batch: &mut WriteBatch,
+        batch: &mut SledBatch,
         start: Bound<u64>,
         end: Bound<u64>,
     ) -> Result<(), StorageError> {
@@ -470,8 +431,26 @@ impl Engine {
         Ok(())
     }
 
-    /// Applies `batch` atomically (not yet durable: see [`Engine::sync`]).
-    pub fn write(&self, batch: WriteBatch) -> Result<(), StorageError> {
+    /// Applies the engine-neutral `batch` atomically, in its order (a removal, then puts at the
+    /// removed indexes, leaves the puts): one sled batch, not yet durable.
+    pub fn apply(&self, batch: WriteBatch) -> Result<(), StorageError> {
+        let mut sled_batch = SledBatch::default();
+        for op in batch.ops {
+            match op {
+                Op::PutLog { index, record } => sled_batch.put_log(index, &record)?,
+                Op::PutMeta { key, record } => sled_batch.put_meta(key, &record),
+                Op::RemoveLogs { first, last } => self.remove_logs(
+                    &mut sled_batch,
+                    Bound::Included(first),
+                    Bound::Included(last),
+                )?,
+            }
+        }
+        self.write(sled_batch)
+    }
+
+    /// Applies `batch` atomically (not yet durable: see [`SledEngine::sync`]).
+    fn write(&self, batch: SledBatch) -> Result<(), StorageError> {
         self.tree
             .apply_batch(batch.inner)
             .map_err(|e| self.engine_error("apply a write batch", e))
@@ -540,21 +519,6 @@ impl Engine {
         *synced = present;
         Ok(())
     }
-
-    /// Flips one bit of the stored log entry at `index`, for tests that prove corruption is
-    /// reported rather than panicked on. Returns whether the entry existed.
-    #[cfg(test)]
-    pub fn corrupt_log_for_test(&self, index: u64, byte: usize) -> Result<bool, StorageError> {
-        let Some(mut value) = self.get_log(index)? else {
-            return Ok(false);
-        };
-        let at = byte % value.len();
-        value[at] ^= 0x01;
-        let mut batch = WriteBatch::default();
-        batch.put_log(index, &value)?;
-        self.write(batch)?;
-        Ok(true)
-    }
 }
 
 /// Whether no tree of `db` holds any key. A crash between creating our tree and writing the
@@ -569,7 +533,7 @@ fn is_empty(db: &sled::Db) -> Result<bool, sled::Error> {
 }
 
 /// Checks the layout version record of `tree`, writing it first if the database is `fresh`
-/// (made durable by the [`Engine::sync`] that [`Engine::open`] runs next). Refuses a database
+/// (made durable by the [`SledEngine::sync`] that [`SledEngine::open`] runs next). Refuses a database
 /// written with another layout, or a non-empty one without the record.
 fn check_layout(dir: &Path, tree: &sled::Tree, fresh: bool) -> Result<(), StorageError> {
     let engine_error = |op, e| StorageError::Engine {
@@ -612,31 +576,6 @@ fn check_layout(dir: &Path, tree: &sled::Tree, fresh: bool) -> Result<(), Storag
     })
 }
 
-/// The layout version found in a database: the record's value, or `None` for a non-empty
-/// database without the record (layout 0). Displayed as `1` or `0 (no layout record)`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct LayoutFound(pub Option<u32>);
-
-impl fmt::Display for LayoutFound {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.0 {
-            Some(version) => write!(f, "{version}"),
-            None => write!(f, "0 (no layout record)"),
-        }
-    }
-}
-
-/// fsyncs a directory, making the creation, rename or removal of its entries durable.
-pub fn sync_dir(dir: &Path) -> Result<(), StorageError> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|source| StorageError::Io {
-            op: "fsync directory",
-            path: dir.to_path_buf(),
-            source,
-        })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -661,14 +600,14 @@ mod tests {
         for (index, chunk) in keys {
             assert_eq!(log_key_parts(&log_key(index, chunk)), Some((index, chunk)));
         }
-        assert_eq!(log_key_parts(MetaKey::Vote.key()), None);
+        assert_eq!(log_key_parts(meta_key(MetaKey::Vote)), None);
         assert_eq!(log_key_parts(&[LOG_KEY_PREFIX, 1, 2]), None);
     }
 
     #[test]
     fn meta_keys_sort_outside_the_log_range() {
         let keys = [MetaKey::Vote, MetaKey::Committed, MetaKey::LastPurged];
-        for key in keys.map(MetaKey::key).into_iter().chain([LAYOUT_KEY]) {
+        for key in keys.map(meta_key).into_iter().chain([LAYOUT_KEY]) {
             assert!(key > &log_key(u64::MAX, u16::MAX)[..], "{key:?}");
         }
     }
@@ -680,7 +619,7 @@ mod tests {
     #[test]
     fn records_larger_than_a_chunk_are_split_and_joined_back() {
         let dir = tempfile::tempdir().expect("temp dir");
-        let engine = Engine::open(dir.path()).expect("open");
+        let engine = SledEngine::open(dir.path()).expect("open");
         let lens = [
             0,
             1,
@@ -689,7 +628,7 @@ mod tests {
             CHUNK_BYTES + 1,
             3 * CHUNK_BYTES + 7,
         ];
-        let mut batch = WriteBatch::default();
+        let mut batch = SledBatch::default();
         for (index, len) in (10..).zip(lens) {
             batch.put_log(index, &record(index, len)).expect("put");
         }
@@ -733,7 +672,7 @@ mod tests {
         );
 
         // Removing entries removes every chunk of them.
-        let mut batch = WriteBatch::default();
+        let mut batch = SledBatch::default();
         engine
             .remove_logs(&mut batch, Bound::Included(13), Bound::Unbounded)
             .expect("remove");
@@ -748,8 +687,8 @@ mod tests {
     #[test]
     fn a_missing_middle_chunk_is_an_error_naming_the_entry() {
         let dir = tempfile::tempdir().expect("temp dir");
-        let engine = Engine::open(dir.path()).expect("open");
-        let mut batch = WriteBatch::default();
+        let engine = SledEngine::open(dir.path()).expect("open");
+        let mut batch = SledBatch::default();
         batch.put_log(5, &record(5, 3 * CHUNK_BYTES)).expect("put");
         engine.write(batch).expect("write");
         engine.tree.remove(log_key(5, 1)).expect("remove a chunk");
@@ -759,7 +698,7 @@ mod tests {
 
     #[test]
     fn a_record_above_the_limit_is_refused() {
-        let mut batch = WriteBatch::default();
+        let mut batch = SledBatch::default();
         let error = batch
             .put_log(3, &vec![0; RECORD_BYTES_MAX + 1])
             .expect_err("too large");
@@ -770,14 +709,14 @@ mod tests {
     fn sync_creates_sleds_data_file_and_survives_reopen() {
         let dir = tempfile::tempdir().expect("temp dir");
         {
-            let engine = Engine::open(dir.path()).expect("open");
+            let engine = SledEngine::open(dir.path()).expect("open");
             assert!(
                 dir.path()
                     .join(LOG_DIR_NAME)
                     .join(SLED_DATA_FILE_NAME)
                     .is_file()
             );
-            let mut batch = WriteBatch::default();
+            let mut batch = SledBatch::default();
             batch.put_log(7, b"seven").expect("small record");
             batch.put_meta(MetaKey::Vote, b"vote");
             engine.write(batch).expect("write");
@@ -813,12 +752,12 @@ mod tests {
         }
     }
 
-    /// Opens `<dir>/log` with [`Engine::open`], once sled's file lock is free.
-    fn reopen(dir: &Path) -> Result<Engine, StorageError> {
-        when_unlocked(|| Engine::open(dir))
+    /// Opens `<dir>/log` with [`SledEngine::open`], once sled's file lock is free.
+    fn reopen(dir: &Path) -> Result<SledEngine, StorageError> {
+        when_unlocked(|| SledEngine::open(dir))
     }
 
-    /// Opens the sled database in `<dir>/log` directly, bypassing [`Engine::open`]'s check,
+    /// Opens the sled database in `<dir>/log` directly, bypassing [`SledEngine::open`]'s check,
     /// to fake a directory written by another layout.
     fn raw_tree(dir: &Path) -> (sled::Db, sled::Tree) {
         let db = when_unlocked(|| {
@@ -836,7 +775,7 @@ mod tests {
     fn a_fresh_store_gets_the_layout_record_and_reopens() {
         let dir = tempfile::tempdir().expect("temp dir");
         {
-            let engine = Engine::open(dir.path()).expect("open");
+            let engine = SledEngine::open(dir.path()).expect("open");
             assert_eq!(
                 engine.tree.get(LAYOUT_KEY).expect("read").as_deref(),
                 Some(&LAYOUT_VERSION.to_be_bytes()[..])
@@ -858,7 +797,7 @@ mod tests {
     #[test]
     fn a_store_with_another_layout_version_is_refused() {
         let dir = tempfile::tempdir().expect("temp dir");
-        drop(Engine::open(dir.path()).expect("open"));
+        drop(SledEngine::open(dir.path()).expect("open"));
         {
             let (db, tree) = raw_tree(dir.path());
             tree.insert(LAYOUT_KEY, &(LAYOUT_VERSION + 1).to_be_bytes())
@@ -892,7 +831,8 @@ mod tests {
             let mut key = vec![LOG_KEY_PREFIX];
             key.extend_from_slice(&1u64.to_be_bytes());
             tree.insert(key, b"entry").expect("write");
-            tree.insert(MetaKey::Vote.key(), b"vote").expect("write");
+            tree.insert(meta_key(MetaKey::Vote), b"vote")
+                .expect("write");
             db.flush().expect("flush");
         }
         let error = reopen(dir.path()).expect_err("no layout record");
