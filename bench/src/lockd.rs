@@ -1,6 +1,6 @@
 //! lockd under test: starts a three-node cluster of real `lockd run` processes on free
 //! loopback ports with data on disk, finds the leader, and drives it over the raw gRPC API of
-//! `lock-proto` (sessions, Acquire, Release, Heartbeat). Owns nothing of the workloads.
+//! `lock-proto` (sessions, Acquire, Release, HeartbeatBatch). Owns nothing of the workloads.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -8,11 +8,13 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use lock_proto::session::HEARTBEAT_BATCH_SESSIONS_MAX;
 use lock_proto::v1::admin_service_client::AdminServiceClient;
+use lock_proto::v1::heartbeat_batch_result::Outcome;
 use lock_proto::v1::lock_service_client::LockServiceClient;
 use lock_proto::v1::session_service_client::SessionServiceClient;
 use lock_proto::v1::{
-    AcquireRequest, HeartbeatRequest, OpenSessionRequest, ReleaseRequest, StatusRequest,
+    AcquireRequest, HeartbeatBatchRequest, OpenSessionRequest, ReleaseRequest, StatusRequest,
 };
 use tokio::sync::{Semaphore, mpsc, watch};
 use tonic::transport::Channel;
@@ -32,9 +34,13 @@ const GRANT_TTL_MS: u64 = 30_000;
 const ACQUIRE_MAX_WAIT_MS: u64 = 60_000;
 /// TTL of a worker's own session: longer than any run, so it needs no heartbeats.
 const WORKER_SESSION_TTL_MS: u64 = 600_000;
-/// Heartbeats in flight per keep-alive connection (W4): enough that a slow answer does not
-/// hold back the beats due after it, bounded so a stalled server cannot pile up tasks.
-const HEARTBEATS_IN_FLIGHT_MAX: usize = 256;
+/// Heartbeat batches in flight per keep-alive connection (W4): enough that a slow answer does
+/// not hold back the batches due after it, bounded so a stalled server cannot pile up tasks.
+const HEARTBEAT_BATCHES_IN_FLIGHT_MAX: usize = 64;
+/// W4 keep-alives are sent the way the SDK (`lock-client`'s heartbeat schedule) sends them: a
+/// session due within `period / KEEPALIVE_COALESCE_AHEAD_FRACTION` goes out with the sessions
+/// due now, in one `HeartbeatBatch`. The SDK's value (`COALESCE_AHEAD_FRACTION`).
+const KEEPALIVE_COALESCE_AHEAD_FRACTION: u32 = 4;
 /// Connect timeout for every channel.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -233,41 +239,50 @@ impl LockSystem for LockdCluster {
                     return;
                 }
                 let period = ttl / 3;
+                let ahead = period / KEEPALIVE_COALESCE_AHEAD_FRACTION;
                 let start = Instant::now();
-                // Heartbeat is a unary call: each due beat goes out on its own, without
-                // waiting for the previous answer, as each session's own timer would in an
-                // SDK; the semaphore bounds the beats in flight on this connection.
-                let in_flight = Arc::new(Semaphore::new(HEARTBEATS_IN_FLIGHT_MAX));
-                for n in 0u64.. {
-                    let due = keepalive_due(start, period, ids.len(), n);
-                    tokio::select! {
-                        _ = tokio::time::sleep_until(due.into()) => {}
-                        _ = stop.changed() => return,
-                    }
-                    let Ok(permit) = in_flight.clone().acquire_owned().await else {
+                // Each session's next keep-alive, first spread evenly over one period as each
+                // session's own timer would be. Per tick (the earliest due), every session due
+                // within `ahead` goes out in HeartbeatBatch calls of at most the server's
+                // limit, without waiting for earlier answers, and is next due one period
+                // later: sessions sent together stay together, as in the SDK. The counters
+                // count sessions kept alive, not calls.
+                let mut due: Vec<Instant> = (0..ids.len())
+                    .map(|i| keepalive_due(start, period, ids.len(), i as u64))
+                    .collect();
+                let in_flight = Arc::new(Semaphore::new(HEARTBEAT_BATCHES_IN_FLIGHT_MAX));
+                loop {
+                    let Some(tick) = due.iter().min().copied() else {
                         return;
                     };
-                    let session_id = ids[(n % ids.len() as u64) as usize].clone();
-                    let mut sessions = sessions.clone();
-                    let counters = counters.clone();
-                    tokio::spawn(async move {
-                        let answer = sessions.heartbeat(HeartbeatRequest { session_id }).await;
-                        drop(permit);
-                        match answer {
-                            Ok(answer) if answer.get_ref().alive => {
-                                counters.ok.fetch_add(1, Ordering::Relaxed);
-                            }
-                            Ok(_) => counters.fail(format!(
-                                "Heartbeat answered alive=false (session lapsed) {:?} into \
-                                 the keep-alive load",
-                                start.elapsed()
-                            )),
-                            Err(status) => counters.fail(format!(
-                                "Heartbeat: {}",
-                                lock_proto::lock_error_from_status(&status)
-                            )),
+                    tokio::select! {
+                        _ = tokio::time::sleep_until(tick.into()) => {}
+                        _ = stop.changed() => return,
+                    }
+                    let now = Instant::now();
+                    let mut batch = Vec::new();
+                    for (i, next) in due.iter_mut().enumerate() {
+                        if *next <= now + ahead {
+                            batch.push(ids[i].clone());
+                            *next = now + period;
                         }
-                    });
+                    }
+                    for chunk in batch.chunks(HEARTBEAT_BATCH_SESSIONS_MAX) {
+                        let Ok(permit) = in_flight.clone().acquire_owned().await else {
+                            return;
+                        };
+                        let session_ids = chunk.to_vec();
+                        let mut sessions = sessions.clone();
+                        let counters = counters.clone();
+                        tokio::spawn(async move {
+                            let sent = session_ids.len() as u64;
+                            let answer = sessions
+                                .heartbeat_batch(HeartbeatBatchRequest { session_ids })
+                                .await;
+                            drop(permit);
+                            count_batch(&counters, sent, answer, start);
+                        });
+                    }
                 }
             }));
         }
@@ -305,6 +320,53 @@ impl LockSystem for LockdCluster {
             .await
             .context("lockd AdminService.Status")?;
         Ok(status.into_inner().commit_index)
+    }
+}
+
+/// Counts the answer to a `HeartbeatBatch` of `sent` sessions, per session: each result
+/// answered alive is one keep-alive; each other result, or each session of a failed call, one
+/// failure.
+fn count_batch(
+    counters: &KeeperCounters,
+    sent: u64,
+    answer: Result<tonic::Response<lock_proto::v1::HeartbeatBatchResponse>, tonic::Status>,
+    start: Instant,
+) {
+    let results = match answer {
+        Ok(answer) => answer.into_inner().results,
+        Err(status) => {
+            counters.fail(format!(
+                "HeartbeatBatch of {sent} sessions: {}",
+                lock_proto::lock_error_from_status(&status)
+            ));
+            counters.errors.fetch_add(sent - 1, Ordering::Relaxed);
+            return;
+        }
+    };
+    if results.len() as u64 != sent {
+        counters.fail(format!(
+            "HeartbeatBatch of {sent} sessions answered {} results",
+            results.len()
+        ));
+        counters.errors.fetch_add(sent - 1, Ordering::Relaxed);
+        return;
+    }
+    for result in results {
+        match result.outcome {
+            Some(Outcome::Heartbeat(h)) if h.alive => {
+                counters.ok.fetch_add(1, Ordering::Relaxed);
+            }
+            Some(Outcome::Heartbeat(_)) => counters.fail(format!(
+                "HeartbeatBatch answered alive=false (session lapsed) {:?} into the keep-alive \
+                 load",
+                start.elapsed()
+            )),
+            Some(Outcome::Error(detail)) => counters.fail(format!(
+                "HeartbeatBatch: {}",
+                lock_proto::error::lock_error_from_detail(detail)
+            )),
+            None => counters.fail("HeartbeatBatch answered a result without an outcome".into()),
+        }
     }
 }
 
