@@ -87,6 +87,10 @@ pub const SEGMENT_BYTES: u64 = 64 * 1024 * 1024;
 /// ([`RECORD_BYTES_MAX`]) always fits. A frame header claiming more is corrupt.
 pub const FRAME_BODY_MAX: usize = 4 * RECORD_BYTES_MAX;
 
+/// Zeros written ahead of the end of the active segment at a time (see
+/// `WalEngine::preallocate`): one file-growing flush per this many bytes of log.
+pub const PREALLOC_BYTES: u64 = 1024 * 1024;
+
 /// Bytes of entry records kept in memory for reads (the newest entries).
 pub const CACHE_BYTES: usize = 64 * 1024 * 1024;
 
@@ -165,6 +169,8 @@ struct State {
     active_seq: u64,
     /// Bytes in the active segment (the next frame's offset).
     active_len: u64,
+    /// Length of the active segment file: `active_len` plus zeros written ahead of it.
+    allocated_len: u64,
     cached_bytes: usize,
     /// No entry below this index is cached (where eviction resumes).
     cache_floor: u64,
@@ -430,6 +436,7 @@ impl WalEngine {
             segments: BTreeMap::new(),
             active_seq: 0,
             active_len: 0,
+            allocated_len: 0,
             cached_bytes: 0,
             cache_floor: 0,
             dir_dirty: false,
@@ -501,6 +508,7 @@ impl WalEngine {
         );
         state.active_seq = seq;
         state.active_len = bytes.len() as u64;
+        state.allocated_len = state.active_len;
         state.dir_dirty = true;
         Ok(())
     }
@@ -527,6 +535,10 @@ impl WalEngine {
             }
             let seq = state.active_seq;
             let offset = state.active_len;
+            let end = offset + bytes.len() as u64;
+            if end > state.allocated_len {
+                self.preallocate(&mut state, end)?;
+            }
             let segment = &state.segments[&seq];
             if let Err(source) = segment.file.write_all_at(&bytes, offset) {
                 let error = StorageError::Io {
@@ -559,12 +571,44 @@ impl WalEngine {
         Ok(())
     }
 
-    /// Closes the active segment (made durable first, so that only the last segment can end
-    /// in a torn write) and starts the next one.
+    /// Writes zeros after the end of the active segment, at least up to `end` and
+    /// [`PREALLOC_BYTES`] past the current allocation. An `fdatasync` after an append inside
+    /// written blocks only flushes data; after an append that grows the file it must also
+    /// commit the new size and blocks to the file system's journal, which measured 0.28 ms
+    /// against 0.23 ms for 150-byte appends here. The zeros read back as the end of the log.
+    fn preallocate(&self, state: &mut State, end: u64) -> Result<(), StorageError> {
+        static ZEROS: [u8; 64 * 1024] = [0; 64 * 1024];
+        let target = end.max(state.allocated_len + PREALLOC_BYTES);
+        let segment = &state.segments[&state.active_seq];
+        let mut at = state.allocated_len;
+        while at < target {
+            let n = (target - at).min(ZEROS.len() as u64) as usize;
+            if let Err(source) = segment.file.write_all_at(&ZEROS[..n], at) {
+                let error = StorageError::Io {
+                    op: "preallocate WAL segment",
+                    path: segment.path.clone(),
+                    source,
+                };
+                state.failed = Some(error.to_string());
+                return Err(error);
+            }
+            at += n as u64;
+        }
+        state.allocated_len = target;
+        Ok(())
+    }
+
+    /// Closes the active segment (its preallocated zeros cut off and its data made durable
+    /// first, so that only the last segment can end in zeros or a torn write) and starts the
+    /// next one.
     fn rotate(&self, state: &mut State) -> Result<(), StorageError> {
         let seq = state.active_seq;
         let segment = &state.segments[&seq];
-        if let Err(source) = segment.file.sync_data() {
+        if let Err(source) = segment
+            .file
+            .set_len(state.active_len)
+            .and_then(|()| segment.file.sync_data())
+        {
             let error = StorageError::Io {
                 op: "fdatasync WAL segment",
                 path: segment.path.clone(),
@@ -856,6 +900,7 @@ fn replay_segment(
         );
         state.active_seq = seq;
         state.active_len = len;
+        state.allocated_len = len;
         state.dir_dirty = true;
         return Ok(());
     }
@@ -943,7 +988,10 @@ fn replay_segment(
         state.apply(seq, (at + FRAME_HEADER_LEN) as u64, ops);
         at += FRAME_HEADER_LEN + len;
     };
-    if end < bytes.len() {
+    // What follows the last good frame: nothing, preallocated zeros (kept), or a torn write
+    // (cut off).
+    let mut allocated = bytes.len();
+    if bytes[end..].iter().any(|b| *b != 0) {
         tracing::warn!(
             path = %path.display(),
             offset = end,
@@ -954,6 +1002,7 @@ fn replay_segment(
             .map_err(io("truncate the torn tail of WAL segment", &path))?;
         file.sync_data()
             .map_err(io("fdatasync WAL segment", &path))?;
+        allocated = end;
     }
     state.segments.insert(
         seq,
@@ -964,6 +1013,7 @@ fn replay_segment(
     );
     state.active_seq = seq;
     state.active_len = end as u64;
+    state.allocated_len = allocated as u64;
     Ok(())
 }
 
@@ -1028,14 +1078,15 @@ mod tests {
     #[test]
     fn a_torn_tail_is_cut_off_and_the_log_keeps_its_prefix() {
         let dir = tempfile::tempdir().expect("temp dir");
+        let len;
         {
             let engine = WalEngine::open(dir.path()).expect("open");
             put(&engine, 1..=3, 50);
             put(&engine, 4..=4, 50);
             engine.sync().expect("sync");
+            len = engine.lock().active_len;
         }
         let path = segment_path(dir.path(), 1);
-        let len = std::fs::metadata(&path).expect("stat").len();
         // Cut the last frame (entry 4) in half, as a crash during its write would.
         let file = OpenOptions::new().write(true).open(&path).expect("open");
         file.set_len(len - 20).expect("truncate");
@@ -1051,21 +1102,47 @@ mod tests {
     }
 
     #[test]
-    fn zeros_after_the_last_frame_are_a_torn_tail() {
+    fn preallocated_zeros_end_the_log_and_a_torn_frame_in_them_is_cut_off() {
         let dir = tempfile::tempdir().expect("temp dir");
+        let end;
         {
             let engine = WalEngine::open(dir.path()).expect("open");
             put(&engine, 1..=2, 50);
             engine.sync().expect("sync");
+            end = engine.lock().active_len;
         }
         let path = segment_path(dir.path(), 1);
-        let len = std::fs::metadata(&path).expect("stat").len();
+        let allocated = std::fs::metadata(&path).expect("stat").len();
+        assert!(
+            allocated >= end + PREALLOC_BYTES - 1024,
+            "{allocated} vs {end}"
+        );
+        {
+            // Zeros are the end of the log, and stay allocated.
+            let engine = WalEngine::open(dir.path()).expect("reopen");
+            assert_eq!(indexes(&engine), vec![1, 2]);
+            assert_eq!(std::fs::metadata(&path).expect("stat").len(), allocated);
+        }
+        // A frame whose header reached the disk but whose body did not.
+        let mut frame = FrameBuf::default();
+        frame.push(Op::PutLog {
+            index: 3,
+            record: record(3, 50),
+        });
+        let mut bytes = frame.frame();
+        let body_len = bytes.len() - FRAME_HEADER_LEN;
+        bytes[FRAME_HEADER_LEN..].copy_from_slice(&vec![0u8; body_len]);
         let file = OpenOptions::new().write(true).open(&path).expect("open");
-        file.write_all_at(&[0u8; 4096], len).expect("zeros");
+        file.write_all_at(&bytes, end).expect("torn frame");
         drop(file);
         let engine = WalEngine::open(dir.path()).expect("reopen");
         assert_eq!(indexes(&engine), vec![1, 2]);
-        assert_eq!(std::fs::metadata(&path).expect("stat").len(), len);
+        assert_eq!(std::fs::metadata(&path).expect("stat").len(), end);
+        put(&engine, 3..=3, 50);
+        engine.sync().expect("sync");
+        drop(engine);
+        let engine = WalEngine::open(dir.path()).expect("reopen");
+        assert_eq!(indexes(&engine), vec![1, 2, 3]);
     }
 
     #[test]
@@ -1155,6 +1232,11 @@ mod tests {
             let segments = engine.lock().segments.len();
             assert_eq!(segments, 1, "only the active segment is left");
         }
+        // Closed segments lost their preallocated zeros when they were closed.
+        for seq in list_segments(&dir.path().join(WAL_DIR_NAME)).expect("list") {
+            let bytes = std::fs::read(segment_path(dir.path(), seq)).expect("read");
+            assert!(!bytes.is_empty());
+        }
         let files = list_segments(&dir.path().join(WAL_DIR_NAME)).expect("list");
         assert_eq!(files.len(), 1, "{files:?}");
         let engine = WalEngine::open(dir.path()).expect("reopen");
@@ -1169,6 +1251,7 @@ mod tests {
     #[test]
     fn a_torn_segment_creation_is_rewritten() {
         let dir = tempfile::tempdir().expect("temp dir");
+        let end;
         {
             let engine = WalEngine::open(dir.path()).expect("open");
             let mut batch = WriteBatch::default();
@@ -1176,8 +1259,16 @@ mod tests {
             engine.write(batch).expect("write");
             put(&engine, 1..=2, 10);
             engine.sync().expect("sync");
+            end = engine.lock().active_len;
         }
-        // A crash right after creating segment 2.
+        // A crash during a rotation, right after segment 1 was closed (its zeros cut off) and
+        // segment 2 created.
+        let file = OpenOptions::new()
+            .write(true)
+            .open(segment_path(dir.path(), 1))
+            .expect("open");
+        file.set_len(end).expect("close segment 1");
+        drop(file);
         std::fs::write(segment_path(dir.path(), 2), [0u8; 5]).expect("write");
         let engine = WalEngine::open(dir.path()).expect("reopen");
         assert_eq!(indexes(&engine), vec![1, 2]);
