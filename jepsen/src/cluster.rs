@@ -1,5 +1,6 @@
-//! The cluster under test: real `lockd` processes, each with its own address, uid, data
-//! directory, log file and (optionally) faked wall clock.
+//! The cluster under test: real `lockd` processes, each with its own address (and, inside a
+//! namespace, its own uid), data directory, log file, (optionally) faked wall clock and
+//! (in proxy mode) `--raft-dial` pointing at its links' proxies.
 //!
 //! Owns the processes: spawning them (NODE_CLI.md's command line), noticing their ready line,
 //! SIGKILL / SIGSTOP / SIGCONT / SIGTERM, restarting a killed node on its data, setting a
