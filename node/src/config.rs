@@ -61,6 +61,28 @@ pub enum LogFormat {
     Json,
 }
 
+/// Which engine stores the Raft log of a fresh data dir (`--log-engine`). A data dir that
+/// already holds a log keeps its engine, whatever this says (logged at start).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogEngine {
+    /// Append-only segment files (`<data>/raft/wal/`): one write and one fdatasync per
+    /// flush group.
+    #[default]
+    Wal,
+    /// A sled 0.34 database (`<data>/raft/log/`), the engine lockd started on.
+    Sled,
+}
+
+impl From<LogEngine> for lock_raft_store::storage::EngineKind {
+    fn from(engine: LogEngine) -> Self {
+        match engine {
+            LogEngine::Wal => Self::Wal,
+            LogEngine::Sled => Self::Sled,
+        }
+    }
+}
+
 /// Where the lock table lives (`--backend`, issue 8).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -123,6 +145,9 @@ pub struct RunArgs {
     /// Log entries between snapshots.
     #[arg(long, env = "LOCKD_SNAPSHOT_LOGS_SINCE_LAST")]
     pub snapshot_logs_since_last: Option<u64>,
+    /// Engine for the Raft log of a fresh data dir (an existing one keeps its own).
+    #[arg(long, env = "LOCKD_LOG_ENGINE", value_enum)]
+    pub log_engine: Option<LogEngine>,
     /// Test-only: ms added to this node's stamp clock when it leads.
     #[arg(
         long,
@@ -200,6 +225,7 @@ struct FileConfig {
     election_timeout_max_ms: Option<u64>,
     safety_margin_ms: Option<u64>,
     snapshot_logs_since_last: Option<u64>,
+    log_engine: Option<LogEngine>,
     test_clock_offset_ms: Option<i64>,
     backend: Option<Backend>,
     pg_url: Option<String>,
@@ -276,6 +302,8 @@ pub struct Config {
     pub safety_margin_ms: u64,
     /// Log entries between snapshots.
     pub snapshot_logs_since_last: u64,
+    /// Engine for the Raft log of a fresh data dir.
+    pub log_engine: LogEngine,
     /// Test-only skew of the stamp clock.
     pub test_clock_offset_ms: i64,
     /// Where the lock table lives.
@@ -357,6 +385,7 @@ impl Config {
                     .snapshot_logs_since_last
                     .or(file.snapshot_logs_since_last)
                     .unwrap_or(SNAPSHOT_LOGS_SINCE_LAST_DEFAULT),
+                log_engine: args.log_engine.or(file.log_engine).unwrap_or_default(),
                 test_clock_offset_ms: args
                     .test_clock_offset_ms
                     .or(file.test_clock_offset_ms)

@@ -108,12 +108,14 @@ async fn serve(
     let storage_dir = config.data_dir.join(STORAGE_SUBDIR);
     let (log_store, state_machine) = tokio::task::spawn_blocking({
         let dir = storage_dir.clone();
-        move || storage::open(&dir, Some(observer))
+        let engine = config.log_engine.into();
+        move || storage::open_with(&dir, engine, Some(observer))
     })
     .await
     .context("storage open task failed")?
     .with_context(|| format!("cannot open storage in {}", storage_dir.display()))?;
     let reader = state_machine.reader();
+    tracing::info!(engine = %log_store.engine_kind(), dir = %log_store.dir().display(), "raft log opened");
 
     let raft_config = Arc::new(config.raft_config()?);
     for (peer, addr) in &config.raft_dial {
