@@ -92,6 +92,10 @@ impl LockdCluster {
                 peers.clone(),
                 "--log-format".to_owned(),
                 "human".to_owned(),
+                // Three nodes share the machine: each gets its share of the cores, as
+                // `lockd dev` does (see lockd's `colocated_worker_threads`).
+                "--worker-threads".to_owned(),
+                lockd::config::colocated_worker_threads(NODES).to_string(),
             ];
             if id == 1 {
                 args.push("--bootstrap".to_owned());

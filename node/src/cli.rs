@@ -48,14 +48,16 @@ fn init_logging(format: LogFormat) {
     }
 }
 
-fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| {
-            eprintln!("lockd: cannot start the async runtime: {e}");
-            ExitCode::FAILURE
-        })
+/// The async runtime: `worker_threads` workers, or one per core.
+fn runtime(worker_threads: Option<usize>) -> Result<tokio::runtime::Runtime, ExitCode> {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = worker_threads {
+        builder.worker_threads(n);
+    }
+    builder.enable_all().build().map_err(|e| {
+        eprintln!("lockd: cannot start the async runtime: {e}");
+        ExitCode::FAILURE
+    })
 }
 
 /// Parses the command line and runs it; returns the process exit code.
@@ -71,7 +73,7 @@ pub fn main() -> ExitCode {
                 }
             };
             init_logging(config.log_format);
-            let rt = match runtime() {
+            let rt = match runtime(config.worker_threads) {
                 Ok(rt) => rt,
                 Err(code) => return code,
             };
@@ -94,7 +96,7 @@ pub fn main() -> ExitCode {
         }
         CliCommand::Dev(args) => {
             init_logging(LogFormat::Human);
-            let rt = match runtime() {
+            let rt = match runtime(Some(1)) {
                 Ok(rt) => rt,
                 Err(code) => return code,
             };

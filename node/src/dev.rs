@@ -188,6 +188,11 @@ fn spawn_node(exe: &Path, dir: &Path, id: u16, addr: &str, peers: &str) -> anyho
         .arg("--data-dir")
         .arg(dir.join(format!("node{id}")))
         .args(["--peers", peers])
+        // Three nodes share this machine's cores.
+        .args([
+            "--worker-threads",
+            &crate::config::colocated_worker_threads(usize::from(NODES)).to_string(),
+        ])
         .stdin(Stdio::null())
         .stdout(Stdio::from(log))
         .stderr(Stdio::from(err_log))

@@ -57,6 +57,7 @@ impl InProcessCluster {
                 safety_margin_ms: lockd::config::SAFETY_MARGIN_MS_DEFAULT,
                 snapshot_logs_since_last: lockd::config::SNAPSHOT_LOGS_SINCE_LAST_DEFAULT,
                 log_engine: Default::default(),
+                worker_threads: None,
                 test_clock_offset_ms: 0,
                 backend: lockd::config::Backend::Raft,
                 pg_url: None,
