@@ -189,6 +189,14 @@ async fn run<W: LogWriter>(
             return;
         };
         let mut proposals = vec![first];
+        // Let the tasks that were woken together with the sender of `first` (requests that
+        // arrived in the same poll of the network, typically the answers of one applied entry
+        // turning around) queue theirs too: one pass of the scheduler, microseconds, so a lone
+        // caller pays nothing noticeable. In W2 (one hot key) this puts the re-queued acquire
+        // of the worker that released into the same entry as the next holder's release about
+        // a third of the time: 2.0 -> 1.63 entries and +13% hand-offs/s. Two or three passes
+        // gathered no more.
+        tokio::task::yield_now().await;
         while proposals.len() < batch_max {
             match rx.try_recv() {
                 Ok(p) => proposals.push(p),
