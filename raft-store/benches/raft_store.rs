@@ -1,12 +1,13 @@
 //! Benchmarks of the replicated core: how fast the lock table applies commands, and how many
-//! durable log appends per second the sled log store sustains (real `fdatasync`, on a
-//! directory under the cargo target dir, i.e. the real disk rather than a tmpfs).
+//! durable log appends per second the log store sustains on each engine (real `fdatasync`, on
+//! a directory under the cargo target dir, i.e. the real disk rather than a tmpfs).
 //!
 //! - `apply/acquire_release_pairs`: `Acquire` + `Release` of 1 000 keys (of 10 000, rotating)
 //!   on a table with 100 sessions; throughput in commands.
-//! - `durable_append/commands_per_entry/{1,16,256}`: one `append` call of one entry holding
-//!   that many commands (`Batch` above 1), acknowledged after flush + `fdatasync`; throughput in
-//!   commands, so entries/s = throughput / commands per entry (= 1 / time per iteration).
+//! - `durable_append/{wal,sled}/{1,16,256}`: one `append` call of one entry holding that many
+//!   commands (`Batch` above 1), acknowledged after flush + `fdatasync`; throughput in
+//!   commands, so entries/s = throughput / commands per entry (= 1 / time per iteration). Both
+//!   engines run in one invocation, so their ratio holds on a noisy machine.
 //!
 //! Run: `cargo bench -p lock-raft-store` (about a minute). `BENCH_DIR=<dir>` puts the store
 //! elsewhere.
@@ -16,7 +17,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use lock_raft_store::storage::{self, LogStore};
+use lock_raft_store::storage::{self, EngineKind, LogStore};
 use lock_raft_store::{Command, LockTable, Request, Response, TypeConfig};
 use openraft::storage::RaftLogStorageExt;
 use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId};
@@ -129,17 +130,20 @@ fn bench_durable_append(c: &mut Criterion) {
     let base = bench_dir();
     std::fs::create_dir_all(&base).expect("bench dir");
     let mut group = c.benchmark_group("durable_append");
-    for commands_per_entry in [1usize, 16, 256] {
+    let cases = [EngineKind::Wal, EngineKind::Sled]
+        .into_iter()
+        .flat_map(|engine| [1usize, 16, 256].map(move |n| (engine, n)));
+    for (engine, commands_per_entry) in cases {
         let dir = tempfile::Builder::new()
             .prefix("raft-store-bench-")
             .tempdir_in(&base)
             .expect("temp dir");
         let (mut log, _state_machine): (LogStore, _) =
-            storage::open(dir.path(), None).expect("open store");
+            storage::open_with(dir.path(), engine, None).expect("open store");
         let mut index = 0u64;
         group.throughput(Throughput::Elements(commands_per_entry as u64));
         group.bench_with_input(
-            BenchmarkId::new("commands_per_entry", commands_per_entry),
+            BenchmarkId::new(engine.name(), commands_per_entry),
             &commands_per_entry,
             |b, &n| {
                 b.iter(|| {

@@ -6,7 +6,8 @@
 //! - [`command`]: what the log carries and what applying it answers. Types only.
 //! - [`table`]: [`LockTable`], the pure state machine that applies commands.
 //! - [`limits`]: the bounds the state machine puts on the replicated state.
-//! - [`storage`]: the durable openraft storage: log and vote in sled, snapshots as files.
+//! - [`storage`]: the durable openraft storage: log and vote in a write-ahead log (or sled),
+//!   snapshots as files.
 //! - [`TypeConfig`]: the openraft type configuration of the lock cluster.
 
 #![forbid(unsafe_code)]
