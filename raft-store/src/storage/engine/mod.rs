@@ -53,6 +53,18 @@ const _: () = assert!(
     "a full batch of the largest commands must fit one log record"
 );
 
+/// Refuses a log entry record above [`RECORD_BYTES_MAX`], naming the entry.
+fn check_record_len(index: u64, record: &[u8]) -> Result<(), StorageError> {
+    if record.len() > RECORD_BYTES_MAX {
+        return Err(StorageError::TooLarge {
+            record: format!("log entry {index}"),
+            len: record.len(),
+            max: RECORD_BYTES_MAX,
+        });
+    }
+    Ok(())
+}
+
 /// Which engine stores the log.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum EngineKind {
@@ -138,13 +150,7 @@ impl WriteBatch {
     /// Stores `record` as the log entry at `index`. Refuses a record above
     /// [`RECORD_BYTES_MAX`], naming the entry.
     pub fn put_log(&mut self, index: u64, record: &[u8]) -> Result<(), StorageError> {
-        if record.len() > RECORD_BYTES_MAX {
-            return Err(StorageError::TooLarge {
-                record: format!("log entry {index}"),
-                len: record.len(),
-                max: RECORD_BYTES_MAX,
-            });
-        }
+        check_record_len(index, record)?;
         self.ops.push(Op::PutLog {
             index,
             record: record.to_vec(),

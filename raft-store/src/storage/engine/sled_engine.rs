@@ -46,7 +46,10 @@ use std::ops::Bound;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError};
 
-use super::{LayoutFound, MetaKey, Op, RECORD_BYTES_MAX, StorageError, WriteBatch, sync_dir};
+use super::{
+    LayoutFound, MetaKey, Op, RECORD_BYTES_MAX, StorageError, WriteBatch, check_record_len,
+    sync_dir,
+};
 
 /// The sled tree holding the log and its metadata. Versioned so that a future incompatible
 /// layout can live beside this one during a migration.
@@ -186,13 +189,7 @@ impl SledBatch {
     /// ([`SledEngine::remove_logs`]), or its surplus chunks would remain.
     /// Refuses a record above [`RECORD_BYTES_MAX`], naming the entry.
     pub fn put_log(&mut self, index: u64, record: &[u8]) -> Result<(), StorageError> {
-        if record.len() > RECORD_BYTES_MAX {
-            return Err(StorageError::TooLarge {
-                record: format!("log entry {index}"),
-                len: record.len(),
-                max: RECORD_BYTES_MAX,
-            });
-        }
+        check_record_len(index, record)?;
         for (chunk, piece) in (0..=u16::MAX).zip(record.chunks(CHUNK_BYTES)) {
             self.inner.insert(&log_key(index, chunk), piece);
         }

@@ -405,6 +405,20 @@ impl State {
         }
     }
 
+    /// Makes segment `seq` the active one: frames end at `len`, the file at `allocated`.
+    fn activate(&mut self, seq: u64, file: File, path: PathBuf, len: u64, allocated: u64) {
+        self.segments.insert(
+            seq,
+            Segment {
+                file: Arc::new(file),
+                path,
+            },
+        );
+        self.active_seq = seq;
+        self.active_len = len;
+        self.allocated_len = allocated;
+    }
+
     /// A checkpoint frame: every metadata record present.
     fn checkpoint(&self) -> FrameBuf {
         let mut frame = FrameBuf::default();
@@ -488,29 +502,7 @@ impl WalEngine {
                 path: path.clone(),
                 source,
             })?;
-        let checkpoint = state.checkpoint();
-        let mut bytes = header_bytes().to_vec();
-        if !checkpoint.ops.is_empty() {
-            bytes.extend_from_slice(&checkpoint.frame());
-        }
-        file.write_all_at(&bytes, 0)
-            .map_err(|source| StorageError::Io {
-                op: "write WAL segment header",
-                path: path.clone(),
-                source,
-            })?;
-        state.segments.insert(
-            seq,
-            Segment {
-                file: Arc::new(file),
-                path,
-            },
-        );
-        state.active_seq = seq;
-        state.active_len = bytes.len() as u64;
-        state.allocated_len = state.active_len;
-        state.dir_dirty = true;
-        Ok(())
+        install_segment(state, seq, file, path)
     }
 
     /// Reads the metadata record `key`.
@@ -810,6 +802,32 @@ impl State {
     }
 }
 
+/// Writes the header and a checkpoint of every metadata record into the empty segment file
+/// `file` (`seq`, at `path`) and makes it the active segment. The file's directory entry becomes
+/// durable at the next sync.
+fn install_segment(
+    state: &mut State,
+    seq: u64,
+    file: File,
+    path: PathBuf,
+) -> Result<(), StorageError> {
+    let checkpoint = state.checkpoint();
+    let mut bytes = header_bytes().to_vec();
+    if !checkpoint.ops.is_empty() {
+        bytes.extend_from_slice(&checkpoint.frame());
+    }
+    file.write_all_at(&bytes, 0)
+        .map_err(|source| StorageError::Io {
+            op: "write WAL segment header",
+            path: path.clone(),
+            source,
+        })?;
+    let len = bytes.len() as u64;
+    state.activate(seq, file, path, len, len);
+    state.dir_dirty = true;
+    Ok(())
+}
+
 /// The segment sequence numbers in `dir`, ascending. Files that are not segments are refused:
 /// the directory is the WAL's alone.
 fn list_segments(dir: &Path) -> Result<Vec<u64>, StorageError> {
@@ -880,29 +898,7 @@ fn replay_segment(
     if header_torn && is_last {
         tracing::warn!(path = %path.display(), bytes = bytes.len(), "WAL segment with a torn header (crash while it was created); rewriting it");
         file.set_len(0).map_err(io("truncate WAL segment", &path))?;
-        let header = header_bytes();
-        file.write_all_at(&header, 0)
-            .map_err(io("write WAL segment header", &path))?;
-        let checkpoint = state.checkpoint();
-        let mut len = HEADER_LEN as u64;
-        if !checkpoint.ops.is_empty() {
-            let frame = checkpoint.frame();
-            file.write_all_at(&frame, len)
-                .map_err(io("write WAL segment header", &path))?;
-            len += frame.len() as u64;
-        }
-        state.segments.insert(
-            seq,
-            Segment {
-                file: Arc::new(file),
-                path,
-            },
-        );
-        state.active_seq = seq;
-        state.active_len = len;
-        state.allocated_len = len;
-        state.dir_dirty = true;
-        return Ok(());
+        return install_segment(state, seq, file, path);
     }
     if bytes.len() < HEADER_LEN {
         return Err(layout(format!(
@@ -1004,16 +1000,7 @@ fn replay_segment(
             .map_err(io("fdatasync WAL segment", &path))?;
         allocated = end;
     }
-    state.segments.insert(
-        seq,
-        Segment {
-            file: Arc::new(file),
-            path,
-        },
-    );
-    state.active_seq = seq;
-    state.active_len = end as u64;
-    state.allocated_len = allocated as u64;
+    state.activate(seq, file, path, end as u64, allocated as u64);
     Ok(())
 }
 
