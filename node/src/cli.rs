@@ -96,6 +96,7 @@ pub fn main() -> ExitCode {
         }
         CliCommand::Dev(args) => {
             init_logging(LogFormat::Human);
+            // The supervisor only starts, watches and stops its three node processes.
             let rt = match runtime(Some(1)) {
                 Ok(rt) => rt,
                 Err(code) => return code,

@@ -190,11 +190,11 @@ pub struct WalEngine {
     state: Mutex<State>,
 }
 
-/// A frame being encoded: its body and the (index, offset in body, len) of its entries.
+/// A frame being encoded: its body, its ops, and where in the body each entry's record starts.
 #[derive(Default)]
 struct FrameBuf {
     body: Vec<u8>,
-    puts: Vec<(u64, usize, usize)>,
+    record_at: Vec<usize>,
     ops: Vec<Op>,
 }
 
@@ -206,7 +206,7 @@ impl FrameBuf {
                 self.body.extend_from_slice(&index.to_le_bytes());
                 self.body
                     .extend_from_slice(&(record.len() as u32).to_le_bytes());
-                self.puts.push((*index, self.body.len(), record.len()));
+                self.record_at.push(self.body.len());
                 self.body.extend_from_slice(record);
             }
             Op::PutMeta { key, record } => {
@@ -246,17 +246,19 @@ impl FrameBuf {
 /// Splits a batch into frames: a new frame starts only before an entry that would overflow the
 /// current one, so a batch's leading metadata and removals stay in its first frame.
 fn frames_of(batch: WriteBatch) -> Vec<FrameBuf> {
-    let mut frames = vec![FrameBuf::default()];
+    let mut frames = Vec::new();
+    let mut current = FrameBuf::default();
     for op in batch.ops {
-        let len = FrameBuf::encoded_len(&op);
-        let current = frames.last_mut().expect("frames is never empty");
         if matches!(op, Op::PutLog { .. })
             && !current.ops.is_empty()
-            && current.body.len() + len > FRAME_BODY_MAX
+            && current.body.len() + FrameBuf::encoded_len(&op) > FRAME_BODY_MAX
         {
-            frames.push(FrameBuf::default());
+            frames.push(std::mem::take(&mut current));
         }
-        frames.last_mut().expect("frames is never empty").push(op);
+        current.push(op);
+    }
+    if !current.ops.is_empty() {
+        frames.push(current);
     }
     frames
 }
@@ -543,13 +545,13 @@ impl WalEngine {
             }
             state.active_len += bytes.len() as u64;
             let body_offset = offset + FRAME_HEADER_LEN as u64;
-            let mut puts = frame.puts.iter();
+            let mut record_at = frame.record_at.iter();
             let ops = frame
                 .ops
                 .into_iter()
                 .map(|op| {
                     let at = match op {
-                        Op::PutLog { .. } => puts.next().map_or(0, |(_, at, _)| *at),
+                        Op::PutLog { .. } => record_at.next().copied().unwrap_or(0),
                         _ => 0,
                     };
                     (op, at)
