@@ -567,6 +567,27 @@ impl Cluster {
         }
     }
 
+    /// Restarts the whole cluster gracefully: SIGTERMs every node, asserts each exited 0,
+    /// starts them all, and waits up to `leader_timeout` for a leader, which it returns.
+    ///
+    /// # Panics
+    /// If a node exits with another status, as [`Cluster::stop_all`] and
+    /// [`Cluster::start_all`], or if no leader is agreed within `leader_timeout`.
+    pub async fn restart_all(&mut self, leader_timeout: Duration) -> u64 {
+        for (id, status) in self.stop_all().await {
+            assert!(
+                status.success(),
+                "node {id} exited with {status} after SIGTERM (expected 0)\n{}",
+                self.node(id).log_tail(TAIL_LINES)
+            );
+        }
+        self.start_all().await;
+        match self.wait_for_leader(leader_timeout).await {
+            Ok(leader) => leader,
+            Err(e) => panic!("no leader after a full restart: {e}\n{}", self.log_tails()),
+        }
+    }
+
     /// SIGSTOPs node `id`: it freezes with its sockets open (a long GC pause, a hung VM).
     ///
     /// # Panics

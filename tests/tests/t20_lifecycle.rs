@@ -447,18 +447,8 @@ async fn a_full_restart_keeps_grants_sessions_and_the_token_counter() {
     let grants: Vec<Grant> = grants.into_iter().filter(|g| g.key != "revoked").collect();
 
     let cluster_id = cluster.status(1).await.expect("status").cluster_id;
-    for (id, status) in cluster.stop_all().await {
-        assert!(
-            status.success(),
-            "node {id} exited with {status} after SIGTERM (expected 0)"
-        );
-    }
     let restarted = Instant::now();
-    cluster.start_all().await;
-    let leader = cluster
-        .wait_for_leader(Duration::from_secs(20))
-        .await
-        .expect("a leader after restart");
+    let leader = cluster.restart_all(Duration::from_secs(20)).await;
     println!(
         "restarted all nodes; leader {leader} after {:?}",
         restarted.elapsed()

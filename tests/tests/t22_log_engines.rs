@@ -49,14 +49,7 @@ async fn grants_survive_a_full_restart(engine: &str, engine_dir: &str, other_dir
         );
     }
 
-    for (id, status) in cluster.stop_all().await {
-        assert!(status.success(), "node {id} exited with {status}");
-    }
-    cluster.start_all().await;
-    cluster
-        .wait_for_leader(Duration::from_secs(20))
-        .await
-        .expect("a leader after the restart");
+    cluster.restart_all(Duration::from_secs(20)).await;
 
     let client = cluster.cluster_client();
     for grant in &held {

@@ -835,14 +835,7 @@ async fn a_follower_far_behind_catches_up_from_a_snapshot() {
     assert_eq!(at.inspect("churn", false).await.expect("read"), None);
 
     // A full restart after the snapshots still keeps the counter: no token is reused.
-    for (id, status) in cluster.stop_all().await {
-        assert!(status.success(), "node {id} exited with {status}");
-    }
-    cluster.start_all().await;
-    cluster
-        .wait_for_leader(Duration::from_secs(20))
-        .await
-        .expect("a leader");
+    cluster.restart_all(Duration::from_secs(20)).await;
     let next = any
         .try_acquire(&owner.id, "after-restart", LONG_TTL)
         .await
