@@ -130,16 +130,11 @@ fn read_meta<T: DeserializeOwned>(
         })
 }
 
-fn write_meta<T: serde::Serialize>(
-    engine: &Engine,
-    key: MetaKey,
-    value: &T,
-) -> Result<(), StorageError> {
-    let record = codec::encode(value).map_err(|source| StorageError::Encode {
+fn encode_meta<T: serde::Serialize>(key: MetaKey, value: &T) -> Result<Vec<u8>, StorageError> {
+    codec::encode(value).map_err(|source| StorageError::Encode {
         record: meta_name(key).to_string(),
         source,
-    })?;
-    engine.put_meta(key, &record)
+    })
 }
 
 fn decode_entry(
@@ -267,7 +262,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), RaftStorageError> {
         let to_raft = |e: StorageError| e.into_raft(ErrorSubject::Vote, ErrorVerb::Write);
-        write_meta(&self.engine, MetaKey::Vote, vote).map_err(to_raft)?;
+        let record = encode_meta(MetaKey::Vote, vote).map_err(to_raft)?;
+        self.engine
+            .put_meta(MetaKey::Vote, &record)
+            .map_err(to_raft)?;
         self.sync().await.map_err(to_raft)
     }
 
@@ -275,8 +273,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         load_vote(&self.engine).map_err(|e| e.into_raft(ErrorSubject::Vote, ErrorVerb::Read))
     }
 
-    /// Stored without a sync of its own: the next append or vote makes it durable (and sled's
-    /// background flush, on that engine). Losing the latest value in a crash only makes the
+    /// Stored without a write or sync of its own (`Engine::put_meta_deferred`): the next
+    /// append, vote or sync writes and makes it durable (and sled's background flush, on that
+    /// engine). Losing the latest value in a crash only makes the
     /// restarted node re-apply fewer entries before it learns the commit index again; both
     /// engines persist writes as a prefix in write order, so a durable committed id never
     /// points past durable entries.
@@ -284,8 +283,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         &mut self,
         committed: Option<LogId<NodeId>>,
     ) -> Result<(), RaftStorageError> {
-        write_meta(&self.engine, MetaKey::Committed, &committed)
-            .map_err(|e| e.into_raft(ErrorSubject::Store, ErrorVerb::Write))
+        let to_raft = |e: StorageError| e.into_raft(ErrorSubject::Store, ErrorVerb::Write);
+        let record = encode_meta(MetaKey::Committed, &committed).map_err(to_raft)?;
+        self.engine
+            .put_meta_deferred(MetaKey::Committed, &record)
+            .map_err(to_raft)
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId<NodeId>>, RaftStorageError> {
@@ -340,12 +342,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn purge(&mut self, log_id: LogId<NodeId>) -> Result<(), RaftStorageError> {
         let to_raft = |e: StorageError| e.into_raft(ErrorSubject::Logs, ErrorVerb::Delete);
         let mut batch = WriteBatch::default();
-        let record = codec::encode(&log_id)
-            .map_err(|source| StorageError::Encode {
-                record: meta_name(MetaKey::LastPurged).to_string(),
-                source,
-            })
-            .map_err(to_raft)?;
+        let record = encode_meta(MetaKey::LastPurged, &log_id).map_err(to_raft)?;
         // One batch: the last purged id and the removal land together or not at all.
         batch.put_meta(MetaKey::LastPurged, &record);
         batch.remove_logs(Bound::Unbounded, Bound::Included(log_id.index));

@@ -271,6 +271,17 @@ impl Engine {
         self.write(batch)
     }
 
+    /// Stores the metadata record `key` for reads at once; the engine may hold the write back
+    /// until its next write or sync (the WAL does, saving a `pwrite` per call; sled buffers
+    /// every write in memory anyway). For records rewritten often that need not be durable on
+    /// their own, like the committed log id.
+    pub fn put_meta_deferred(&self, key: MetaKey, record: &[u8]) -> Result<(), StorageError> {
+        match self {
+            Engine::Wal(e) => e.put_meta_deferred(key, record),
+            Engine::Sled(_) => self.put_meta(key, record),
+        }
+    }
+
     /// Calls `f(index, record)` for each log entry with an index in `(start, end)`, in index
     /// order, until `f` returns `Ok(false)` or the range ends.
     pub fn scan_log<E>(
