@@ -640,7 +640,16 @@ impl RaftLockStore {
     }
 
     /// The current grant of `key`, read from this node's applied state (advisory, C2 `read`).
-    /// With `leader_confirmed`, only the leader answers, after a quorum round.
+    /// With `leader_confirmed`, only a leader whose promote has applied answers, after a quorum
+    /// round; before that it answers `Contention` (retry-safe).
+    ///
+    /// Why the promote and not only the round: the round (openraft `ensure_linearizable`) waits
+    /// for the state machine to reach the leader's commit index, and a node restarted with its
+    /// own committed vote resumes leading in the same term with the commit index it last
+    /// stored, which may be behind entries it acknowledged (the committed id need not be
+    /// durable). Its Promote entry commits after every entry in its log, so once it has applied
+    /// the state machine holds every acknowledged grant. Without this a full restart let a
+    /// confirmed inspect miss a grant (`t22_log_engines`, about half the runs).
     pub async fn inspect(
         &self,
         key: &str,
@@ -648,7 +657,7 @@ impl RaftLockStore {
     ) -> Result<Option<KeyState>, LockError> {
         validate::key(key)?;
         if leader_confirmed {
-            self.leader_check()?;
+            self.leases_ready()?;
             self.confirm_leadership().await?;
         }
         let state = self.inner.reader.read(|table| {
