@@ -205,7 +205,7 @@ async fn serve(
                 .max_encoding_message_size(CLIENT_MESSAGE_BYTES_MAX),
         )
         .add_service(
-            RaftServiceServer::new(RaftRpc::new(raft.clone()))
+            RaftServiceServer::new(RaftRpc::new(raft.clone(), store.stop_signal()))
                 .max_decoding_message_size(RAFT_MESSAGE_BYTES_MAX)
                 .max_encoding_message_size(RAFT_MESSAGE_BYTES_MAX),
         );

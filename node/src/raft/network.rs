@@ -6,6 +6,12 @@
 //! and re-made by the channel after a peer restarts. Must not interpret Raft messages: it only
 //! carries them (see `raft::service` for the receiving side).
 //!
+//! Appends (entries and heartbeats, the hot path) travel on one long-lived `AppendStream` per
+//! peer, opened on first use and dropped on any failure, timeout or cancelled call (the next
+//! append opens a fresh one, so an answer can never be matched to the wrong request). A peer
+//! that does not know `AppendStream` (an older lockd during a rolling upgrade) gets unary
+//! `Append`s from then on. Votes and snapshot chunks stay unary: they are rare.
+//!
 //! A peer is dialled at its address in the replicated membership unless the node was started
 //! with a dial override for it (`--raft-dial ID=ADDR`, see `config::RunArgs::raft_dial`): then
 //! at ADDR. The override changes only where this node connects; it never changes the
@@ -28,6 +34,9 @@ use openraft::raft::{
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::Streaming;
 use tonic::transport::{Channel, Endpoint};
 
 /// Largest Raft message, in bytes, either way. An append carries at most
@@ -96,8 +105,18 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
             target,
             addr,
             client: None,
+            appends: None,
+            appends_unsupported: false,
         }
     }
+}
+
+/// An open `AppendStream` to one peer, with no answer owed: a call takes it out while its
+/// request is in flight and puts it back only once the answer arrived.
+#[derive(Debug)]
+struct AppendStream {
+    requests: mpsc::Sender<RaftPayload>,
+    answers: Streaming<RaftPayload>,
 }
 
 /// The Raft transport to one peer.
@@ -109,6 +128,10 @@ pub struct PeerClient {
     addr: String,
     /// Made on first use; the channel reconnects by itself after a peer restart.
     client: Option<RaftServiceClient<Channel>>,
+    /// The open append stream, if any (see the module docs).
+    appends: Option<AppendStream>,
+    /// The peer answered `AppendStream` with UNIMPLEMENTED: send it unary appends.
+    appends_unsupported: bool,
 }
 
 /// Why one call failed, before it is phrased as an openraft error.
@@ -156,22 +179,25 @@ impl PeerClient {
         Resp: DeserializeOwned,
         E: DeserializeOwned,
     {
-        let data = postcard::to_stdvec(req)
-            .map_err(|e| CallError::Decode(format!("encoding {kind:?} request: {e}")))?;
-        let mut client = self.client()?;
-        let mut request = tonic::Request::new(RaftPayload { data });
-        request.set_timeout(ttl);
-        let call = async move {
-            match kind {
-                RPCTypes::AppendEntries => client.append(request).await,
-                RPCTypes::Vote => client.vote(request).await,
-                RPCTypes::InstallSnapshot => client.snapshot(request).await,
-            }
+        let encode = || {
+            postcard::to_stdvec(req)
+                .map(|data| RaftPayload { data })
+                .map_err(|e| CallError::Decode(format!("encoding {kind:?} request: {e}")))
         };
-        let response = match tokio::time::timeout(ttl, call).await {
-            Err(_) => return Err(CallError::Timeout(ttl)),
-            Ok(Err(status)) => return Err(classify(status)),
-            Ok(Ok(response)) => response.into_inner(),
+        let streamed = kind == RPCTypes::AppendEntries && !self.appends_unsupported;
+        let response = match streamed {
+            true => match self.append_streamed(encode()?, ttl).await {
+                Err(CallError::Network(status)) if status.code() == tonic::Code::Unimplemented => {
+                    tracing::info!(
+                        target = self.target,
+                        "peer does not serve AppendStream (an older lockd?); sending it unary appends"
+                    );
+                    self.appends_unsupported = true;
+                    self.unary(kind, encode()?, ttl).await?
+                }
+                other => other?,
+            },
+            false => self.unary(kind, encode()?, ttl).await?,
         };
         postcard::from_bytes(&response.data).map_err(|e| {
             CallError::Decode(format!(
@@ -180,6 +206,83 @@ impl PeerClient {
                 response.data.len()
             ))
         })
+    }
+
+    /// One unary call of `kind` carrying `payload`, bounded by `ttl`.
+    async fn unary(
+        &mut self,
+        kind: RPCTypes,
+        payload: RaftPayload,
+        ttl: Duration,
+    ) -> Result<RaftPayload, CallError> {
+        let mut client = self.client()?;
+        let mut request = tonic::Request::new(payload);
+        request.set_timeout(ttl);
+        let call = async move {
+            match kind {
+                RPCTypes::AppendEntries => client.append(request).await,
+                RPCTypes::Vote => client.vote(request).await,
+                RPCTypes::InstallSnapshot => client.snapshot(request).await,
+            }
+        };
+        match tokio::time::timeout(ttl, call).await {
+            Err(_) => Err(CallError::Timeout(ttl)),
+            Ok(Err(status)) => Err(classify(status)),
+            Ok(Ok(response)) => Ok(response.into_inner()),
+        }
+    }
+
+    /// One append on the peer's `AppendStream`, opening it first if none is open, bounded by
+    /// `ttl`. The stream is held outside `self` while the answer is owed, so a failure, a
+    /// timeout or a cancelled call (openraft dropping this future) drops it and the next append
+    /// opens a fresh one.
+    async fn append_streamed(
+        &mut self,
+        payload: RaftPayload,
+        ttl: Duration,
+    ) -> Result<RaftPayload, CallError> {
+        let open = self.appends.take();
+        let client = match open {
+            Some(_) => None,
+            None => Some(self.client()?),
+        };
+        let exchange = async move {
+            let mut stream = match open {
+                Some(stream) => {
+                    stream.requests.send(payload).await.map_err(|_| {
+                        CallError::Network(tonic::Status::unavailable("append stream closed"))
+                    })?;
+                    stream
+                }
+                None => {
+                    // The first request is queued before the stream opens, so it leaves with
+                    // the stream's headers instead of a round trip later.
+                    let (requests, queued) = mpsc::channel(1);
+                    let _ = requests.send(payload).await;
+                    let mut client = client.ok_or_else(|| {
+                        CallError::Network(tonic::Status::internal("no client to open a stream"))
+                    })?;
+                    let answers = client
+                        .append_stream(ReceiverStream::new(queued))
+                        .await
+                        .map_err(classify)?
+                        .into_inner();
+                    AppendStream { requests, answers }
+                }
+            };
+            match stream.answers.message().await {
+                Ok(Some(answer)) => Ok((answer, stream)),
+                Ok(None) => Err(CallError::Unreachable(tonic::Status::unavailable(
+                    "append stream ended by the peer",
+                ))),
+                Err(status) => Err(classify(status)),
+            }
+        };
+        let (answer, stream) = tokio::time::timeout(ttl, exchange)
+            .await
+            .map_err(|_| CallError::Timeout(ttl))??;
+        self.appends = Some(stream);
+        Ok(answer)
     }
 
     fn rpc_error<E: std::error::Error>(
@@ -284,6 +387,8 @@ impl RaftNetwork<TypeConfig> for PeerClient {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::Ordering;
+
     use super::*;
     use openraft::Vote;
     use tokio::net::TcpListener;
@@ -294,6 +399,169 @@ mod tests {
 
     fn vote_request() -> VoteRequest<NodeId> {
         VoteRequest::new(Vote::new(1, 1), None)
+    }
+
+    /// A peer that answers each append with `HigherVote(Vote::new(term, 9))`, `term` being the
+    /// request's, so a test can tell which request an answer belongs to.
+    #[derive(Clone, Default)]
+    struct FakePeer {
+        /// Answer `AppendStream` with UNIMPLEMENTED, like an older lockd.
+        no_streams: bool,
+        /// The first stream holds its first answer this long.
+        first_answer_delay: Option<Duration>,
+        /// `AppendStream` calls received (answered or refused).
+        streams_opened: Arc<std::sync::atomic::AtomicUsize>,
+        unary_appends: Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    type Answers =
+        std::pin::Pin<Box<dyn futures::Stream<Item = Result<RaftPayload, tonic::Status>> + Send>>;
+
+    fn answer(payload: &RaftPayload) -> RaftPayload {
+        let rpc: AppendEntriesRequest<TypeConfig> = postcard::from_bytes(&payload.data).unwrap();
+        let answer: Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>> = Ok(
+            AppendEntriesResponse::HigherVote(Vote::new(rpc.vote.leader_id().term, 9)),
+        );
+        RaftPayload {
+            data: postcard::to_stdvec(&answer).unwrap(),
+        }
+    }
+
+    #[tonic::async_trait]
+    impl lock_proto::v1::raft_service_server::RaftService for FakePeer {
+        async fn append(
+            &self,
+            request: tonic::Request<RaftPayload>,
+        ) -> Result<tonic::Response<RaftPayload>, tonic::Status> {
+            self.unary_appends.fetch_add(1, Ordering::SeqCst);
+            Ok(tonic::Response::new(answer(request.get_ref())))
+        }
+
+        type AppendStreamStream = Answers;
+
+        async fn append_stream(
+            &self,
+            request: tonic::Request<tonic::Streaming<RaftPayload>>,
+        ) -> Result<tonic::Response<Answers>, tonic::Status> {
+            let first_stream = self.streams_opened.fetch_add(1, Ordering::SeqCst) == 0;
+            if self.no_streams {
+                return Err(tonic::Status::unimplemented("AppendStream"));
+            }
+            let mut delay = self.first_answer_delay.filter(|_| first_stream);
+            let answers = futures::stream::unfold(request.into_inner(), move |mut incoming| {
+                let hold = delay.take();
+                async move {
+                    let payload = incoming.message().await.ok()??;
+                    if let Some(hold) = hold {
+                        tokio::time::sleep(hold).await;
+                    }
+                    Some((Ok(answer(&payload)), incoming))
+                }
+            });
+            Ok(tonic::Response::new(Box::pin(answers)))
+        }
+
+        async fn vote(
+            &self,
+            _: tonic::Request<RaftPayload>,
+        ) -> Result<tonic::Response<RaftPayload>, tonic::Status> {
+            Err(tonic::Status::unimplemented("vote"))
+        }
+
+        async fn snapshot(
+            &self,
+            _: tonic::Request<RaftPayload>,
+        ) -> Result<tonic::Response<RaftPayload>, tonic::Status> {
+            Err(tonic::Status::unimplemented("snapshot"))
+        }
+    }
+
+    /// Serves `peer` on a free loopback port and returns a client of it.
+    async fn client_of(peer: FakePeer) -> PeerClient {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let node = Node::new(listener.local_addr().unwrap().to_string());
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(lock_proto::v1::raft_service_server::RaftServiceServer::new(
+                    peer,
+                ))
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+        );
+        NetworkFactory::new(1).new_client(2, &node).await
+    }
+
+    async fn append(client: &mut PeerClient, term: u64, ttl: Duration) -> Option<u64> {
+        let rpc = AppendEntriesRequest::<TypeConfig> {
+            vote: Vote::new_committed(term, 1),
+            prev_log_id: None,
+            entries: Vec::new(),
+            leader_commit: None,
+        };
+        match client.append_entries(rpc, RPCOption::new(ttl)).await {
+            Ok(AppendEntriesResponse::HigherVote(vote)) => Some(vote.leader_id().term),
+            _ => None,
+        }
+    }
+
+    const TTL: Duration = Duration::from_secs(5);
+
+    #[tokio::test]
+    async fn appends_share_one_stream_and_each_gets_its_own_answer() {
+        let peer = FakePeer::default();
+        let mut client = client_of(peer.clone()).await;
+        for term in 1..=20 {
+            assert_eq!(append(&mut client, term, TTL).await, Some(term));
+        }
+        assert_eq!(peer.streams_opened.load(Ordering::SeqCst), 1);
+        assert_eq!(peer.unary_appends.load(Ordering::SeqCst), 0);
+    }
+
+    #[tokio::test]
+    async fn after_a_timeout_the_late_answer_is_never_taken_for_the_next_one() {
+        let peer = FakePeer {
+            first_answer_delay: Some(Duration::from_millis(600)),
+            ..FakePeer::default()
+        };
+        let mut client = client_of(peer.clone()).await;
+        assert_eq!(
+            append(&mut client, 1, Duration::from_millis(200)).await,
+            None
+        );
+        // The first stream's answer to term 1 arrives meanwhile; term 2 must get its own.
+        assert_eq!(append(&mut client, 2, TTL).await, Some(2));
+        assert_eq!(append(&mut client, 3, TTL).await, Some(3));
+        assert_eq!(peer.streams_opened.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn a_cancelled_append_leaves_no_answer_owed_on_the_stream() {
+        let peer = FakePeer {
+            first_answer_delay: Some(Duration::from_millis(300)),
+            ..FakePeer::default()
+        };
+        let mut client = client_of(peer.clone()).await;
+        // openraft may drop an append future at any point; here after the request left.
+        let cancelled =
+            tokio::time::timeout(Duration::from_millis(100), append(&mut client, 1, TTL)).await;
+        assert!(cancelled.is_err(), "the first answer is held for 300 ms");
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        assert_eq!(append(&mut client, 2, TTL).await, Some(2));
+        assert_eq!(peer.streams_opened.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn a_peer_without_streams_gets_unary_appends_and_is_asked_once() {
+        let peer = FakePeer {
+            no_streams: true,
+            ..FakePeer::default()
+        };
+        let mut client = client_of(peer.clone()).await;
+        for term in 1..=3 {
+            assert_eq!(append(&mut client, term, TTL).await, Some(term));
+        }
+        assert_eq!(peer.unary_appends.load(Ordering::SeqCst), 3);
+        assert_eq!(peer.streams_opened.load(Ordering::SeqCst), 1);
+        assert!(client.appends_unsupported);
     }
 
     #[test]

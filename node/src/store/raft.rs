@@ -263,6 +263,11 @@ impl RaftLockStore {
     }
 
     /// Resolves once the node starts shutting down.
+    /// Turns `true` when the node starts shutting down (see [`RaftLockStoreParts::stop`]).
+    pub fn stop_signal(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.inner.stop.clone()
+    }
+
     async fn stopping(&self) {
         let mut stop = self.inner.stop.clone();
         // A dropped sender means the node is gone: treat it as stopping too.
