@@ -8,15 +8,18 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use lock_client::pipeline::Pipeline;
 use lock_proto::session::HEARTBEAT_BATCH_SESSIONS_MAX;
 use lock_proto::v1::admin_service_client::AdminServiceClient;
 use lock_proto::v1::heartbeat_batch_result::Outcome;
 use lock_proto::v1::lock_service_client::LockServiceClient;
 use lock_proto::v1::session_service_client::SessionServiceClient;
 use lock_proto::v1::{
-    AcquireRequest, HeartbeatBatchRequest, OpenSessionRequest, ReleaseRequest, StatusRequest,
+    AcquireRequest, AcquireResponse, HeartbeatBatchRequest, OpenSessionRequest, ReleaseRequest,
+    ReleaseResponse, StatusRequest,
 };
 use tokio::sync::{Semaphore, mpsc, watch};
+use tonic::Status;
 use tonic::transport::Channel;
 
 use crate::procs::{NodeProcess, free_ports};
@@ -32,6 +35,8 @@ const POLL_INTERVAL: Duration = Duration::from_millis(100);
 const GRANT_TTL_MS: u64 = 30_000;
 /// How long a blocking acquire may wait server-side (W2 waits for at most 15 hand-offs).
 const ACQUIRE_MAX_WAIT_MS: u64 = 60_000;
+/// The server-side bound a pipelined call carries: the longest wait, with room to answer.
+const CALL_TIMEOUT: Duration = Duration::from_millis(ACQUIRE_MAX_WAIT_MS + 10_000);
 /// TTL of a worker's own session: longer than any run, so it needs no heartbeats.
 const WORKER_SESSION_TTL_MS: u64 = 600_000;
 /// Heartbeat batches in flight per keep-alive connection (W4): enough that a slow answer does
@@ -55,18 +60,29 @@ pub async fn channel(addr: &str) -> Result<Channel> {
         .with_context(|| format!("connecting to {addr}"))
 }
 
+/// How a lockd worker sends its lock calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LockdCalls {
+    /// On one `LockService.Pipeline` stream per worker (`lock_client::pipeline`), as the SDK.
+    Pipeline,
+    /// One unary call per acquire and per release.
+    Unary,
+}
+
 /// A running three-node lockd cluster.
 #[derive(Debug)]
 pub struct LockdCluster {
     nodes: Vec<NodeProcess>,
     leader_addr: String,
     admin: AdminServiceClient<Channel>,
+    calls: LockdCalls,
 }
 
 impl LockdCluster {
     /// Starts three `lockd run` nodes with data under `data_dir` (node 1 bootstraps) and waits
-    /// until every node knows the same leader.
-    pub async fn start(bin: &Path, data_dir: &Path) -> Result<Self> {
+    /// until every node knows the same leader. Its workers will send their calls as `calls`.
+    pub async fn start(bin: &Path, data_dir: &Path, calls: LockdCalls) -> Result<Self> {
         let ports = free_ports(NODES)?;
         let addrs: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
         let peers = addrs
@@ -129,6 +145,7 @@ impl LockdCluster {
             nodes,
             leader_addr,
             admin,
+            calls,
         })
     }
 
@@ -196,8 +213,12 @@ impl LockSystem for LockdCluster {
             WORKER_SESSION_TTL_MS,
         )
         .await?;
+        let lock = match self.calls {
+            LockdCalls::Pipeline => Calls::Pipeline(Pipeline::new(channel)),
+            LockdCalls::Unary => Calls::Unary(LockServiceClient::new(channel)),
+        };
         Ok(LockdWorker {
-            lock: LockServiceClient::new(channel),
+            lock,
             session_id,
             next_request_id: 1,
             held: None,
@@ -374,10 +395,35 @@ fn count_batch(
     }
 }
 
+/// A worker's way of sending lock calls (see [`LockdCalls`]).
+#[derive(Debug)]
+enum Calls {
+    Pipeline(Pipeline),
+    Unary(LockServiceClient<Channel>),
+}
+
+impl Calls {
+    async fn acquire(&mut self, request: AcquireRequest) -> Result<AcquireResponse, Status> {
+        let answer = match self {
+            Calls::Pipeline(p) => p.acquire(request, CALL_TIMEOUT).await,
+            Calls::Unary(c) => c.acquire(request).await,
+        };
+        answer.map(tonic::Response::into_inner)
+    }
+
+    async fn release(&mut self, request: ReleaseRequest) -> Result<ReleaseResponse, Status> {
+        let answer = match self {
+            Calls::Pipeline(p) => p.release(request, CALL_TIMEOUT).await,
+            Calls::Unary(c) => c.release(request).await,
+        };
+        answer.map(tonic::Response::into_inner)
+    }
+}
+
 /// A lockd benchmark worker: one connection and one session.
 #[derive(Debug)]
 pub struct LockdWorker {
-    lock: LockServiceClient<Channel>,
+    lock: Calls,
     session_id: String,
     next_request_id: u64,
     held: Option<(String, u64)>,
@@ -403,7 +449,7 @@ impl LockWorker for LockdWorker {
         let answer = self.lock.acquire(request).await.map_err(|s| {
             anyhow::anyhow!("Acquire {key}: {}", lock_proto::lock_error_from_status(&s))
         })?;
-        let Some(grant) = answer.into_inner().grant else {
+        let Some(grant) = answer.grant else {
             bail!("Acquire {key}: not granted within {ACQUIRE_MAX_WAIT_MS} ms");
         };
         self.held = Some((grant.key, grant.fencing_token));
@@ -424,7 +470,7 @@ impl LockWorker for LockdWorker {
             self.lock.release(request).await.map_err(|s| {
                 anyhow::anyhow!("Release: {}", lock_proto::lock_error_from_status(&s))
             })?;
-        if !answer.into_inner().released {
+        if !answer.released {
             bail!("Release of token {fencing_token}: answered released=false (grant lost)");
         }
         Ok(())

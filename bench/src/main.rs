@@ -101,6 +101,10 @@ struct Args {
     /// The lockd binary (default: $LOCKD_BIN, else lockd next to this executable).
     #[arg(long)]
     lockd_bin: Option<PathBuf>,
+    /// How lockd workers send acquire and release: on one `Pipeline` stream per worker, as
+    /// the SDK does, or as unary calls (the comparison behind bench/PERFORMANCE.md).
+    #[arg(long, value_enum, default_value = "pipeline")]
+    lockd_calls: lockd::LockdCalls,
     /// The etcd binary (default: $ETCD_BIN, else /usr/bin/etcd).
     #[arg(long)]
     etcd_bin: Option<PathBuf>,
@@ -341,7 +345,8 @@ async fn measure_all(
                     "lock-bench: lockd: starting three nodes ({})",
                     bin.display()
                 );
-                let cluster = lockd::LockdCluster::start(bin, &data.join("lockd")).await?;
+                let cluster =
+                    lockd::LockdCluster::start(bin, &data.join("lockd"), args.lockd_calls).await?;
                 let addr = cluster.leader_addr().to_owned();
                 let results = workloads(&cluster, plan, "lockd", addr).await;
                 let stopped = cluster.stop().await;

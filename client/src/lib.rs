@@ -46,6 +46,8 @@
 //! - `heartbeat` (private): the heartbeat schedule of a client's sessions, coalesced into
 //!   `HeartbeatBatch` calls.
 //! - `router` (private): endpoints, leader discovery and the retry loop.
+//! - [`pipeline`]: the lock calls to one node multiplexed on one `LockService.Pipeline`
+//!   stream (unary against a node without it); the router keeps one per endpoint.
 //! - [`backoff`]: bounded, jittered exponential backoff (FR-28).
 //! - [`deadline`]: the client-deadline rule (FR-11).
 //! - [`config`]: [`ClientConfig`] and its defaults, with reasons.
@@ -60,6 +62,7 @@ pub mod config;
 pub mod deadline;
 pub mod guard;
 mod heartbeat;
+pub mod pipeline;
 mod router;
 pub mod session;
 

@@ -19,8 +19,8 @@
 //! nothing of sessions or handles.
 
 use std::future::Future;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use lock_api::LockError;
@@ -31,6 +31,7 @@ use tonic::transport::{Channel, Endpoint};
 
 use crate::backoff::Backoff;
 use crate::config::ClientConfig;
+use crate::pipeline::Pipeline;
 
 /// How many `NotLeader` hints one call follows immediately before it starts backing off.
 /// Three covers a hint that is one election stale; more would let two nodes that each name the
@@ -47,6 +48,19 @@ struct Target {
     /// `host:port`, as the caller or a hint spelled it (without scheme).
     addr: String,
     channel: Channel,
+    /// The lock calls to this node, on one stream (see [`Pipeline`]).
+    pipeline: Arc<Pipeline>,
+}
+
+impl Target {
+    fn new(addr: String, config: &ClientConfig) -> Result<Self, LockError> {
+        let channel = channel_for(&addr, config)?;
+        Ok(Self {
+            pipeline: Arc::new(Pipeline::new(channel.clone())),
+            channel,
+            addr,
+        })
+    }
 }
 
 #[derive(Debug)]
@@ -119,10 +133,7 @@ impl Router {
                     "more than {ENDPOINTS_MAX} endpoints"
                 )));
             }
-            targets.push(Target {
-                channel: channel_for(&addr, &config)?,
-                addr,
-            });
+            targets.push(Target::new(addr, &config)?);
         }
         if targets.is_empty() {
             return Err(LockError::invalid(
@@ -199,9 +210,9 @@ impl Router {
             tracing::warn!(hint = %addr, "endpoint list full; ignoring a new leader hint");
             return false;
         }
-        match channel_for(&addr, &self.config) {
-            Ok(channel) => {
-                state.targets.push(Target { addr, channel });
+        match Target::new(addr.clone(), &self.config) {
+            Ok(target) => {
+                state.targets.push(target);
                 state.current = state.targets.len() - 1;
                 true
             }
@@ -244,6 +255,27 @@ impl Router {
         .map(tonic::Response::into_inner)
     }
 
+    /// [`Router::unary`] for the lock calls that travel on the believed leader's [`Pipeline`]:
+    /// `send` gets the pipeline, a copy of `request` and the attempt's timeout.
+    pub(crate) async fn piped<Req, Resp, F, Fut>(
+        &self,
+        what: &str,
+        budget: Budget,
+        request: &Req,
+        send: F,
+    ) -> Result<Resp, LockError>
+    where
+        Req: Clone,
+        F: Fn(Arc<Pipeline>, Req, Duration) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<Resp>, Status>>,
+    {
+        self.call_piped(what, budget, |pipeline, timeout| {
+            send(pipeline, request.clone(), timeout)
+        })
+        .await
+        .map(tonic::Response::into_inner)
+    }
+
     /// Runs `attempt` against the believed leader until it answers, retrying retry-safe
     /// failures elsewhere with backoff until `budget.deadline` (see the module doc).
     ///
@@ -260,6 +292,40 @@ impl Router {
         F: FnMut(Channel, Duration) -> Fut,
         Fut: Future<Output = Result<T, Status>>,
     {
+        self.call_target(what, budget, |target, timeout| {
+            attempt(target.channel.clone(), timeout)
+        })
+        .await
+    }
+
+    /// [`Router::call`] for the lock calls that travel on a node's [`Pipeline`]: `attempt` gets
+    /// the believed leader's pipeline instead of its channel.
+    pub(crate) async fn call_piped<T, F, Fut>(
+        &self,
+        what: &str,
+        budget: Budget,
+        mut attempt: F,
+    ) -> Result<T, LockError>
+    where
+        F: FnMut(Arc<Pipeline>, Duration) -> Fut,
+        Fut: Future<Output = Result<T, Status>>,
+    {
+        self.call_target(what, budget, |target, timeout| {
+            attempt(target.pipeline.clone(), timeout)
+        })
+        .await
+    }
+
+    async fn call_target<T, F, Fut>(
+        &self,
+        what: &str,
+        budget: Budget,
+        mut attempt: F,
+    ) -> Result<T, LockError>
+    where
+        F: FnMut(&Target, Duration) -> Fut,
+        Fut: Future<Output = Result<T, Status>>,
+    {
         let mut backoff = self.backoff();
         let mut redirects = 0u32;
         let mut attempts = 0u32;
@@ -268,8 +334,7 @@ impl Router {
             let attempt_timeout = budget.attempt_timeout;
             attempts += 1;
             let result =
-                tokio::time::timeout(attempt_timeout, attempt(target.channel, attempt_timeout))
-                    .await;
+                tokio::time::timeout(attempt_timeout, attempt(&target, attempt_timeout)).await;
             let err = match result {
                 Ok(Ok(value)) => return Ok(value),
                 Ok(Err(status)) => lock_error_from_status(&status),

@@ -440,11 +440,12 @@ impl SessionInner {
         let sent_at = Instant::now();
         let answer = self
             .router()
-            .unary("renew", budget, &request, |channel, request| async move {
-                v1::lock_service_client::LockServiceClient::new(channel)
-                    .renew(request)
-                    .await
-            })
+            .piped(
+                "renew",
+                budget,
+                &request,
+                |pipeline, request, timeout| async move { pipeline.renew(request, timeout).await },
+            )
             .await;
         let grant = match answer {
             Ok(response) => response.grant,
@@ -542,8 +543,7 @@ impl SessionInner {
         let mut first_attempt = true;
         let answer = self
             .router()
-            .call("acquire", budget, |channel, timeout| {
-                let mut client = v1::lock_service_client::LockServiceClient::new(channel);
+            .call_piped("acquire", budget, |pipeline, timeout| {
                 let session_id = session_id.clone();
                 let key = key.to_owned();
                 // A retry waits only for what is left of `max_wait`, so the whole call stays
@@ -559,25 +559,23 @@ impl SessionInner {
                 async move {
                     match remaining_ms {
                         Some(max_wait_ms) => {
-                            let mut request = tonic::Request::new(v1::AcquireRequest {
+                            let request = v1::AcquireRequest {
                                 session_id,
                                 request_id,
                                 key,
                                 ttl_ms,
                                 max_wait_ms,
-                            });
-                            request.set_timeout(timeout);
-                            client.acquire(request).await
+                            };
+                            pipeline.acquire(request, timeout).await
                         }
                         None => {
-                            let mut request = tonic::Request::new(v1::TryAcquireRequest {
+                            let request = v1::TryAcquireRequest {
                                 session_id,
                                 request_id,
                                 key,
                                 ttl_ms,
-                            });
-                            request.set_timeout(timeout);
-                            client.try_acquire(request).await
+                            };
+                            pipeline.try_acquire(request, timeout).await
                         }
                     }
                 }
@@ -622,14 +620,12 @@ impl SessionInner {
         };
         let cancelled = self
             .router()
-            .unary(
+            .piped(
                 "cancel acquire",
                 self.router().budget(Duration::ZERO),
                 &request,
-                |channel, request| async move {
-                    v1::lock_service_client::LockServiceClient::new(channel)
-                        .cancel_acquire(request)
-                        .await
+                |pipeline, request, timeout| async move {
+                    pipeline.cancel_acquire(request, timeout).await
                 },
             )
             .await;
@@ -652,15 +648,11 @@ impl SessionInner {
         };
         let answer = self
             .router()
-            .unary(
+            .piped(
                 "release",
                 self.router().budget(Duration::ZERO),
                 &request,
-                |channel, request| async move {
-                    v1::lock_service_client::LockServiceClient::new(channel)
-                        .release(request)
-                        .await
-                },
+                |pipeline, request, timeout| async move { pipeline.release(request, timeout).await },
             )
             .await?;
         Ok(answer.released)

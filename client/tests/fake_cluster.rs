@@ -52,6 +52,8 @@ struct Script {
     dead_sessions: Vec<String>,
     /// HeartbeatBatch answers `Unimplemented`, like a server older than the call.
     batch_unimplemented: bool,
+    /// Pipeline answers `Unimplemented`, like a server older than the call.
+    pipeline_unimplemented: bool,
 }
 
 /// What a fake node saw.
@@ -69,6 +71,10 @@ struct Seen {
     batches: Vec<Vec<String>>,
     /// The owner of the last session opened (sessions are "s1", "s2", ... in opening order).
     owner: String,
+    /// Pipeline streams asked for (served or refused).
+    pipelines: u32,
+    /// Lock calls that arrived on a Pipeline stream.
+    piped_calls: u32,
 }
 
 #[derive(Clone, Default)]
@@ -339,6 +345,67 @@ impl v1::lock_service_server::LockService for Fake {
         self.note("force_revoke")?;
         Err(Status::unimplemented("fake"))
     }
+
+    type PipelineStream = std::pin::Pin<
+        Box<dyn tokio_stream::Stream<Item = Result<v1::PipelineResponse, Status>> + Send>,
+    >;
+
+    /// Runs each call through the unary method of the same name, concurrently, like lockd.
+    async fn pipeline(
+        &self,
+        request: Request<tonic::Streaming<v1::PipelineRequest>>,
+    ) -> Result<Response<Self::PipelineStream>, Status> {
+        self.seen().pipelines += 1;
+        if self.script().pipeline_unimplemented {
+            return Err(Status::unimplemented("Pipeline"));
+        }
+        let mut incoming = request.into_inner();
+        let (answers, out) = tokio::sync::mpsc::channel(64);
+        let fake = self.clone();
+        tokio::spawn(async move {
+            while let Ok(Some(call)) = incoming.message().await {
+                fake.seen().piped_calls += 1;
+                let (fake, answers) = (fake.clone(), answers.clone());
+                tokio::spawn(async move {
+                    let _ = answers.send(Ok(fake.piped(call).await)).await;
+                });
+            }
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(out),
+        )))
+    }
+}
+
+impl Fake {
+    /// One Pipeline call, answered by the unary method of the same name.
+    async fn piped(&self, request: v1::PipelineRequest) -> v1::PipelineResponse {
+        use v1::lock_service_server::LockService as _;
+        use v1::pipeline_request::Call;
+        use v1::pipeline_response::Answer;
+        fn answer<M>(r: Result<Response<M>, Status>, ok: fn(M) -> Answer) -> Answer {
+            match r {
+                Ok(m) => ok(m.into_inner()),
+                Err(status) => Answer::Error(lock_proto::error::error_detail_from_lock_error(
+                    &lock_proto::error::lock_error_from_status(&status),
+                )),
+            }
+        }
+        let answer = match request.call.expect("a call") {
+            Call::Acquire(r) => answer(self.acquire(Request::new(r)).await, Answer::Acquire),
+            Call::TryAcquire(r) => answer(self.try_acquire(Request::new(r)).await, Answer::Acquire),
+            Call::CancelAcquire(r) => answer(
+                self.cancel_acquire(Request::new(r)).await,
+                Answer::CancelAcquire,
+            ),
+            Call::Renew(r) => answer(self.renew(Request::new(r)).await, Answer::Renew),
+            Call::Release(r) => answer(self.release(Request::new(r)).await, Answer::Release),
+        };
+        v1::PipelineResponse {
+            call_id: request.call_id,
+            answer: Some(answer),
+        }
+    }
 }
 
 /// Starts `fake` on 127.0.0.1:0 and returns its address.
@@ -494,6 +561,53 @@ async fn a_retried_acquire_reuses_its_request_id() {
     session.try_acquire("k2", "owner", TTL).await.expect("try");
     let ids = leader.seen().acquire_request_ids.clone();
     assert!(ids[3] > ids[0], "{ids:?}");
+}
+
+#[tokio::test]
+async fn lock_calls_share_one_pipeline_stream() {
+    let (leader, client) = leader_and_client().await;
+    let session = client.open_session("owner").await.expect("session");
+    for key in ["a", "b", "c"] {
+        let handle = session
+            .acquire(key, "owner", TTL, Duration::from_secs(1))
+            .await
+            .expect("acquire")
+            .expect("granted");
+        assert!(session.renew(&handle).await.expect("renew").is_some());
+        assert!(session.release(&handle).await.expect("release"));
+    }
+    let seen = leader.seen();
+    assert_eq!(seen.pipelines, 1, "one stream for every call");
+    assert_eq!(
+        seen.piped_calls, 9,
+        "acquire, renew and release of three keys"
+    );
+    assert_eq!(seen.releases.len(), 3);
+}
+
+#[tokio::test]
+async fn a_server_without_pipeline_gets_unary_lock_calls_and_is_asked_once() {
+    let (leader, client) = leader_and_client().await;
+    leader.script().pipeline_unimplemented = true;
+    let session = client.open_session("owner").await.expect("session");
+    for key in ["a", "b"] {
+        let handle = session
+            .acquire(key, "owner", TTL, Duration::from_secs(1))
+            .await
+            .expect("acquire")
+            .expect("granted");
+        assert!(session.release(&handle).await.expect("release"));
+    }
+    let seen = leader.seen();
+    assert_eq!(seen.pipelines, 1, "asked once, then unary");
+    assert_eq!(seen.piped_calls, 0);
+    assert_eq!(
+        seen.calls.iter().filter(|c| *c == "acquire").count(),
+        2,
+        "{:?}",
+        seen.calls
+    );
+    assert_eq!(seen.releases.len(), 2);
 }
 
 #[tokio::test]

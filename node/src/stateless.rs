@@ -69,6 +69,8 @@ pub struct SpiApi<S> {
     node_id: u64,
     listen: String,
     cluster_name: String,
+    /// Turns `true` when the node starts shutting down.
+    stop: tokio::sync::watch::Receiver<bool>,
 }
 
 impl<S: LockStore + SessionRegistry> SpiApi<S> {
@@ -213,6 +215,20 @@ where
                 new_token_floor: o.new_token_floor,
             }),
         }))
+    }
+
+    type PipelineStream = crate::grpc::pipeline::PipelineAnswers;
+
+    /// The pipeline runs each call through the unary methods above, exactly as on a Raft node.
+    async fn pipeline(
+        &self,
+        request: Request<tonic::Streaming<v1::PipelineRequest>>,
+    ) -> Result<Response<Self::PipelineStream>, Status> {
+        Ok(Response::new(crate::grpc::pipeline::serve_pipeline(
+            self.clone(),
+            request.into_inner(),
+            self.stop.clone(),
+        )))
     }
 }
 
@@ -415,11 +431,13 @@ where
             .with_context(|| format!("cannot listen on {} (field `listen`)", config.listen))?,
     };
     let local: SocketAddr = listener.local_addr().context("listener has no address")?;
+    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
     let api = SpiApi {
         store: store.clone(),
         node_id: config.node_id,
         listen: local.to_string(),
         cluster_name: config.cluster_name.clone(),
+        stop: stop_rx.clone(),
     };
     let reaper = tokio::spawn(async move {
         let mut tick = tokio::time::interval(REAP_INTERVAL);
@@ -454,7 +472,6 @@ where
         );
     println!("lockd ready node_id={} listen={local}", config.node_id);
     tracing::info!(node_id = config.node_id, %local, backend = ?config.backend, "serving (stateless)");
-    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
     let signal = async move {
         shutdown.await;
         let _ = stop_tx.send(true);

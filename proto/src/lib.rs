@@ -19,7 +19,8 @@
 //! # Layout
 //!
 //! - `proto/lockd/v1/lock.proto` — `LockService`: acquire, renew, release,
-//!   inspect, force-revoke.
+//!   inspect, force-revoke, and the same calls many at a time on a `Pipeline`
+//!   stream.
 //! - `proto/lockd/v1/session.proto` — `SessionService`: open, heartbeat,
 //!   batched heartbeat, close, locks-of.
 //! - `proto/lockd/v1/admin.proto` — `AdminService`: status and membership.
@@ -32,6 +33,8 @@
 //!   and the per-answer form of the same mapping (`ErrorDetail`).
 //! - [`session`] — the limit of a `HeartbeatBatch`, shared by server and
 //!   client.
+//! - [`pipeline`] — the limit of calls in flight on a `LockService.Pipeline`
+//!   stream.
 //! - [`FILE_DESCRIPTOR_SET`] — the compiled schema, for gRPC reflection.
 //! - `proto/etcd/` and `etcd` (cargo feature `etcd` only) — the one copy of
 //!   the subset of etcd's v3 API this workspace calls (lockd's etcd lock store,
@@ -41,6 +44,7 @@
 #![deny(missing_docs)]
 
 pub mod error;
+pub mod pipeline;
 pub mod session;
 
 pub use error::{lock_error_from_status, status_from_lock_error};

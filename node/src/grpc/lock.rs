@@ -3,18 +3,20 @@
 //!
 //! Owns request unpacking and answer packing only; every rule lives in the store, every
 //! conversion in `convert`, every error status in `lock_proto::error`. A dropped call (the
-//! client disconnected) drops the store's future, which cancels a waiting acquire.
+//! client disconnected) drops the store's future, which cancels a waiting acquire. The calls of
+//! a `Pipeline` stream run through these same unary methods (`grpc::pipeline`).
 
 use lock_proto::status_from_lock_error;
 use lock_proto::v1::lock_service_server::LockService;
 use lock_proto::v1::{
     AcquireRequest, AcquireResponse, CancelAcquireRequest, CancelAcquireResponse,
-    ForceRevokeRequest, ForceRevokeResponse, InspectRequest, InspectResponse, ReleaseRequest,
-    ReleaseResponse, RenewRequest, RenewResponse, TryAcquireRequest,
+    ForceRevokeRequest, ForceRevokeResponse, InspectRequest, InspectResponse, PipelineRequest,
+    ReleaseRequest, ReleaseResponse, RenewRequest, RenewResponse, TryAcquireRequest,
 };
-use tonic::{Request, Response, Status};
+use tonic::{Request, Response, Status, Streaming};
 
 use super::convert;
+use super::pipeline::{PipelineAnswers, serve_pipeline};
 use crate::store::raft::RaftLockStore;
 
 /// The lock service of one node.
@@ -141,5 +143,19 @@ impl LockService for LockApi {
         Ok(Response::new(ForceRevokeResponse {
             outcome: Some(convert::outcome(revocation)),
         }))
+    }
+
+    type PipelineStream = PipelineAnswers;
+
+    async fn pipeline(
+        &self,
+        request: Request<Streaming<PipelineRequest>>,
+    ) -> Result<Response<PipelineAnswers>, Status> {
+        let stop = self.store.stop_signal();
+        Ok(Response::new(serve_pipeline(
+            self.clone(),
+            request.into_inner(),
+            stop,
+        )))
     }
 }

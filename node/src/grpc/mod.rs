@@ -6,6 +6,7 @@
 pub mod admin;
 pub mod convert;
 pub mod lock;
+pub mod pipeline;
 pub mod session;
 
 /// Largest client API message, in bytes, either way. The largest request is a force-revoke
