@@ -15,7 +15,9 @@ use tonic::transport::Channel;
 
 use crate::lockd::channel;
 use crate::procs::{NodeProcess, free_ports};
-use crate::system::{KEEPER_TASKS, KeeperCounters, Keepers, LockSystem, LockWorker, keepalive_due};
+use crate::system::{
+    Connections, KEEPER_TASKS, KeeperCounters, Keepers, LockSystem, LockWorker, keepalive_due,
+};
 
 /// The etcd stubs: the etcd API subset generated in `lock-proto` (`proto/proto/etcd/`, its
 /// feature `etcd`).
@@ -44,12 +46,14 @@ pub struct EtcdCluster {
     members: Vec<NodeProcess>,
     leader_addr: String,
     maintenance: MaintenanceClient<Channel>,
+    /// The one connection of every worker, with `Connections::Shared`.
+    shared: Option<Channel>,
 }
 
 impl EtcdCluster {
     /// Starts three etcd members with data under `data_dir` and waits until every member
     /// knows the same leader.
-    pub async fn start(bin: &Path, data_dir: &Path) -> Result<Self> {
+    pub async fn start(bin: &Path, data_dir: &Path, connections: Connections) -> Result<Self> {
         let ports = free_ports(2 * MEMBERS)?;
         let client_addrs: Vec<String> = ports[..MEMBERS]
             .iter()
@@ -109,10 +113,15 @@ impl EtcdCluster {
             tokio::time::sleep(POLL_INTERVAL).await;
         };
         let maintenance = MaintenanceClient::new(channel(&leader_addr).await?);
+        let shared = match connections {
+            Connections::Shared => Some(channel(&leader_addr).await?),
+            Connections::PerWorker => None,
+        };
         Ok(Self {
             members,
             leader_addr,
             maintenance,
+            shared,
         })
     }
 
@@ -171,7 +180,10 @@ impl LockSystem for EtcdCluster {
     type Worker = EtcdWorker;
 
     async fn worker(&self, _index: usize) -> Result<EtcdWorker> {
-        let channel = channel(&self.leader_addr).await?;
+        let channel = match &self.shared {
+            Some(shared) => shared.clone(),
+            None => channel(&self.leader_addr).await?,
+        };
         let lease = grant_lease(
             &mut LeaseClient::new(channel.clone()),
             WORKER_LEASE_TTL_SECS,

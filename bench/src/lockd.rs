@@ -23,7 +23,9 @@ use tonic::Status;
 use tonic::transport::Channel;
 
 use crate::procs::{NodeProcess, free_ports};
-use crate::system::{KEEPER_TASKS, KeeperCounters, Keepers, LockSystem, LockWorker, keepalive_due};
+use crate::system::{
+    Connections, KEEPER_TASKS, KeeperCounters, Keepers, LockSystem, LockWorker, keepalive_due,
+};
 
 /// Nodes in the cluster.
 const NODES: usize = 3;
@@ -77,12 +79,19 @@ pub struct LockdCluster {
     leader_addr: String,
     admin: AdminServiceClient<Channel>,
     calls: LockdCalls,
+    /// The one connection (and pipeline) of every worker, with `Connections::Shared`.
+    shared: Option<(Channel, Arc<Pipeline>)>,
 }
 
 impl LockdCluster {
     /// Starts three `lockd run` nodes with data under `data_dir` (node 1 bootstraps) and waits
     /// until every node knows the same leader. Its workers will send their calls as `calls`.
-    pub async fn start(bin: &Path, data_dir: &Path, calls: LockdCalls) -> Result<Self> {
+    pub async fn start(
+        bin: &Path,
+        data_dir: &Path,
+        calls: LockdCalls,
+        connections: Connections,
+    ) -> Result<Self> {
         let ports = free_ports(NODES)?;
         let addrs: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
         let peers = addrs
@@ -141,11 +150,19 @@ impl LockdCluster {
             tokio::time::sleep(POLL_INTERVAL).await;
         };
         let admin = AdminServiceClient::new(channel(&leader_addr).await?);
+        let shared = match connections {
+            Connections::Shared => {
+                let channel = channel(&leader_addr).await?;
+                Some((channel.clone(), Arc::new(Pipeline::new(channel))))
+            }
+            Connections::PerWorker => None,
+        };
         Ok(Self {
             nodes,
             leader_addr,
             admin,
             calls,
+            shared,
         })
     }
 
@@ -205,7 +222,10 @@ impl LockSystem for LockdCluster {
     type Worker = LockdWorker;
 
     async fn worker(&self, index: usize) -> Result<LockdWorker> {
-        let channel = channel(&self.leader_addr).await?;
+        let channel = match &self.shared {
+            Some((shared, _)) => shared.clone(),
+            None => channel(&self.leader_addr).await?,
+        };
         let mut sessions = SessionServiceClient::new(channel.clone());
         let session_id = open_session(
             &mut sessions,
@@ -214,7 +234,10 @@ impl LockSystem for LockdCluster {
         )
         .await?;
         let lock = match self.calls {
-            LockdCalls::Pipeline => Calls::Pipeline(Pipeline::new(channel)),
+            LockdCalls::Pipeline => Calls::Pipeline(match &self.shared {
+                Some((_, pipeline)) => pipeline.clone(),
+                None => Arc::new(Pipeline::new(channel)),
+            }),
             LockdCalls::Unary => Calls::Unary(LockServiceClient::new(channel)),
         };
         Ok(LockdWorker {
@@ -398,7 +421,7 @@ fn count_batch(
 /// A worker's way of sending lock calls (see [`LockdCalls`]).
 #[derive(Debug)]
 enum Calls {
-    Pipeline(Pipeline),
+    Pipeline(Arc<Pipeline>),
     Unary(LockServiceClient<Channel>),
 }
 

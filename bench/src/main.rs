@@ -105,6 +105,10 @@ struct Args {
     /// the SDK does, or as unary calls (the comparison behind bench/PERFORMANCE.md).
     #[arg(long, value_enum, default_value = "pipeline")]
     lockd_calls: lockd::LockdCalls,
+    /// Whether the workers of W1–W3 each have their own connection to the leader or share one
+    /// (for both systems alike).
+    #[arg(long, value_enum, default_value = "per-worker")]
+    connections: system::Connections,
     /// The etcd binary (default: $ETCD_BIN, else /usr/bin/etcd).
     #[arg(long)]
     etcd_bin: Option<PathBuf>,
@@ -345,8 +349,13 @@ async fn measure_all(
                     "lock-bench: lockd: starting three nodes ({})",
                     bin.display()
                 );
-                let cluster =
-                    lockd::LockdCluster::start(bin, &data.join("lockd"), args.lockd_calls).await?;
+                let cluster = lockd::LockdCluster::start(
+                    bin,
+                    &data.join("lockd"),
+                    args.lockd_calls,
+                    args.connections,
+                )
+                .await?;
                 let addr = cluster.leader_addr().to_owned();
                 let results = workloads(&cluster, plan, "lockd", addr).await;
                 let stopped = cluster.stop().await;
@@ -359,7 +368,8 @@ async fn measure_all(
                     "lock-bench: etcd: starting three members ({})",
                     bin.display()
                 );
-                let cluster = etcd::EtcdCluster::start(bin, &data.join("etcd")).await?;
+                let cluster =
+                    etcd::EtcdCluster::start(bin, &data.join("etcd"), args.connections).await?;
                 let addr = cluster.leader_addr().to_owned();
                 let results = workloads(&cluster, plan, "etcd", addr).await;
                 let stopped = cluster.stop().await;

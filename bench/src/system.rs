@@ -10,12 +10,24 @@ use anyhow::Result;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+/// How a system's benchmark workers reach its leader.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Connections {
+    /// One HTTP/2 connection per worker, as if each worker were its own process.
+    PerWorker,
+    /// One HTTP/2 connection for all workers, as one process with one client (the SDK's and
+    /// etcd clientv3's default): calls made together can leave in one write.
+    Shared,
+}
+
 /// A running lock cluster the workloads drive.
 pub trait LockSystem: Send + Sync + 'static {
     /// One worker's connection and identity (a lockd session, an etcd lease).
     type Worker: LockWorker;
 
-    /// Creates worker `index`: its own connection to the leader and its own owner identity.
+    /// Creates worker `index`: its connection to the leader (its own, or the one all share:
+    /// [`Connections`]) and its own owner identity.
     fn worker(&self, index: usize) -> impl Future<Output = Result<Self::Worker>> + Send;
 
     /// Opens `count` sessions (lockd) or leases (etcd) of `ttl` and keeps each alive every
