@@ -36,6 +36,9 @@ use tokio::sync::{mpsc, oneshot};
 use tonic::transport::Channel;
 use tonic::{Code, Response, Status};
 
+/// The unary client a call falls back to.
+type Unary = LockServiceClient<Channel>;
+
 /// The pipeline of calls to one node. Cheap to share (`Arc`); every method takes `&self`.
 pub struct Pipeline {
     channel: Channel,
@@ -219,15 +222,13 @@ impl Pipeline {
         request: v1::AcquireRequest,
         timeout: Duration,
     ) -> Result<Response<v1::AcquireResponse>, Status> {
-        let fallback = self.may_fall_back().then(|| request.clone());
-        match self.call(Call::Acquire(request), timeout).await? {
-            Outcome::Answer(Answer::Acquire(m)) => Ok(Response::new(m)),
-            Outcome::Answer(other) => Err(unexpected("acquire", other)),
-            Outcome::Unsupported => {
-                let request = fallback.ok_or_else(lost_request)?;
-                self.unary().acquire(with_timeout(request, timeout)).await
-            }
-        }
+        let answer = |a| match a {
+            Answer::Acquire(m) => Ok(m),
+            other => Err(other),
+        };
+        let unary = |mut c: Unary, r| async move { c.acquire(r).await };
+        self.send("acquire", request, timeout, Call::Acquire, answer, unary)
+            .await
     }
 
     /// `LockService.TryAcquire` on the pipeline (unary if the node has none).
@@ -236,17 +237,20 @@ impl Pipeline {
         request: v1::TryAcquireRequest,
         timeout: Duration,
     ) -> Result<Response<v1::AcquireResponse>, Status> {
-        let fallback = self.may_fall_back().then(|| request.clone());
-        match self.call(Call::TryAcquire(request), timeout).await? {
-            Outcome::Answer(Answer::Acquire(m)) => Ok(Response::new(m)),
-            Outcome::Answer(other) => Err(unexpected("try_acquire", other)),
-            Outcome::Unsupported => {
-                let request = fallback.ok_or_else(lost_request)?;
-                self.unary()
-                    .try_acquire(with_timeout(request, timeout))
-                    .await
-            }
-        }
+        let answer = |a| match a {
+            Answer::Acquire(m) => Ok(m),
+            other => Err(other),
+        };
+        let unary = |mut c: Unary, r| async move { c.try_acquire(r).await };
+        self.send(
+            "try_acquire",
+            request,
+            timeout,
+            Call::TryAcquire,
+            answer,
+            unary,
+        )
+        .await
     }
 
     /// `LockService.CancelAcquire` on the pipeline (unary if the node has none).
@@ -255,17 +259,20 @@ impl Pipeline {
         request: v1::CancelAcquireRequest,
         timeout: Duration,
     ) -> Result<Response<v1::CancelAcquireResponse>, Status> {
-        let fallback = self.may_fall_back().then(|| request.clone());
-        match self.call(Call::CancelAcquire(request), timeout).await? {
-            Outcome::Answer(Answer::CancelAcquire(m)) => Ok(Response::new(m)),
-            Outcome::Answer(other) => Err(unexpected("cancel_acquire", other)),
-            Outcome::Unsupported => {
-                let request = fallback.ok_or_else(lost_request)?;
-                self.unary()
-                    .cancel_acquire(with_timeout(request, timeout))
-                    .await
-            }
-        }
+        let answer = |a| match a {
+            Answer::CancelAcquire(m) => Ok(m),
+            other => Err(other),
+        };
+        let unary = |mut c: Unary, r| async move { c.cancel_acquire(r).await };
+        self.send(
+            "cancel_acquire",
+            request,
+            timeout,
+            Call::CancelAcquire,
+            answer,
+            unary,
+        )
+        .await
     }
 
     /// `LockService.Renew` on the pipeline (unary if the node has none).
@@ -274,15 +281,13 @@ impl Pipeline {
         request: v1::RenewRequest,
         timeout: Duration,
     ) -> Result<Response<v1::RenewResponse>, Status> {
-        let fallback = self.may_fall_back().then(|| request.clone());
-        match self.call(Call::Renew(request), timeout).await? {
-            Outcome::Answer(Answer::Renew(m)) => Ok(Response::new(m)),
-            Outcome::Answer(other) => Err(unexpected("renew", other)),
-            Outcome::Unsupported => {
-                let request = fallback.ok_or_else(lost_request)?;
-                self.unary().renew(with_timeout(request, timeout)).await
-            }
-        }
+        let answer = |a| match a {
+            Answer::Renew(m) => Ok(m),
+            other => Err(other),
+        };
+        let unary = |mut c: Unary, r| async move { c.renew(r).await };
+        self.send("renew", request, timeout, Call::Renew, answer, unary)
+            .await
     }
 
     /// `LockService.Release` on the pipeline (unary if the node has none).
@@ -291,13 +296,40 @@ impl Pipeline {
         request: v1::ReleaseRequest,
         timeout: Duration,
     ) -> Result<Response<v1::ReleaseResponse>, Status> {
+        let answer = |a| match a {
+            Answer::Release(m) => Ok(m),
+            other => Err(other),
+        };
+        let unary = |mut c: Unary, r| async move { c.release(r).await };
+        self.send("release", request, timeout, Call::Release, answer, unary)
+            .await
+    }
+
+    /// Sends `request` as `call(request)` and takes its message out of the answer with
+    /// `answer` (which hands back any other variant, a server bug); if the node turns out not
+    /// to serve `Pipeline`, sends it with `unary` instead.
+    async fn send<Req, Resp, U, UFut>(
+        &self,
+        what: &str,
+        request: Req,
+        timeout: Duration,
+        call: fn(Req) -> Call,
+        answer: impl FnOnce(Answer) -> Result<Resp, Answer>,
+        unary: U,
+    ) -> Result<Response<Resp>, Status>
+    where
+        Req: Clone,
+        U: FnOnce(Unary, tonic::Request<Req>) -> UFut,
+        UFut: Future<Output = Result<Response<Resp>, Status>>,
+    {
         let fallback = self.may_fall_back().then(|| request.clone());
-        match self.call(Call::Release(request), timeout).await? {
-            Outcome::Answer(Answer::Release(m)) => Ok(Response::new(m)),
-            Outcome::Answer(other) => Err(unexpected("release", other)),
+        match self.call(call(request), timeout).await? {
+            Outcome::Answer(a) => answer(a)
+                .map(Response::new)
+                .map_err(|other| unexpected(what, other)),
             Outcome::Unsupported => {
                 let request = fallback.ok_or_else(lost_request)?;
-                self.unary().release(with_timeout(request, timeout)).await
+                unary(self.unary(), with_timeout(request, timeout)).await
             }
         }
     }
@@ -311,7 +343,7 @@ impl Pipeline {
         }
     }
 
-    fn unary(&self) -> LockServiceClient<Channel> {
+    fn unary(&self) -> Unary {
         LockServiceClient::new(self.channel.clone())
     }
 }
@@ -322,8 +354,11 @@ fn with_timeout<T>(message: T, timeout: Duration) -> tonic::Request<T> {
     request
 }
 
+/// A call learned that the node no longer serves `Pipeline` after its request was given up
+/// (a stream had answered before, so no copy was kept). Retry-safe: the router's next attempt
+/// goes unary.
 fn lost_request() -> Status {
-    Status::internal("pipeline: the node stopped serving Pipeline mid-call; retry")
+    Status::unavailable("the node stopped serving Pipeline mid-call; retrying as a unary call")
 }
 
 fn unexpected(call: &str, answer: Answer) -> Status {

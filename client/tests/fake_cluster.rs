@@ -54,6 +54,8 @@ struct Script {
     batch_unimplemented: bool,
     /// Pipeline answers `Unimplemented`, like a server older than the call.
     pipeline_unimplemented: bool,
+    /// A Pipeline stream ends after this many calls, like a node restarting.
+    pipeline_calls_per_stream: Option<u32>,
 }
 
 /// What a fake node saw.
@@ -362,13 +364,20 @@ impl v1::lock_service_server::LockService for Fake {
         let mut incoming = request.into_inner();
         let (answers, out) = tokio::sync::mpsc::channel(64);
         let fake = self.clone();
+        let limit = self.script().pipeline_calls_per_stream;
         tokio::spawn(async move {
+            let mut taken = 0;
             while let Ok(Some(call)) = incoming.message().await {
                 fake.seen().piped_calls += 1;
                 let (fake, answers) = (fake.clone(), answers.clone());
                 tokio::spawn(async move {
                     let _ = answers.send(Ok(fake.piped(call).await)).await;
                 });
+                taken += 1;
+                if limit == Some(taken) {
+                    // The stream ends once the calls taken are answered.
+                    break;
+                }
             }
         });
         Ok(Response::new(Box::pin(
@@ -581,6 +590,28 @@ async fn lock_calls_share_one_pipeline_stream() {
     assert_eq!(
         seen.piped_calls, 9,
         "acquire, renew and release of three keys"
+    );
+    assert_eq!(seen.releases.len(), 3);
+}
+
+#[tokio::test]
+async fn a_pipeline_stream_that_ends_is_reopened_and_no_call_is_lost() {
+    let (leader, client) = leader_and_client().await;
+    leader.script().pipeline_calls_per_stream = Some(2);
+    let session = client.open_session("owner").await.expect("session");
+    for key in ["a", "b", "c"] {
+        let handle = session
+            .acquire(key, "owner", TTL, Duration::from_secs(1))
+            .await
+            .expect("acquire")
+            .expect("granted");
+        assert!(session.release(&handle).await.expect("release"));
+    }
+    let seen = leader.seen();
+    assert!(
+        seen.pipelines >= 3,
+        "six calls, two per stream: {}",
+        seen.pipelines
     );
     assert_eq!(seen.releases.len(), 3);
 }
