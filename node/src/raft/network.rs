@@ -111,6 +111,12 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
     }
 }
 
+/// Where an append starts: on the open stream, or by opening one with this client.
+enum Start {
+    Open(AppendStream),
+    New(RaftServiceClient<Channel>),
+}
+
 /// An open `AppendStream` to one peer, with no answer owed: a call takes it out while its
 /// request is in flight and puts it back only once the answer arrived.
 #[derive(Debug)]
@@ -241,27 +247,23 @@ impl PeerClient {
         payload: RaftPayload,
         ttl: Duration,
     ) -> Result<RaftPayload, CallError> {
-        let open = self.appends.take();
-        let client = match open {
-            Some(_) => None,
-            None => Some(self.client()?),
+        let start = match self.appends.take() {
+            Some(open) => Start::Open(open),
+            None => Start::New(self.client()?),
         };
         let exchange = async move {
-            let mut stream = match open {
-                Some(stream) => {
+            let mut stream = match start {
+                Start::Open(stream) => {
                     stream.requests.send(payload).await.map_err(|_| {
                         CallError::Network(tonic::Status::unavailable("append stream closed"))
                     })?;
                     stream
                 }
-                None => {
+                Start::New(mut client) => {
                     // The first request is queued before the stream opens, so it leaves with
                     // the stream's headers instead of a round trip later.
                     let (requests, queued) = mpsc::channel(1);
                     let _ = requests.send(payload).await;
-                    let mut client = client.ok_or_else(|| {
-                        CallError::Network(tonic::Status::internal("no client to open a stream"))
-                    })?;
                     let answers = client
                         .append_stream(ReceiverStream::new(queued))
                         .await
