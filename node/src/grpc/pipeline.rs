@@ -8,10 +8,10 @@
 //! `ErrorDetail` its status carries.
 //!
 //! Lifetime: when the client closes its side, or the node starts shutting down, no new call is
-//! read, the running calls finish and then the stream ends; so a graceful stop is not held up
-//! by a client's idle stream (a unary drain would wait for it until its timeout). When the client cancels the stream, or its side fails, hyper drops this stream and
-//! with it every running call, as it would drop a unary call's future (a waiting acquire is
-//! withdrawn). A transport error on the incoming side ends the stream with that status, since
+//! read, the running calls finish and then the stream ends: a stopping node takes no new call
+//! on an open stream, as it takes no new unary call. When the client cancels the stream, or
+//! its side fails, hyper drops this stream and with it every running call, as it would drop a
+//! unary call's future (a waiting acquire is withdrawn). A transport error on the incoming side ends the stream with that status, since
 //! the calls still running can no longer be matched by a client that lost its side.
 
 use std::pin::Pin;
