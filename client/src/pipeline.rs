@@ -23,7 +23,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use lock_proto::error::{lock_error_from_detail, status_from_lock_error};
@@ -78,10 +78,18 @@ enum Mode {
 }
 
 /// One open stream: where calls are sent, and who waits for which answer.
+///
+/// Only the pipeline (and calls in progress) hold `requests`; the task reading answers holds
+/// just the table and a weak reference to the pipeline. So dropping the pipeline closes the
+/// request side, the node finishes what runs and ends the stream, and the task ends too.
 struct Stream {
     requests: mpsc::Sender<v1::PipelineRequest>,
-    waiting: Mutex<Waiting>,
+    table: Arc<Table>,
 }
+
+/// The calls waiting for an answer on one stream.
+#[derive(Default)]
+struct Table(Mutex<Waiting>);
 
 #[derive(Default)]
 struct Waiting {
@@ -92,9 +100,9 @@ struct Waiting {
     answered: bool,
 }
 
-impl Stream {
+impl Table {
     fn waiting(&self) -> MutexGuard<'_, Waiting> {
-        self.waiting
+        self.0
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
@@ -114,13 +122,13 @@ impl Stream {
 
 /// Forgets a call's entry when its future is dropped before the answer came.
 struct Forget<'a> {
-    stream: &'a Stream,
+    table: &'a Table,
     call_id: u64,
 }
 
 impl Drop for Forget<'_> {
     fn drop(&mut self) {
-        self.stream.waiting().calls.remove(&self.call_id);
+        self.table.waiting().calls.remove(&self.call_id);
     }
 }
 
@@ -160,14 +168,14 @@ impl Pipeline {
         let (requests, outgoing) = mpsc::channel(PIPELINE_CALLS_IN_FLIGHT_MAX);
         let stream = Arc::new(Stream {
             requests,
-            waiting: Mutex::default(),
+            table: Arc::default(),
         });
         *mode = Mode::Open(stream.clone());
         tokio::spawn(read_answers(
             self.channel.clone(),
             outgoing,
-            stream.clone(),
-            self.shared.clone(),
+            stream.table.clone(),
+            Arc::downgrade(&self.shared),
         ));
         Some(stream)
     }
@@ -180,14 +188,14 @@ impl Pipeline {
         let call_id = self.next_call_id.fetch_add(1, Ordering::Relaxed);
         let (reply, answer) = oneshot::channel();
         {
-            let mut waiting = stream.waiting();
+            let mut waiting = stream.table.waiting();
             if let Some(status) = &waiting.ended {
                 return Err(status.clone());
             }
             waiting.calls.insert(call_id, reply);
         }
         let _forget = Forget {
-            stream: &stream,
+            table: &stream.table,
             call_id,
         };
         let request = v1::PipelineRequest {
@@ -338,7 +346,7 @@ impl Pipeline {
     /// again for a unary call: only until a stream has answered once.
     fn may_fall_back(&self) -> bool {
         match &*self.shared.state() {
-            Mode::Open(stream) => !stream.waiting().answered,
+            Mode::Open(stream) => !stream.table.waiting().answered,
             Mode::Closed | Mode::Unsupported => true,
         }
     }
@@ -373,8 +381,8 @@ fn unexpected(call: &str, answer: Answer) -> Status {
 async fn read_answers(
     channel: Channel,
     outgoing: mpsc::Receiver<v1::PipelineRequest>,
-    stream: Arc<Stream>,
-    shared: Arc<Shared>,
+    table: Arc<Table>,
+    shared: Weak<Shared>,
 ) {
     let opened = LockServiceClient::new(channel)
         .pipeline(tokio_stream::wrappers::ReceiverStream::new(outgoing))
@@ -385,7 +393,7 @@ async fn read_answers(
             let mut answers = answers.into_inner();
             loop {
                 match answers.message().await {
-                    Ok(Some(answer)) => deliver(&stream, answer),
+                    Ok(Some(answer)) => deliver(&table, answer),
                     Ok(None) => break Status::unavailable("the node ended the pipeline stream"),
                     Err(status) => break status,
                 }
@@ -393,9 +401,9 @@ async fn read_answers(
         }
     };
     let unsupported = ended.code() == Code::Unimplemented;
-    {
+    if let Some(shared) = shared.upgrade() {
         let mut mode = shared.state();
-        if matches!(&*mode, Mode::Open(current) if Arc::ptr_eq(current, &stream)) {
+        if matches!(&*mode, Mode::Open(current) if Arc::ptr_eq(&current.table, &table)) {
             *mode = if unsupported {
                 tracing::info!(
                     "the node does not serve LockService.Pipeline (an older lockd?); using unary calls"
@@ -407,14 +415,14 @@ async fn read_answers(
             };
         }
     }
-    stream.end(ended);
+    table.end(ended);
 }
 
 /// Hands `answer` to the call waiting for it; an answer nobody waits for (the caller gave up)
 /// is dropped.
-fn deliver(stream: &Stream, answer: v1::PipelineResponse) {
+fn deliver(table: &Table, answer: v1::PipelineResponse) {
     let reply = {
-        let mut waiting = stream.waiting();
+        let mut waiting = table.waiting();
         waiting.answered = true;
         waiting.calls.remove(&answer.call_id)
     };

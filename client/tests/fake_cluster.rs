@@ -77,6 +77,8 @@ struct Seen {
     pipelines: u32,
     /// Lock calls that arrived on a Pipeline stream.
     piped_calls: u32,
+    /// Pipeline streams whose client closed its side.
+    pipelines_closed: u32,
 }
 
 #[derive(Clone, Default)]
@@ -376,9 +378,10 @@ impl v1::lock_service_server::LockService for Fake {
                 taken += 1;
                 if limit == Some(taken) {
                     // The stream ends once the calls taken are answered.
-                    break;
+                    return;
                 }
             }
+            fake.seen().pipelines_closed += 1;
         });
         Ok(Response::new(Box::pin(
             tokio_stream::wrappers::ReceiverStream::new(out),
@@ -614,6 +617,38 @@ async fn a_pipeline_stream_that_ends_is_reopened_and_no_call_is_lost() {
         seen.pipelines
     );
     assert_eq!(seen.releases.len(), 3);
+}
+
+#[tokio::test]
+async fn dropping_a_pipeline_closes_its_stream() {
+    let leader = Fake::default();
+    let addr = serve(leader.clone()).await;
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .expect("endpoint")
+        .connect_lazy();
+    let pipeline = lock_client::pipeline::Pipeline::new(channel);
+    let release = v1::ReleaseRequest {
+        session_id: "s1".into(),
+        request_id: 1,
+        key: "k".into(),
+        fencing_token: 1,
+    };
+    let answer = pipeline
+        .release(release, Duration::from_secs(5))
+        .await
+        .expect("release");
+    assert!(answer.into_inner().released);
+    assert_eq!(leader.seen().pipelines, 1);
+    assert_eq!(
+        leader.seen().pipelines_closed,
+        0,
+        "open while the pipeline lives"
+    );
+    drop(pipeline);
+    wait_for("the server to see the stream closed", || {
+        leader.seen().pipelines_closed == 1
+    })
+    .await;
 }
 
 #[tokio::test]
