@@ -1,9 +1,12 @@
-//! The floors under every lock operation on this machine: one `fdatasync` on the data disk and
-//! one gRPC unary round trip over loopback. A Raft commit costs at least one fdatasync, and a
+//! The floors under every lock operation on this machine: one `fdatasync` on the data disk
+//! (after an append that grows the file, and after an overwrite inside space already allocated
+//! and synced, which is what lockd's WAL does with its preallocated segments) and one gRPC
+//! unary round trip over loopback. A Raft commit costs at least one fdatasync, and a
 //! client operation at least one round trip to the leader plus one leader → follower, so these
 //! bound what W3 can reach. Owns its probe file and its in-process server; nothing else.
 
 use std::io::Write;
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::time::Instant;
 
@@ -19,11 +22,19 @@ use crate::stats::{Samples, Summary};
 /// Bytes appended before each fdatasync: one page, like a small Raft log append.
 const FSYNC_WRITE_BYTES: usize = 4096;
 
+/// Pages preallocated (written and synced) for the overwrite probe, which cycles through them:
+/// 4 MiB, like a slice of a WAL segment's preallocated zeros.
+const OVERWRITE_PAGES: usize = 1024;
+
 /// The measured floors.
 #[derive(Debug, Clone, Serialize)]
 pub struct Floors {
-    /// fdatasync of a 4 KiB append to a file in the data directory.
+    /// fdatasync of a 4 KiB append to a file in the data directory (the file grows, so the
+    /// sync also commits its new size).
     pub fdatasync: Summary,
+    /// fdatasync of a 4 KiB overwrite inside a region already written and synced (no size or
+    /// block allocation to commit), as lockd's WAL writes into its preallocated zeros.
+    pub fdatasync_overwrite: Summary,
     /// A unary gRPC call (grpc.health.v1 Check) to an in-process tonic server over loopback.
     pub grpc_round_trip: Summary,
 }
@@ -31,12 +42,18 @@ pub struct Floors {
 /// Measures both floors: `fsyncs` fdatasyncs in `dir`, then `round_trips` gRPC calls.
 pub async fn measure(dir: &Path, fsyncs: usize, round_trips: usize) -> Result<Floors> {
     let dir = dir.to_path_buf();
-    let fdatasync = tokio::task::spawn_blocking(move || fdatasync_samples(&dir, fsyncs))
-        .await
-        .context("the fdatasync probe panicked")??;
+    let (fdatasync, fdatasync_overwrite) = tokio::task::spawn_blocking(move || {
+        Ok::<_, anyhow::Error>((
+            fdatasync_samples(&dir, fsyncs)?,
+            overwrite_samples(&dir, fsyncs)?,
+        ))
+    })
+    .await
+    .context("the fdatasync probe panicked")??;
     let grpc_round_trip = round_trip_samples(round_trips).await?;
     Ok(Floors {
         fdatasync: fdatasync.summary(),
+        fdatasync_overwrite: fdatasync_overwrite.summary(),
         grpc_round_trip: grpc_round_trip.summary(),
     })
 }
@@ -52,6 +69,35 @@ fn fdatasync_samples(dir: &Path, count: usize) -> Result<Samples> {
     let mut samples = Samples::with_capacity(count);
     for _ in 0..count {
         file.write_all(&page)
+            .with_context(|| format!("writing {}", path.display()))?;
+        let t0 = Instant::now();
+        file.sync_data()
+            .with_context(|| format!("fdatasync of {}", path.display()))?;
+        samples.push(t0.elapsed());
+    }
+    drop(file);
+    std::fs::remove_file(&path).with_context(|| format!("removing {}", path.display()))?;
+    Ok(samples)
+}
+
+fn overwrite_samples(dir: &Path, count: usize) -> Result<Samples> {
+    let path = dir.join("fdatasync-overwrite-probe");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .read(true)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("creating {}", path.display()))?;
+    let zeros = vec![0_u8; FSYNC_WRITE_BYTES * OVERWRITE_PAGES];
+    file.write_all_at(&zeros, 0)
+        .and_then(|()| file.sync_all())
+        .with_context(|| format!("preallocating {}", path.display()))?;
+    let page = [0x5a_u8; FSYNC_WRITE_BYTES];
+    let mut samples = Samples::with_capacity(count);
+    for i in 0..count {
+        let offset = ((i % OVERWRITE_PAGES) * FSYNC_WRITE_BYTES) as u64;
+        file.write_all_at(&page, offset)
             .with_context(|| format!("writing {}", path.display()))?;
         let t0 = Instant::now();
         file.sync_data()

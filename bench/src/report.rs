@@ -227,6 +227,12 @@ pub fn markdown(rows: &[Row], floors: &Floors) -> String {
     );
     let _ = writeln!(
         out,
+        "| fdatasync, 4 KiB overwrite of preallocated space (as lockd's WAL) | {} | {} |",
+        number(floors.fdatasync_overwrite.p50_ms),
+        number(floors.fdatasync_overwrite.p99_ms)
+    );
+    let _ = writeln!(
+        out,
         "| gRPC unary round trip over loopback | {} | {} |",
         number(floors.grpc_round_trip.p50_ms),
         number(floors.grpc_round_trip.p99_ms)

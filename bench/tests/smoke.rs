@@ -114,6 +114,12 @@ fn quick_run_writes_a_well_formed_table_and_json() {
     }
     let floors = &report["floors"];
     assert!(number(&floors["fdatasync"]["p50_ms"], "fdatasync p50") > 0.0);
+    assert!(
+        number(
+            &floors["fdatasync_overwrite"]["p50_ms"],
+            "overwrite fdatasync p50"
+        ) > 0.0
+    );
     assert!(number(&floors["grpc_round_trip"]["p50_ms"], "round-trip p50") > 0.0);
 }
 
