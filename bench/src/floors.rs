@@ -5,7 +5,6 @@
 //! client operation at least one round trip to the leader plus one leader → follower, so these
 //! bound what W3 can reach. Owns its probe file and its in-process server; nothing else.
 
-use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::time::Instant;
@@ -44,8 +43,8 @@ pub async fn measure(dir: &Path, fsyncs: usize, round_trips: usize) -> Result<Fl
     let dir = dir.to_path_buf();
     let (fdatasync, fdatasync_overwrite) = tokio::task::spawn_blocking(move || {
         Ok::<_, anyhow::Error>((
-            fdatasync_samples(&dir, fsyncs)?,
-            overwrite_samples(&dir, fsyncs)?,
+            fdatasync_samples(&dir, Probe::Append, fsyncs)?,
+            fdatasync_samples(&dir, Probe::Overwrite, fsyncs)?,
         ))
     })
     .await
@@ -58,46 +57,42 @@ pub async fn measure(dir: &Path, fsyncs: usize, round_trips: usize) -> Result<Fl
     })
 }
 
-fn fdatasync_samples(dir: &Path, count: usize) -> Result<Samples> {
-    let path = dir.join("fdatasync-probe");
-    let mut file = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&path)
-        .with_context(|| format!("creating {}", path.display()))?;
-    let page = [0x5a_u8; FSYNC_WRITE_BYTES];
-    let mut samples = Samples::with_capacity(count);
-    for _ in 0..count {
-        file.write_all(&page)
-            .with_context(|| format!("writing {}", path.display()))?;
-        let t0 = Instant::now();
-        file.sync_data()
-            .with_context(|| format!("fdatasync of {}", path.display()))?;
-        samples.push(t0.elapsed());
-    }
-    drop(file);
-    std::fs::remove_file(&path).with_context(|| format!("removing {}", path.display()))?;
-    Ok(samples)
+/// Where each probed page is written before its `fdatasync`.
+#[derive(Clone, Copy)]
+enum Probe {
+    /// Past the end of the file, which grows: the sync also commits the new size.
+    Append,
+    /// Inside [`OVERWRITE_PAGES`] already written and synced, cycling: only the data to sync.
+    Overwrite,
 }
 
-fn overwrite_samples(dir: &Path, count: usize) -> Result<Samples> {
-    let path = dir.join("fdatasync-overwrite-probe");
+/// `count` timed `fdatasync`s of a probe file in `dir`, each after one page written as `probe`
+/// says. The file is removed afterwards.
+fn fdatasync_samples(dir: &Path, probe: Probe, count: usize) -> Result<Samples> {
+    let path = dir.join(match probe {
+        Probe::Append => "fdatasync-probe",
+        Probe::Overwrite => "fdatasync-overwrite-probe",
+    });
     let file = std::fs::OpenOptions::new()
         .create(true)
         .truncate(true)
-        .read(true)
         .write(true)
         .open(&path)
         .with_context(|| format!("creating {}", path.display()))?;
-    let zeros = vec![0_u8; FSYNC_WRITE_BYTES * OVERWRITE_PAGES];
-    file.write_all_at(&zeros, 0)
-        .and_then(|()| file.sync_all())
-        .with_context(|| format!("preallocating {}", path.display()))?;
+    if let Probe::Overwrite = probe {
+        let zeros = vec![0_u8; FSYNC_WRITE_BYTES * OVERWRITE_PAGES];
+        file.write_all_at(&zeros, 0)
+            .and_then(|()| file.sync_all())
+            .with_context(|| format!("preallocating {}", path.display()))?;
+    }
     let page = [0x5a_u8; FSYNC_WRITE_BYTES];
     let mut samples = Samples::with_capacity(count);
     for i in 0..count {
-        let offset = ((i % OVERWRITE_PAGES) * FSYNC_WRITE_BYTES) as u64;
-        file.write_all_at(&page, offset)
+        let page_no = match probe {
+            Probe::Append => i,
+            Probe::Overwrite => i % OVERWRITE_PAGES,
+        };
+        file.write_all_at(&page, (page_no * FSYNC_WRITE_BYTES) as u64)
             .with_context(|| format!("writing {}", path.display()))?;
         let t0 = Instant::now();
         file.sync_data()
