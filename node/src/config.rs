@@ -610,6 +610,9 @@ impl Config {
             enable_tick: true,
             enable_heartbeat: true,
             enable_elect: true,
+            // A node that was partitioned away or restarted asks first whether it could win
+            // before it raises its term, so rejoining never deposes a healthy leader.
+            enable_pre_vote: Some(true),
             ..Default::default()
         };
         config.validate().map_err(|e| {

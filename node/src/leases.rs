@@ -17,8 +17,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use lock_raft_store::storage::{ApplyObserver, StateReader};
-use lock_raft_store::{Command, Event, Grant, Response, TypeConfig};
-use openraft::{Raft, ServerState};
+use lock_raft_store::{Command, Event, Grant, Raft, Response};
+use openraft::ServerState;
+use openraft::async_runtime::WatchReceiver;
 
 use crate::clock::Clock;
 use crate::proposer::Proposer;
@@ -382,7 +383,7 @@ impl ApplyObserver for Observer {
 /// marks the term promoted, which lets the reaper and leader-local renewals run. Returns when
 /// Raft shuts down.
 pub async fn run_promoter(
-    raft: Raft<TypeConfig>,
+    raft: Raft,
     proposer: Proposer,
     keeper: Arc<LeaseKeeper>,
     reader: StateReader,
@@ -420,7 +421,7 @@ pub async fn run_promoter(
                         )
                     });
                     keeper.reconcile(&grant_list, &session_list);
-                    let still = raft.metrics().borrow().current_term == term;
+                    let still = raft.metrics().borrow_watched().current_term == term;
                     if still {
                         keeper.set_promoted(term);
                         tracing::info!(term, grants, sessions, "promoted: leases restarted");
@@ -441,14 +442,14 @@ pub async fn run_promoter(
 
 /// Every [`REAP_TICK`] while this node is the promoted leader, proposes the expiry of up to
 /// [`REAP_PER_TICK_MAX`] lapsed leases. Returns when Raft shuts down.
-pub async fn run_reaper(raft: Raft<TypeConfig>, proposer: Proposer, keeper: Arc<LeaseKeeper>) {
+pub async fn run_reaper(raft: Raft, proposer: Proposer, keeper: Arc<LeaseKeeper>) {
     let mut tick = tokio::time::interval(REAP_TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
         let (state, term) = {
             let m = raft.metrics();
-            let m = m.borrow();
+            let m = m.borrow_watched();
             (m.state, m.current_term)
         };
         if state == ServerState::Shutdown {

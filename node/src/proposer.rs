@@ -17,9 +17,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use lock_api::LockError;
-use lock_raft_store::{Command, Request, Response, TypeConfig};
-use openraft::Raft;
+use lock_raft_store::{Command, Raft, Request, Response};
+
 use openraft::error::ClientWriteError;
+use openraft::impls::ProgressResponder;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use crate::clock::Clock;
@@ -58,7 +59,7 @@ pub trait LogWriter: Send + Sync + 'static {
 /// Writes entries through openraft's fire-and-forget client write.
 #[derive(Clone)]
 pub struct RaftWriter {
-    raft: Raft<TypeConfig>,
+    raft: Raft,
 }
 
 impl std::fmt::Debug for RaftWriter {
@@ -69,25 +70,34 @@ impl std::fmt::Debug for RaftWriter {
 
 impl RaftWriter {
     /// Writes to `raft`.
-    pub fn new(raft: Raft<TypeConfig>) -> Self {
+    pub fn new(raft: Raft) -> Self {
         Self { raft }
     }
 }
 
 impl LogWriter for RaftWriter {
     async fn submit(&self, request: Request) -> Result<Applied, LockError> {
-        let rx = self
-            .raft
-            .client_write_ff(request)
+        let (responder, rx) = ProgressResponder::complete_only();
+        self.raft
+            .client_write_ff(request, Some(responder))
             .await
             .map_err(|fatal| LockError::contention(format!("raft is stopped: {fatal}")))?;
         Ok(Box::pin(async move {
             match rx.await {
                 Ok(Ok(written)) => Ok(written.data),
-                Ok(Err(ClientWriteError::ForwardToLeader(f))) => Err(LockError::NotLeader {
+                // Refused before it was appended (this node is not the leader), or appended and
+                // then dropped from this node's log by a new leader, which may still have it:
+                // either way NotLeader, and the request id makes the caller's retry safe.
+                Ok(Err(
+                    ClientWriteError::ForwardToLeader(f) | ClientWriteError::LogEntryDiscarded(f),
+                )) => Err(LockError::NotLeader {
                     leader_id: f.leader_id,
                     leader_addr: f.leader_node.map(|n| n.addr),
                 }),
+                // lockd attaches no preconditions to its writes.
+                Ok(Err(ClientWriteError::PreconditionFailed(e))) => {
+                    Err(LockError::contention(format!("write refused: {e}")))
+                }
                 Ok(Err(ClientWriteError::ChangeMembershipError(e))) => Err(LockError::contention(
                     format!("membership change in progress: {e}"),
                 )),

@@ -16,9 +16,10 @@ use lock_proto::v1::admin_service_server::AdminServiceServer;
 use lock_proto::v1::lock_service_server::LockServiceServer;
 use lock_proto::v1::raft_service_server::RaftServiceServer;
 use lock_proto::v1::session_service_server::SessionServiceServer;
-use lock_raft_store::TypeConfig;
+use lock_raft_store::Raft;
 use lock_raft_store::storage::{self, ApplyObserver};
-use openraft::{BasicNode, Raft};
+use openraft::BasicNode;
+use openraft::async_runtime::WatchReceiver;
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 
@@ -126,7 +127,7 @@ async fn serve(
             "raft dial override active: Raft RPCs to this peer connect to the dial address"
         );
     }
-    let raft = Raft::<TypeConfig>::new(
+    let raft = Raft::new(
         config.node_id,
         raft_config,
         NetworkFactory::new(config.node_id).with_dial_overrides(config.raft_dial.clone()),
@@ -250,7 +251,7 @@ async fn serve(
 /// Initialises the cluster with every peer as a voter, once: only if this node's Raft state is
 /// not initialised (fresh data). A node restarted on existing data has its membership in its
 /// log and never re-initialises.
-async fn bootstrap(raft: Raft<TypeConfig>, peers: BTreeMap<u64, String>) {
+async fn bootstrap(raft: Raft, peers: BTreeMap<u64, String>) {
     let members: BTreeMap<u64, BasicNode> = peers
         .into_iter()
         .map(|(id, addr)| (id, BasicNode { addr }))
@@ -287,7 +288,7 @@ async fn bootstrap(raft: Raft<TypeConfig>, peers: BTreeMap<u64, String>) {
 }
 
 /// Serving (health) once the node knows a leader; not serving while it knows none.
-async fn report_health(raft: Raft<TypeConfig>, health: tonic_health::server::HealthReporter) {
+async fn report_health(raft: Raft, health: tonic_health::server::HealthReporter) {
     use tonic_health::ServingStatus;
     let mut metrics = raft.metrics();
     let mut last = None;

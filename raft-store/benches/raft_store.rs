@@ -18,9 +18,10 @@ use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use lock_raft_store::storage::{self, EngineKind, LogStore};
-use lock_raft_store::{Command, LockTable, Request, Response, TypeConfig};
+use lock_raft_store::{
+    Command, Entry, EntryPayload, LeaderId, LockTable, LogId, Request, Response,
+};
 use openraft::storage::RaftLogStorageExt;
-use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId};
 
 const SESSIONS: usize = 100;
 const KEYS: usize = 10_000;
@@ -93,7 +94,7 @@ fn bench_apply(c: &mut Criterion) {
     group.finish();
 }
 
-fn entry(index: u64, commands_per_entry: usize) -> Entry<TypeConfig> {
+fn entry(index: u64, commands_per_entry: usize) -> Entry {
     let acquire = |i: usize| Command::Acquire {
         session_id: session_id(i % SESSIONS),
         request_id: index * 1_000 + i as u64,
@@ -107,7 +108,13 @@ fn entry(index: u64, commands_per_entry: usize) -> Entry<TypeConfig> {
         Command::Batch((0..commands_per_entry).map(acquire).collect())
     };
     Entry {
-        log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
+        log_id: LogId::new(
+            LeaderId {
+                term: 1,
+                node_id: 1,
+            },
+            index,
+        ),
         payload: EntryPayload::Normal(Request {
             stamp_ms: STAMP_MS,
             command,

@@ -30,12 +30,42 @@ pub type Node = openraft::BasicNode;
 
 openraft::declare_raft_types!(
     /// The openraft type configuration of the lock cluster.
+    ///
+    /// Terms are `u64` and leader ids are openraft's "advanced" ones (term and node id, several
+    /// candidates per term), as in openraft 0.9, so that log ids, votes and memberships keep
+    /// the byte encoding lockd wrote before (`tests/encoding.rs`).
     pub TypeConfig:
         D = Request,
         R = Response,
         NodeId = NodeId,
         Node = Node,
-        Entry = openraft::Entry<TypeConfig>,
-        SnapshotData = std::io::Cursor<Vec<u8>>,
+        Term = u64,
+        LeaderId = LeaderId,
         AsyncRuntime = openraft::TokioRuntime,
 );
+
+/// A leader's id: its term and node. Several candidates may stand in one term.
+pub type LeaderId = openraft::impls::leader_id_adv::LeaderId<u64, NodeId>;
+/// The leader id a log entry records (with advanced leader ids, the leader id itself).
+pub type CommittedLeaderId = LeaderId;
+/// A log entry's position: its leader and index.
+pub type LogId = openraft::LogId<CommittedLeaderId>;
+/// A persisted vote.
+pub type Vote = openraft::impls::Vote<LeaderId>;
+/// What a log entry carries.
+pub type EntryPayload = openraft::EntryPayload<Request, NodeId, Node>;
+/// A Raft log entry.
+pub type Entry = openraft::Entry<CommittedLeaderId, EntryPayload>;
+/// A cluster membership (voters and learners with their addresses).
+pub type Membership = openraft::Membership<NodeId, Node>;
+/// A membership and the log id of the entry that set it.
+pub type StoredMembership = openraft::StoredMembership<CommittedLeaderId, NodeId, Node>;
+/// What a snapshot covers.
+pub type SnapshotMeta = openraft::SnapshotMeta<CommittedLeaderId, NodeId, Node>;
+/// A snapshot: its meta and the encoded lock table.
+pub type Snapshot = openraft::Snapshot<CommittedLeaderId, NodeId, Node, SnapshotData>;
+/// The bytes of a snapshot as the state machine and the transport hand it over.
+pub type SnapshotData = std::io::Cursor<Vec<u8>>;
+
+/// A lock cluster node's openraft handle, over the lock state machine.
+pub type Raft = openraft::Raft<TypeConfig, storage::StateMachineStore>;

@@ -24,9 +24,9 @@ use std::process::{Command as Process, Stdio};
 use std::time::Duration;
 
 use lock_raft_store::storage;
-use lock_raft_store::{Command, NodeId, Request, TypeConfig};
+use lock_raft_store::{Command, Entry, EntryPayload, LeaderId, LogId, NodeId, Request, Vote};
+use openraft::RaftLogReader;
 use openraft::storage::{RaftLogStorage, RaftLogStorageExt};
-use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId, RaftLogReader, Vote};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -52,7 +52,7 @@ const NODE_ID: NodeId = 1;
 /// The entry the child writes at `index`: its content derives from the index alone, so the
 /// parent can check any entry it finds. Every 97th entry is large (200 KB, stored as several
 /// engine chunks); the others vary in size.
-fn expected_entry(index: u64) -> Entry<TypeConfig> {
+fn expected_entry(index: u64) -> Entry {
     let filler_len = if index.is_multiple_of(97) {
         200_000
     } else {
@@ -60,7 +60,13 @@ fn expected_entry(index: u64) -> Entry<TypeConfig> {
     };
     let filler_char = char::from(b'a' + (index % 26) as u8);
     Entry {
-        log_id: LogId::new(CommittedLeaderId::new(1, NODE_ID), index),
+        log_id: LogId::new(
+            LeaderId {
+                term: 1,
+                node_id: NODE_ID,
+            },
+            index,
+        ),
         payload: EntryPayload::Normal(Request {
             stamp_ms: index,
             command: Command::OpenSession {
@@ -105,9 +111,15 @@ fn child(dir: &Path, seed: u64) {
             }
             if rng.gen_bool(0.25) {
                 // Not acknowledged (committed need not be durable), but written alongside.
-                log.save_committed(Some(LogId::new(CommittedLeaderId::new(1, NODE_ID), last)))
-                    .await
-                    .expect("child: save committed");
+                log.save_committed(Some(LogId::new(
+                    LeaderId {
+                        term: 1,
+                        node_id: NODE_ID,
+                    },
+                    last,
+                )))
+                .await
+                .expect("child: save committed");
             }
         }
     });
@@ -160,11 +172,7 @@ async fn verify(dir: &Path, acked: &Acked, round: usize) {
         .unwrap_or_else(|e| panic!("round {round}: the store must open after a kill: {e}"));
     let vote = log.read_vote().await.expect("read vote");
     if let Some(vote) = vote {
-        assert_eq!(
-            vote.leader_id().voted_for(),
-            Some(NODE_ID),
-            "round {round}: {vote:?}"
-        );
+        assert_eq!(vote.leader_id().node_id, NODE_ID, "round {round}: {vote:?}");
     }
     let vote_term = vote.map_or(0, |v| v.leader_id().term);
     assert!(

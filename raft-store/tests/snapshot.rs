@@ -8,11 +8,12 @@ use std::io::Cursor;
 use std::path::Path;
 
 use lock_raft_store::storage::{self, StateMachineStore};
-use lock_raft_store::{Command, LockTable, Node, NodeId, Request, Response, TypeConfig};
-use openraft::storage::RaftStateMachine;
-use openraft::{
-    CommittedLeaderId, Entry, EntryPayload, LogId, Membership, RaftSnapshotBuilder, SnapshotMeta,
+use lock_raft_store::{
+    Command, Entry, EntryPayload, LeaderId, LockTable, LogId, Membership, Node, Request, Response,
+    SnapshotMeta,
 };
+use openraft::RaftSnapshotBuilder;
+use openraft::storage::RaftStateMachine;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -30,8 +31,14 @@ fn seed() -> u64 {
     seed
 }
 
-fn log_id(index: u64) -> LogId<NodeId> {
-    LogId::new(CommittedLeaderId::new(1, 1), index)
+fn log_id(index: u64) -> LogId {
+    LogId::new(
+        LeaderId {
+            term: 1,
+            node_id: 1,
+        },
+        index,
+    )
 }
 
 /// Makes commands that do something on the current table: opens sessions, acquires (some with
@@ -151,26 +158,25 @@ async fn drive(
                 command,
             })
         };
-        let entry = Entry::<TypeConfig> {
+        let entry = Entry {
             log_id: log_id(index),
             payload,
         };
-        answers.extend(sm.apply([entry]).await.expect("apply"));
+        answers.extend(sm.apply_entries([entry]));
     }
     answers
 }
 
-fn membership_entry(index: u64) -> Entry<TypeConfig> {
+fn membership_entry(index: u64) -> Entry {
     let nodes = [1u64, 2, 3]
         .into_iter()
         .map(|id| (id, Node::new(format!("127.0.0.1:{}", 7000 + id))))
         .collect::<std::collections::BTreeMap<_, _>>();
     Entry {
         log_id: log_id(index),
-        payload: EntryPayload::Membership(Membership::new(
-            vec![nodes.keys().copied().collect()],
-            nodes,
-        )),
+        payload: EntryPayload::Membership(
+            Membership::new(vec![nodes.keys().copied().collect()], nodes).expect("membership"),
+        ),
     }
 }
 
@@ -190,10 +196,7 @@ async fn t10_installed_snapshot_is_identical_and_answers_identically() {
     let mut leader = open_sm(leader_dir.path());
     let mut follower = open_sm(follower_dir.path());
 
-    leader
-        .apply([membership_entry(1)])
-        .await
-        .expect("membership");
+    leader.apply_entries([membership_entry(1)]);
     let mut next = 2;
     let mut workload = Workload {
         rng: StdRng::seed_from_u64(seed),
@@ -226,10 +229,8 @@ async fn t10_installed_snapshot_is_identical_and_answers_identically() {
         .expect("build");
     assert_eq!(built.meta.last_log_id, Some(log_id(next - 1)));
 
-    let mut receiving = follower.begin_receiving_snapshot().await.expect("begin");
-    *receiving = Cursor::new(built.snapshot.get_ref().clone());
     follower
-        .install_snapshot(&built.meta, receiving)
+        .install_snapshot(&built.meta, Cursor::new(built.snapshot.get_ref().clone()))
         .await
         .expect("install");
 
@@ -272,7 +273,7 @@ async fn t20_snapshot_survives_a_restart() {
     let seed = seed();
     let dir = tempfile::tempdir().expect("temp dir");
     let mut sm = open_sm(dir.path());
-    sm.apply([membership_entry(1)]).await.expect("membership");
+    sm.apply_entries([membership_entry(1)]);
     let mut next = 2;
     let mut workload = Workload {
         rng: StdRng::seed_from_u64(seed),
@@ -294,7 +295,7 @@ async fn t20_snapshot_survives_a_restart() {
         .expect("build");
     let table = table_of(&sm);
     let applied = sm.applied_state().await.expect("state");
-    assert_ne!(first.meta.snapshot_id, second.meta.snapshot_id);
+    assert_ne!(first.meta.last_log_id, second.meta.last_log_id);
     drop(sm);
 
     // Only the newer snapshot is kept.
@@ -336,7 +337,7 @@ async fn t30_a_corrupted_snapshot_file_refuses_to_open_naming_the_file() {
     drop(sm);
 
     let snapshot_dir = dir.path().join(storage::SNAPSHOT_DIR_NAME);
-    let path = snapshot_dir.join(format!("{}.snap", built.meta.snapshot_id));
+    let path = snapshot_dir.join(storage::snapshot_file_name(built.meta.last_log_id.as_ref()));
     let mut bytes = std::fs::read(&path).expect("read snapshot file");
     // Flip one bit at a seeded position in the payload (past the 5-byte frame header).
     let mut rng = StdRng::seed_from_u64(seed);
@@ -358,12 +359,9 @@ async fn t40_garbage_snapshot_data_is_refused_and_changes_nothing() {
     let meta = SnapshotMeta {
         last_log_id: Some(log_id(9)),
         last_membership: Default::default(),
-        snapshot_id: "1-1-9".to_string(),
     };
-    let mut receiving = sm.begin_receiving_snapshot().await.expect("begin");
-    *receiving = Cursor::new(b"not a snapshot".to_vec());
     let error = sm
-        .install_snapshot(&meta, receiving)
+        .install_snapshot(&meta, Cursor::new(b"not a snapshot".to_vec()))
         .await
         .expect_err("garbage");
     assert!(error.to_string().contains("snapshot data"), "{error}");

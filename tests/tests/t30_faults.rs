@@ -32,9 +32,10 @@ fn failover_bound(cluster: &Cluster) -> Duration {
 }
 
 /// How long a test whose subject is *not* failover speed waits for the next leader after a
-/// crash: a liveness bound, not a speed claim. openraft 0.9 has no pre-vote, so a survivor whose
-/// log lags keeps campaigning and splitting votes with the one node that can win; randomised
-/// timeouts end that, but on a loaded two-core CI machine it has taken more than
+/// crash: a liveness bound, not a speed claim. A survivor whose log lags cannot win, and
+/// (lockd runs openraft's pre-vote) no longer raises its term trying, but elections on a loaded
+/// two-core CI machine still split votes at times; randomised timeouts end that, and it has
+/// taken more than
 /// [`failover_bound`] (seen once in CI: 4.5 s). The speed promise (DESIGN.md §5.5) is asserted
 /// with [`failover_bound`] by `a_leader_crash_keeps_every_held_lock` alone.
 const NEXT_LEADER_WAIT: Duration = Duration::from_secs(20);

@@ -558,20 +558,29 @@ async fn garbage_raft_messages_leave_the_cluster_serving() {
             ("zeros", vec![0; 4096]),
         ];
         for (name, data) in payloads {
-            for method in ["Append", "Vote", "Snapshot"] {
+            for method in ["Append", "AppendStream", "Vote", "PreVote", "Snapshot"] {
                 let request = RaftPayload { data: data.clone() };
+                let one = || tokio_stream::iter(vec![request.clone()]);
                 let call = async {
+                    let bytes =
+                        |answer: tonic::Response<RaftPayload>| answer.into_inner().data.len();
                     match method {
-                        "Append" => raft.append(request).await,
-                        "Vote" => raft.vote(request).await,
-                        _ => raft.snapshot(request).await,
+                        "Append" => raft.append(request.clone()).await.map(bytes),
+                        "Vote" => raft.vote(request.clone()).await.map(bytes),
+                        "PreVote" => raft.pre_vote(request.clone()).await.map(bytes),
+                        "Snapshot" => raft.snapshot(one()).await.map(bytes),
+                        _ => match raft.append_stream(one()).await {
+                            Ok(answers) => answers
+                                .into_inner()
+                                .message()
+                                .await
+                                .map(|answer| answer.map_or(0, |a| a.data.len())),
+                            Err(status) => Err(status),
+                        },
                     }
                 };
                 match tokio::time::timeout(lock_tests::client::RPC_TIMEOUT, call).await {
-                    Ok(Ok(answer)) => println!(
-                        "node {id} {method}({name}): OK with {} bytes",
-                        answer.into_inner().data.len()
-                    ),
+                    Ok(Ok(len)) => println!("node {id} {method}({name}): OK with {len} bytes"),
                     Ok(Err(status)) => println!(
                         "node {id} {method}({name}): {:?} {:?}",
                         status.code(),

@@ -13,7 +13,9 @@ use lock_proto::v1::{
     AddLearnerRequest, AddLearnerResponse, ChangeMembershipRequest, ChangeMembershipResponse,
     InitRequest, InitResponse, StatusRequest, StatusResponse,
 };
+use lock_raft_store::TypeConfig;
 use openraft::BasicNode;
+use openraft::async_runtime::WatchReceiver;
 use openraft::error::{ClientWriteError, InitializeError, RaftError};
 use tonic::{Request, Response, Status};
 
@@ -37,17 +39,20 @@ impl AdminApi {
     }
 }
 
-fn write_error(err: RaftError<u64, ClientWriteError<u64, BasicNode>>) -> Status {
+fn write_error(err: RaftError<TypeConfig, ClientWriteError<TypeConfig>>) -> Status {
     match err {
-        RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => {
-            status_from_lock_error(&LockError::NotLeader {
-                leader_id: f.leader_id,
-                leader_addr: f.leader_node.map(|n| n.addr),
-            })
-        }
+        RaftError::APIError(
+            ClientWriteError::ForwardToLeader(f) | ClientWriteError::LogEntryDiscarded(f),
+        ) => status_from_lock_error(&LockError::NotLeader {
+            leader_id: f.leader_id,
+            leader_addr: f.leader_node.map(|n| n.addr),
+        }),
         RaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => status_from_lock_error(
             &LockError::invalid(format!("membership change refused: {e}")),
         ),
+        RaftError::APIError(ClientWriteError::PreconditionFailed(e)) => {
+            status_from_lock_error(&LockError::contention(format!("write refused: {e}")))
+        }
         RaftError::Fatal(f) => {
             status_from_lock_error(&LockError::contention(format!("raft is stopped: {f}")))
         }
@@ -61,7 +66,7 @@ impl AdminService for AdminApi {
         _request: Request<StatusRequest>,
     ) -> Result<Response<StatusResponse>, Status> {
         let metrics = self.store.raft().metrics();
-        let status = convert::status(&metrics.borrow(), &self.cluster_name);
+        let status = convert::status(&metrics.borrow_watched(), &self.cluster_name);
         Ok(Response::new(status))
     }
 

@@ -4,7 +4,7 @@
 //! `lock_proto::error`), no IO.
 
 use lock_proto::v1;
-use lock_raft_store::{Grant, Revocation};
+use lock_raft_store::{Grant, Revocation, TypeConfig};
 use openraft::{RaftMetrics, ServerState};
 
 use crate::store::raft::KeyState;
@@ -59,7 +59,7 @@ pub fn role(state: ServerState) -> v1::Role {
 }
 
 /// A node's view of the cluster from its Raft metrics.
-pub fn status(m: &RaftMetrics<u64, openraft::BasicNode>, cluster_id: &str) -> v1::StatusResponse {
+pub fn status(m: &RaftMetrics<TypeConfig>, cluster_id: &str) -> v1::StatusResponse {
     let membership = m.membership_config.membership();
     let voters: std::collections::BTreeSet<u64> = membership.voter_ids().collect();
     let members = membership
@@ -80,9 +80,9 @@ pub fn status(m: &RaftMetrics<u64, openraft::BasicNode>, cluster_id: &str) -> v1
         current_term: m.current_term,
         leader_id: m.current_leader,
         leader_addr,
-        // openraft 0.9's metrics carry no commit index; the applied index is a lower bound of
-        // it (only committed entries apply) and is what this node's reads reflect.
-        commit_index: m.last_applied.map_or(0, |id| id.index),
+        // What this node knows to be committed (openraft's local committed log id; the
+        // applied index trails it).
+        commit_index: m.local_committed.map_or(0, |id| id.index),
         applied_index: m.last_applied.map_or(0, |id| id.index),
         last_log_index: m.last_log_index.unwrap_or(0),
         members,

@@ -1,16 +1,18 @@
-//! The client side of the Raft transport: openraft's `RaftNetworkFactory` / `RaftNetwork` over
-//! the `lockd.v1.RaftService` gRPC client, with postcard payloads.
+//! The client side of the Raft transport: openraft's `RaftNetworkFactory` / `RaftNetworkV2`
+//! over the `lockd.v1.RaftService` gRPC client, with postcard payloads.
 //!
-//! Owns dialing peers and turning transport failures into openraft's error kinds. Every RPC is
-//! bounded by the TTL openraft passes in (`RPCOption::hard_ttl`), connections are made lazily
-//! and re-made by the channel after a peer restarts. Must not interpret Raft messages: it only
-//! carries them (see `raft::service` for the receiving side).
+//! Owns dialing peers and turning transport failures into openraft's error kinds. Connections
+//! are made lazily and re-made by the channel after a peer restarts. Must not interpret Raft
+//! messages: it only carries them (see `raft::service` for the receiving side).
 //!
-//! Appends (entries and heartbeats, the hot path) travel on one long-lived `AppendStream` per
-//! peer, opened on first use and dropped on any failure, timeout or cancelled call (the next
-//! append opens a fresh one, so an answer can never be matched to the wrong request). A peer
-//! that does not know `AppendStream` (an older lockd during a rolling upgrade) gets unary
-//! `Append`s from then on. Votes and snapshot chunks stay unary: they are rare.
+//! Appends (entries and heartbeats, the hot path) are **pipelined** on one `AppendStream` per
+//! openraft replication session: openraft hands over a stream of requests and reads a stream of
+//! results, and each request leaves as soon as openraft makes it, without waiting for the
+//! answers to those before it. The follower answers in order, so the n-th answer is the n-th
+//! request's. Every request must be answered within openraft's RPC TTL from the moment it was
+//! sent (`RPCOption::hard_ttl`), or the stream fails with a timeout: a partitioned or paused
+//! follower is noticed even though the stream itself never times out. Votes and pre-votes are
+//! unary; a snapshot is one client stream (a header, then the bytes in chunks).
 //!
 //! A peer is dialled at its address in the replicated membership unless the node was started
 //! with a dial override for it (`--raft-dial ID=ADDR`, see `config::RunArgs::raft_dial`): then
@@ -18,32 +20,42 @@
 //! membership, so the leader address handed to clients stays the membership's.
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::{Stream, StreamExt};
 use lock_proto::v1::RaftPayload;
 use lock_proto::v1::raft_service_client::RaftServiceClient;
-use lock_raft_store::{Node, NodeId, TypeConfig};
+use lock_raft_store::{Node, NodeId, Snapshot, SnapshotData, TypeConfig, Vote};
+use openraft::OptionalSend;
+use openraft::base::{BoxFuture, BoxStream};
 use openraft::error::{
-    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Timeout, Unreachable,
+    NetworkError, RPCError, RaftError, ReplicationClosed, StreamingError, Timeout, Unreachable,
 };
-use openraft::network::{RPCOption, RPCTypes, RaftNetwork, RaftNetworkFactory};
+use openraft::network::{Backoff, RPCOption, RPCTypes, RaftNetworkFactory, RaftNetworkV2};
 use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
-    VoteRequest, VoteResponse,
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, StreamAppendResult, VoteRequest,
+    VoteResponse,
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
-use tonic::Streaming;
+use tokio::time::Instant;
 use tonic::transport::{Channel, Endpoint};
+
+use super::{SNAPSHOT_CHUNK_BYTES, SnapshotHeader, StreamAnswer};
 
 /// Largest Raft message, in bytes, either way. An append carries at most
 /// `RAFT_PAYLOAD_ENTRIES_MAX` entries of at most `BATCH_MAX` commands of a few KiB each, and a
-/// snapshot travels in chunks of openraft's `snapshot_max_chunk_size` (3 MiB by default); 64 MiB
-/// leaves room for both while still refusing a runaway message.
+/// snapshot travels in chunks of [`SNAPSHOT_CHUNK_BYTES`]; 64 MiB leaves room for both while
+/// still refusing a runaway message.
 pub const RAFT_MESSAGE_BYTES_MAX: usize = 64 * 1024 * 1024;
+
+/// The slowest a snapshot transfer may go, in bytes per second, before it is given up on (see
+/// `full_snapshot`): a 1 GiB snapshot, the largest accepted, gets 100 s more than openraft's
+/// TTL.
+const SNAPSHOT_BYTES_PER_SEC_MIN: usize = 10 * 1024 * 1024;
 
 /// How long dialing a peer may take before the RPC is treated as unreachable.
 const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
@@ -53,7 +65,10 @@ const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 /// shorter pause is kinder to failover tests while still not spinning on a dead peer.
 const UNREACHABLE_BACKOFF: Duration = Duration::from_millis(200);
 
-/// Makes one [`PeerClient`] per peer for openraft.
+type RpcError = RPCError<TypeConfig>;
+
+/// Makes one [`PeerClient`] per peer and purpose (replication, heartbeats, snapshots) for
+/// openraft.
 #[derive(Clone, Debug)]
 pub struct NetworkFactory {
     /// This node's id, for openraft's timeout errors.
@@ -105,24 +120,8 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
             target,
             addr,
             client: None,
-            appends: None,
-            appends_unsupported: false,
         }
     }
-}
-
-/// Where an append starts: on the open stream, or by opening one with this client.
-enum Start {
-    Open(AppendStream),
-    New(RaftServiceClient<Channel>),
-}
-
-/// An open `AppendStream` to one peer, with no answer owed: a call takes it out while its
-/// request is in flight and puts it back only once the answer arrived.
-#[derive(Debug)]
-struct AppendStream {
-    requests: mpsc::Sender<RaftPayload>,
-    answers: Streaming<RaftPayload>,
 }
 
 /// The Raft transport to one peer.
@@ -134,10 +133,6 @@ pub struct PeerClient {
     addr: String,
     /// Made on first use; the channel reconnects by itself after a peer restart.
     client: Option<RaftServiceClient<Channel>>,
-    /// The open append stream, if any (see the module docs).
-    appends: Option<AppendStream>,
-    /// The peer answered `AppendStream` with UNIMPLEMENTED: send it unary appends.
-    appends_unsupported: bool,
 }
 
 /// Why one call failed, before it is phrased as an openraft error.
@@ -148,12 +143,76 @@ enum CallError {
     BadAddress(String),
     Network(tonic::Status),
     Decode(String),
+    /// The peer's Raft could not take the request at all (it stopped, or hit a fatal error).
+    Remote(String),
 }
 
 /// A plain error to wrap into openraft's `NetworkError` / `Unreachable`.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
 struct TransportError(String);
+
+/// The unary RPCs.
+#[derive(Clone, Copy, Debug)]
+enum Unary {
+    Append,
+    Vote,
+    PreVote,
+}
+
+impl Unary {
+    fn kind(self) -> RPCTypes {
+        match self {
+            Unary::Append => RPCTypes::AppendEntries,
+            Unary::Vote | Unary::PreVote => RPCTypes::Vote,
+        }
+    }
+}
+
+fn classify(status: tonic::Status) -> CallError {
+    match status.code() {
+        tonic::Code::Unavailable => CallError::Unreachable(status),
+        _ => CallError::Network(status),
+    }
+}
+
+/// `err`, from node `self_id` to `target`, as openraft's error. A peer whose Raft has stopped
+/// is as good as unreachable: openraft backs off and retries.
+fn rpc_error(self_id: NodeId, target: NodeId, kind: RPCTypes, err: CallError) -> RpcError {
+    match err {
+        CallError::Timeout(timeout) => RPCError::Timeout(Timeout {
+            action: kind,
+            id: self_id,
+            target,
+            timeout,
+        }),
+        CallError::Unreachable(status) => RPCError::Unreachable(Unreachable::new(&status)),
+        CallError::BadAddress(msg) | CallError::Remote(msg) => {
+            RPCError::Unreachable(Unreachable::new(&TransportError(msg)))
+        }
+        CallError::Network(status) => RPCError::Network(NetworkError::new(&status)),
+        CallError::Decode(msg) => RPCError::Network(NetworkError::new(&TransportError(msg))),
+    }
+}
+
+fn encode<T: Serialize>(what: &str, value: &T) -> Result<RaftPayload, CallError> {
+    postcard::to_stdvec(value)
+        .map(|data| RaftPayload { data })
+        .map_err(|e| CallError::Decode(format!("encoding {what}: {e}")))
+}
+
+fn decode<T: DeserializeOwned>(
+    what: &str,
+    target: NodeId,
+    payload: &RaftPayload,
+) -> Result<T, CallError> {
+    postcard::from_bytes(&payload.data).map_err(|e| {
+        CallError::Decode(format!(
+            "decoding {what} from node {target} ({} bytes): {e}",
+            payload.data.len()
+        ))
+    })
+}
 
 impl PeerClient {
     fn client(&mut self) -> Result<RaftServiceClient<Channel>, CallError> {
@@ -173,247 +232,251 @@ impl PeerClient {
         Ok(client)
     }
 
-    /// Sends `req` with `kind`, bounded by `ttl`, and decodes the answer `Result<Resp, E>`.
-    async fn call<Req, Resp, E>(
+    fn error(&self, kind: RPCTypes, err: CallError) -> RpcError {
+        rpc_error(self.self_id, self.target, kind, err)
+    }
+
+    /// Sends `req` as the unary `rpc`, bounded by `ttl`, and decodes the answer
+    /// `Result<Resp, RaftError>`.
+    async fn unary<Req, Resp>(
         &mut self,
-        kind: RPCTypes,
+        rpc: Unary,
         req: &Req,
         ttl: Duration,
-    ) -> Result<Result<Resp, E>, CallError>
+    ) -> Result<Resp, RpcError>
     where
         Req: Serialize,
         Resp: DeserializeOwned,
-        E: DeserializeOwned,
     {
-        let encode = || {
-            postcard::to_stdvec(req)
-                .map(|data| RaftPayload { data })
-                .map_err(|e| CallError::Decode(format!("encoding {kind:?} request: {e}")))
-        };
-        let streamed = kind == RPCTypes::AppendEntries && !self.appends_unsupported;
-        let response = match streamed {
-            true => match self.append_streamed(encode()?, ttl).await {
-                Err(CallError::Network(status)) if status.code() == tonic::Code::Unimplemented => {
-                    tracing::info!(
-                        target = self.target,
-                        "peer does not serve AppendStream (an older lockd?); sending it unary appends"
-                    );
-                    self.appends_unsupported = true;
-                    self.unary(kind, encode()?, ttl).await?
-                }
-                other => other?,
-            },
-            false => self.unary(kind, encode()?, ttl).await?,
-        };
-        postcard::from_bytes(&response.data).map_err(|e| {
-            CallError::Decode(format!(
-                "decoding {kind:?} answer from node {} ({} bytes): {e}",
-                self.target,
-                response.data.len()
-            ))
-        })
-    }
-
-    /// One unary call of `kind` carrying `payload`, bounded by `ttl`.
-    async fn unary(
-        &mut self,
-        kind: RPCTypes,
-        payload: RaftPayload,
-        ttl: Duration,
-    ) -> Result<RaftPayload, CallError> {
-        let mut client = self.client()?;
-        let mut request = tonic::Request::new(payload);
-        request.set_timeout(ttl);
-        let call = async move {
-            match kind {
-                RPCTypes::AppendEntries => client.append(request).await,
-                RPCTypes::Vote => client.vote(request).await,
-                RPCTypes::InstallSnapshot => client.snapshot(request).await,
+        let call = async {
+            let mut client = self.client()?;
+            let mut request = tonic::Request::new(encode("request", req)?);
+            request.set_timeout(ttl);
+            let response = match rpc {
+                Unary::Append => client.append(request).await,
+                Unary::Vote => client.vote(request).await,
+                Unary::PreVote => client.pre_vote(request).await,
             }
+            .map_err(classify)?;
+            let answer: Result<Resp, RaftError<TypeConfig>> =
+                decode("answer", self.target, response.get_ref())?;
+            answer.map_err(|remote| CallError::Remote(remote.to_string()))
         };
         match tokio::time::timeout(ttl, call).await {
-            Err(_) => Err(CallError::Timeout(ttl)),
-            Ok(Err(status)) => Err(classify(status)),
-            Ok(Ok(response)) => Ok(response.into_inner()),
+            Err(_) => Err(self.error(rpc.kind(), CallError::Timeout(ttl))),
+            Ok(result) => result.map_err(|err| self.error(rpc.kind(), err)),
         }
     }
 
-    /// One append on the peer's `AppendStream`, opening it first if none is open, bounded by
-    /// `ttl`. The stream is held outside `self` while the answer is owed, so a failure, a
-    /// timeout or a cancelled call (openraft dropping this future) drops it and the next append
-    /// opens a fresh one.
-    async fn append_streamed(
+    /// Opens an `AppendStream` carrying `input`, and returns its answers, each bounded by `ttl`
+    /// from the moment its request was sent (see the module docs).
+    async fn open_append_stream<S>(
         &mut self,
-        payload: RaftPayload,
+        input: S,
         ttl: Duration,
-    ) -> Result<RaftPayload, CallError> {
-        let start = match self.appends.take() {
-            Some(open) => Start::Open(open),
-            None => Start::New(self.client()?),
-        };
-        let exchange = async move {
-            let mut stream = match start {
-                Start::Open(stream) => {
-                    stream.requests.send(payload).await.map_err(|_| {
-                        CallError::Network(tonic::Status::unavailable("append stream closed"))
-                    })?;
-                    stream
+    ) -> Result<
+        impl Stream<Item = Result<StreamAppendResult<TypeConfig>, RpcError>> + use<S>,
+        RpcError,
+    >
+    where
+        S: Stream<Item = AppendEntriesRequest<TypeConfig>> + OptionalSend + Unpin + 'static,
+    {
+        let kind = RPCTypes::AppendEntries;
+        let (self_id, target) = (self.self_id, self.target);
+        let mut client = self.client().map_err(|e| self.error(kind, e))?;
+        // When each request left, in order; its answer is due `ttl` later.
+        let (sent_tx, sent_rx) = mpsc::unbounded_channel::<Instant>();
+        let requests =
+            futures::stream::unfold((input, sent_tx), |(mut input, sent_tx)| async move {
+                let rpc = input.next().await?;
+                match encode("append", &rpc) {
+                    Ok(payload) => {
+                        // Nobody reads the times once the answers are dropped; that is fine.
+                        let _ = sent_tx.send(Instant::now());
+                        Some((payload, (input, sent_tx)))
+                    }
+                    Err(err) => {
+                        tracing::error!(
+                            ?err,
+                            "an append does not encode; ending the append stream"
+                        );
+                        None
+                    }
                 }
-                Start::New(mut client) => {
-                    // The first request is queued before the stream opens, so it leaves with
-                    // the stream's headers instead of a round trip later.
-                    let (requests, queued) = mpsc::channel(1);
-                    let _ = requests.send(payload).await;
-                    let answers = client
-                        .append_stream(ReceiverStream::new(queued))
-                        .await
-                        .map_err(classify)?
-                        .into_inner();
-                    AppendStream { requests, answers }
-                }
-            };
-            match stream.answers.message().await {
-                Ok(Some(answer)) => Ok((answer, stream)),
-                Ok(None) => Err(CallError::Unreachable(tonic::Status::unavailable(
-                    "append stream ended by the peer",
-                ))),
-                Err(status) => Err(classify(status)),
-            }
+            });
+        let answers = match tokio::time::timeout(ttl, client.append_stream(requests)).await {
+            Err(_) => return Err(self.error(kind, CallError::Timeout(ttl))),
+            Ok(Err(status)) => return Err(self.error(kind, classify(status))),
+            Ok(Ok(response)) => response.into_inner(),
         };
-        let (answer, stream) = tokio::time::timeout(ttl, exchange)
-            .await
-            .map_err(|_| CallError::Timeout(ttl))??;
-        self.appends = Some(stream);
-        Ok(answer)
-    }
-
-    fn rpc_error<E: std::error::Error>(
-        &self,
-        kind: RPCTypes,
-        err: CallError,
-    ) -> RPCError<NodeId, Node, E> {
-        match err {
-            CallError::Timeout(timeout) => RPCError::Timeout(Timeout {
-                action: kind,
-                id: self.self_id,
-                target: self.target,
-                timeout,
-            }),
-            CallError::Unreachable(status) => RPCError::Unreachable(Unreachable::new(&status)),
-            CallError::BadAddress(msg) => {
-                RPCError::Unreachable(Unreachable::new(&TransportError(msg)))
-            }
-            CallError::Network(status) => RPCError::Network(NetworkError::new(&status)),
-            CallError::Decode(msg) => RPCError::Network(NetworkError::new(&TransportError(msg))),
-        }
-    }
-
-    fn remote<E: std::error::Error>(&self, err: E) -> RPCError<NodeId, Node, E> {
-        RPCError::RemoteError(RemoteError::new(self.target, err))
+        Ok(futures::stream::unfold(
+            Some((answers, sent_rx)),
+            move |state| async move {
+                let (mut answers, mut sent_rx) = state?;
+                // The request the next answer belongs to; none once openraft ended its input
+                // and every request was answered.
+                let sent_at = sent_rx.recv().await?;
+                let answer = match tokio::time::timeout_at(sent_at + ttl, answers.message()).await {
+                    Err(_) => Err(CallError::Timeout(ttl)),
+                    Ok(Err(status)) => Err(classify(status)),
+                    Ok(Ok(None)) => Err(CallError::Unreachable(tonic::Status::unavailable(
+                        "append stream ended by the peer",
+                    ))),
+                    Ok(Ok(Some(payload))) => {
+                        decode::<StreamAnswer>("append answer", target, &payload)
+                            .and_then(|answer| answer.map_err(CallError::Remote))
+                    }
+                };
+                match answer {
+                    // After a conflict or a higher vote the peer answers nothing more.
+                    Ok(result) => {
+                        let more = result.is_ok();
+                        Some((Ok(result), more.then_some((answers, sent_rx))))
+                    }
+                    Err(err) => Some((Err(rpc_error(self_id, target, kind, err)), None)),
+                }
+            },
+        ))
     }
 }
 
-/// A status the transport produced (connection refused, reset, DNS) means the peer is down or
-/// cut off: openraft backs off. Anything else the peer itself answered.
-fn classify(status: tonic::Status) -> CallError {
-    match status.code() {
-        tonic::Code::Unavailable => CallError::Unreachable(status),
-        _ => CallError::Network(status),
-    }
-}
+impl RaftNetworkV2<TypeConfig> for PeerClient {
+    type SnapshotData = SnapshotData;
 
-impl RaftNetwork<TypeConfig> for PeerClient {
     async fn append_entries(
         &mut self,
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
-    ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, Node, RaftError<NodeId>>> {
-        let kind = RPCTypes::AppendEntries;
-        match self
-            .call::<_, AppendEntriesResponse<NodeId>, RaftError<NodeId>>(
-                kind,
-                &rpc,
-                option.hard_ttl(),
-            )
-            .await
-        {
-            Ok(Ok(resp)) => Ok(resp),
-            Ok(Err(remote)) => Err(self.remote(remote)),
-            Err(err) => Err(self.rpc_error(kind, err)),
-        }
+    ) -> Result<AppendEntriesResponse<TypeConfig>, RpcError> {
+        self.unary(Unary::Append, &rpc, option.hard_ttl()).await
     }
 
-    async fn install_snapshot(
-        &mut self,
-        rpc: InstallSnapshotRequest<TypeConfig>,
+    fn stream_append<'s, S>(
+        &'s mut self,
+        input: S,
         option: RPCOption,
-    ) -> Result<
-        InstallSnapshotResponse<NodeId>,
-        RPCError<NodeId, Node, RaftError<NodeId, InstallSnapshotError>>,
-    > {
-        let kind = RPCTypes::InstallSnapshot;
-        match self
-            .call::<_, InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>>(
-                kind,
-                &rpc,
-                option.hard_ttl(),
-            )
-            .await
-        {
-            Ok(Ok(resp)) => Ok(resp),
-            Ok(Err(remote)) => Err(self.remote(remote)),
-            Err(err) => Err(self.rpc_error(kind, err)),
-        }
+    ) -> BoxFuture<
+        's,
+        Result<BoxStream<'s, Result<StreamAppendResult<TypeConfig>, RpcError>>, RpcError>,
+    >
+    where
+        S: Stream<Item = AppendEntriesRequest<TypeConfig>> + OptionalSend + Unpin + 'static,
+    {
+        Box::pin(async move {
+            let answers = self.open_append_stream(input, option.hard_ttl()).await?;
+            Ok(Box::pin(answers) as BoxStream<'s, _>)
+        })
     }
 
     async fn vote(
         &mut self,
-        rpc: VoteRequest<NodeId>,
+        rpc: VoteRequest<TypeConfig>,
         option: RPCOption,
-    ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, Node, RaftError<NodeId>>> {
-        let kind = RPCTypes::Vote;
-        match self
-            .call::<_, VoteResponse<NodeId>, RaftError<NodeId>>(kind, &rpc, option.hard_ttl())
-            .await
-        {
-            Ok(Ok(resp)) => Ok(resp),
-            Ok(Err(remote)) => Err(self.remote(remote)),
-            Err(err) => Err(self.rpc_error(kind, err)),
+    ) -> Result<VoteResponse<TypeConfig>, RpcError> {
+        self.unary(Unary::Vote, &rpc, option.hard_ttl()).await
+    }
+
+    async fn pre_vote(
+        &mut self,
+        rpc: VoteRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<TypeConfig>, RpcError> {
+        self.unary(Unary::PreVote, &rpc, option.hard_ttl()).await
+    }
+
+    /// Sends the whole snapshot on one `Snapshot` stream: a [`SnapshotHeader`], then the bytes
+    /// in chunks of [`SNAPSHOT_CHUNK_BYTES`] (made one at a time as they leave), bounded by
+    /// openraft's snapshot timeout plus the time the bytes take at 10 MiB/s,
+    /// and given up when openraft closes the replication.
+    async fn full_snapshot(
+        &mut self,
+        vote: Vote,
+        snapshot: Snapshot,
+        cancel: impl Future<Output = ReplicationClosed> + OptionalSend + 'static,
+        option: RPCOption,
+    ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
+        let kind = RPCTypes::InstallSnapshot;
+        let data_len = snapshot.snapshot.get_ref().len();
+        let to_streaming = |err: RpcError| match err {
+            RPCError::Timeout(e) => StreamingError::Timeout(e),
+            RPCError::Unreachable(e) => StreamingError::Unreachable(e),
+            RPCError::Network(e) => StreamingError::Network(e),
+            RPCError::RemoteError(e) => StreamingError::Network(NetworkError::new(&e)),
+        };
+        let data = snapshot.snapshot.into_inner();
+        // openraft's TTL (`install_snapshot_timeout`) is meant for one chunk; the whole
+        // transfer (and the follower's durable write) also gets the time the bytes take at the
+        // slowest rate a healthy link is expected to sustain.
+        let ttl = option.hard_ttl()
+            + Duration::from_secs_f64(data_len as f64 / SNAPSHOT_BYTES_PER_SEC_MIN as f64);
+        let header = SnapshotHeader {
+            vote,
+            meta: snapshot.meta,
+            len: data.len() as u64,
+        };
+        let header =
+            encode("snapshot header", &header).map_err(|e| to_streaming(self.error(kind, e)))?;
+        let chunks = data.len().div_ceil(SNAPSHOT_CHUNK_BYTES);
+        let body = (0..chunks).map(move |i| {
+            let end = data.len().min((i + 1) * SNAPSHOT_CHUNK_BYTES);
+            RaftPayload {
+                data: data[i * SNAPSHOT_CHUNK_BYTES..end].to_vec(),
+            }
+        });
+        let messages = futures::stream::iter(std::iter::once(header).chain(body));
+        let mut client = self
+            .client()
+            .map_err(|e| to_streaming(self.error(kind, e)))?;
+        let mut request = tonic::Request::new(messages);
+        request.set_timeout(ttl);
+        let target = self.target;
+        let call = async move {
+            let response = client.snapshot(request).await.map_err(classify)?;
+            decode::<Result<SnapshotResponse<TypeConfig>, String>>(
+                "snapshot answer",
+                target,
+                response.get_ref(),
+            )?
+            .map_err(CallError::Remote)
+        };
+        tokio::select! {
+            closed = cancel => Err(StreamingError::Closed(closed)),
+            answer = tokio::time::timeout(ttl, call) => match answer {
+                Err(_) => Err(to_streaming(self.error(kind, CallError::Timeout(ttl)))),
+                Ok(answer) => answer.map_err(|e| to_streaming(self.error(kind, e))),
+            },
         }
     }
 
-    fn backoff(&self) -> openraft::network::Backoff {
-        openraft::network::Backoff::new(std::iter::repeat(UNREACHABLE_BACKOFF))
+    fn backoff(&self) -> Option<Backoff> {
+        Some(Backoff::new(std::iter::repeat(UNREACHABLE_BACKOFF)))
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::Ordering;
+    use std::sync::atomic::{AtomicUsize, Ordering};
 
     use super::*;
-    use openraft::Vote;
+    use lock_raft_store::{LeaderId, LogId};
     use tokio::net::TcpListener;
 
-    /// How long the test waits for the dialled listener to see a connection: the client dials
-    /// at once on a loopback address, so seconds mean it dialled somewhere else.
     const ACCEPT_WAIT: Duration = Duration::from_secs(5);
 
-    fn vote_request() -> VoteRequest<NodeId> {
+    fn vote_request() -> VoteRequest<TypeConfig> {
         VoteRequest::new(Vote::new(1, 1), None)
     }
 
-    /// A peer that answers each append with `HigherVote(Vote::new(term, 9))`, `term` being the
-    /// request's, so a test can tell which request an answer belongs to.
+    /// A follower's `AppendStream`: answers each append with a log id whose index is the
+    /// append's term, or holds its answers, or ends the stream after some.
     #[derive(Clone, Default)]
     struct FakePeer {
-        /// Answer `AppendStream` with UNIMPLEMENTED, like an older lockd.
-        no_streams: bool,
-        /// The first stream holds its first answer this long.
-        first_answer_delay: Option<Duration>,
-        /// `AppendStream` calls received (answered or refused).
-        streams_opened: Arc<std::sync::atomic::AtomicUsize>,
-        unary_appends: Arc<std::sync::atomic::AtomicUsize>,
+        /// Read appends but never answer them.
+        silent: bool,
+        /// End the stream after this many answers.
+        end_after: Option<usize>,
+        streams_opened: Arc<AtomicUsize>,
+        appends_received: Arc<AtomicUsize>,
     }
 
     type Answers =
@@ -421,9 +484,8 @@ mod tests {
 
     fn answer(payload: &RaftPayload) -> RaftPayload {
         let rpc: AppendEntriesRequest<TypeConfig> = postcard::from_bytes(&payload.data).unwrap();
-        let answer: Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>> = Ok(
-            AppendEntriesResponse::HigherVote(Vote::new(rpc.vote.leader_id().term, 9)),
-        );
+        let term = rpc.vote.leader_id().term;
+        let answer: StreamAnswer = Ok(Ok(Some(LogId::new(LeaderId { term, node_id: 1 }, term))));
         RaftPayload {
             data: postcard::to_stdvec(&answer).unwrap(),
         }
@@ -433,10 +495,9 @@ mod tests {
     impl lock_proto::v1::raft_service_server::RaftService for FakePeer {
         async fn append(
             &self,
-            request: tonic::Request<RaftPayload>,
+            _: tonic::Request<RaftPayload>,
         ) -> Result<tonic::Response<RaftPayload>, tonic::Status> {
-            self.unary_appends.fetch_add(1, Ordering::SeqCst);
-            Ok(tonic::Response::new(answer(request.get_ref())))
+            Err(tonic::Status::unimplemented("append"))
         }
 
         type AppendStreamStream = Answers;
@@ -445,21 +506,27 @@ mod tests {
             &self,
             request: tonic::Request<tonic::Streaming<RaftPayload>>,
         ) -> Result<tonic::Response<Answers>, tonic::Status> {
-            let first_stream = self.streams_opened.fetch_add(1, Ordering::SeqCst) == 0;
-            if self.no_streams {
-                return Err(tonic::Status::unimplemented("AppendStream"));
-            }
-            let mut delay = self.first_answer_delay.filter(|_| first_stream);
-            let answers = futures::stream::unfold(request.into_inner(), move |mut incoming| {
-                let hold = delay.take();
-                async move {
-                    let payload = incoming.message().await.ok()??;
-                    if let Some(hold) = hold {
-                        tokio::time::sleep(hold).await;
+            self.streams_opened.fetch_add(1, Ordering::SeqCst);
+            let peer = self.clone();
+            let answers = futures::stream::unfold(
+                (request.into_inner(), 0usize),
+                move |(mut incoming, answered)| {
+                    let peer = peer.clone();
+                    async move {
+                        if peer.end_after == Some(answered) {
+                            return None;
+                        }
+                        let payload = incoming.message().await.ok()??;
+                        peer.appends_received.fetch_add(1, Ordering::SeqCst);
+                        if peer.silent {
+                            // Keep reading (and never answering) until the client gives up.
+                            while incoming.message().await.ok()?.is_some() {}
+                            return None;
+                        }
+                        Some((Ok(answer(&payload)), (incoming, answered + 1)))
                     }
-                    Some((Ok(answer(&payload)), incoming))
-                }
-            });
+                },
+            );
             Ok(tonic::Response::new(Box::pin(answers)))
         }
 
@@ -470,9 +537,16 @@ mod tests {
             Err(tonic::Status::unimplemented("vote"))
         }
 
-        async fn snapshot(
+        async fn pre_vote(
             &self,
             _: tonic::Request<RaftPayload>,
+        ) -> Result<tonic::Response<RaftPayload>, tonic::Status> {
+            Err(tonic::Status::unimplemented("pre-vote"))
+        }
+
+        async fn snapshot(
+            &self,
+            _: tonic::Request<tonic::Streaming<RaftPayload>>,
         ) -> Result<tonic::Response<RaftPayload>, tonic::Status> {
             Err(tonic::Status::unimplemented("snapshot"))
         }
@@ -492,78 +566,110 @@ mod tests {
         NetworkFactory::new(1).new_client(2, &node).await
     }
 
-    async fn append(client: &mut PeerClient, term: u64, ttl: Duration) -> Option<u64> {
-        let rpc = AppendEntriesRequest::<TypeConfig> {
+    fn append_request(term: u64) -> AppendEntriesRequest<TypeConfig> {
+        AppendEntriesRequest {
             vote: Vote::new_committed(term, 1),
             prev_log_id: None,
             entries: Vec::new(),
             leader_commit: None,
-        };
-        match client.append_entries(rpc, RPCOption::new(ttl)).await {
-            Ok(AppendEntriesResponse::HigherVote(vote)) => Some(vote.leader_id().term),
-            _ => None,
         }
     }
 
     const TTL: Duration = Duration::from_secs(5);
 
+    /// Waits until `counter` reaches `n`, for at most `ACCEPT_WAIT`.
+    async fn reaches(counter: &AtomicUsize, n: usize) -> bool {
+        let deadline = Instant::now() + ACCEPT_WAIT;
+        while counter.load(Ordering::SeqCst) < n {
+            if Instant::now() > deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        true
+    }
+
     #[tokio::test]
-    async fn appends_share_one_stream_and_each_gets_its_own_answer() {
+    async fn appends_leave_before_earlier_ones_are_answered_and_answers_come_in_order() {
         let peer = FakePeer::default();
         let mut client = client_of(peer.clone()).await;
+        let (requests, input) = mpsc::unbounded_channel();
+        let mut answers = client
+            .stream_append(
+                tokio_stream::wrappers::UnboundedReceiverStream::new(input),
+                RPCOption::new(TTL),
+            )
+            .await
+            .expect("stream opens");
         for term in 1..=20 {
-            assert_eq!(append(&mut client, term, TTL).await, Some(term));
+            requests.send(append_request(term)).unwrap();
         }
+        // All twenty reach the peer while no answer has been read: they are pipelined.
+        assert!(reaches(&peer.appends_received, 20).await);
+        for term in 1..=20 {
+            let answer = answers.next().await.expect("an answer").expect("no error");
+            assert_eq!(answer.expect("matched").map(|id| id.index), Some(term));
+        }
+        drop(requests);
+        assert!(answers.next().await.is_none(), "input ended, all answered");
         assert_eq!(peer.streams_opened.load(Ordering::SeqCst), 1);
-        assert_eq!(peer.unary_appends.load(Ordering::SeqCst), 0);
     }
 
     #[tokio::test]
-    async fn after_a_timeout_the_late_answer_is_never_taken_for_the_next_one() {
+    async fn an_unanswered_append_times_out_and_ends_the_stream() {
         let peer = FakePeer {
-            first_answer_delay: Some(Duration::from_millis(600)),
+            silent: true,
             ..FakePeer::default()
         };
         let mut client = client_of(peer.clone()).await;
-        assert_eq!(
-            append(&mut client, 1, Duration::from_millis(200)).await,
-            None
+        let (requests, input) = mpsc::unbounded_channel();
+        let ttl = Duration::from_millis(200);
+        let mut answers = client
+            .stream_append(
+                tokio_stream::wrappers::UnboundedReceiverStream::new(input),
+                RPCOption::new(ttl),
+            )
+            .await
+            .expect("stream opens");
+        // Idle time before a request is not counted against it.
+        tokio::time::sleep(ttl * 2).await;
+        let sent = Instant::now();
+        requests.send(append_request(1)).unwrap();
+        let answer = answers.next().await.expect("an item");
+        assert!(matches!(answer, Err(RPCError::Timeout(_))), "{answer:?}");
+        assert!(
+            sent.elapsed() >= ttl,
+            "timed out early: {:?}",
+            sent.elapsed()
         );
-        // The first stream's answer to term 1 arrives meanwhile; term 2 must get its own.
-        assert_eq!(append(&mut client, 2, TTL).await, Some(2));
-        assert_eq!(append(&mut client, 3, TTL).await, Some(3));
-        assert_eq!(peer.streams_opened.load(Ordering::SeqCst), 2);
+        assert!(answers.next().await.is_none(), "a failed stream ends");
     }
 
     #[tokio::test]
-    async fn a_cancelled_append_leaves_no_answer_owed_on_the_stream() {
+    async fn a_stream_the_peer_ends_fails_the_append_it_owed() {
         let peer = FakePeer {
-            first_answer_delay: Some(Duration::from_millis(300)),
+            end_after: Some(1),
             ..FakePeer::default()
         };
         let mut client = client_of(peer.clone()).await;
-        // openraft may drop an append future at any point; here after the request left.
-        let cancelled =
-            tokio::time::timeout(Duration::from_millis(100), append(&mut client, 1, TTL)).await;
-        assert!(cancelled.is_err(), "the first answer is held for 300 ms");
-        tokio::time::sleep(Duration::from_millis(400)).await;
-        assert_eq!(append(&mut client, 2, TTL).await, Some(2));
-        assert_eq!(peer.streams_opened.load(Ordering::SeqCst), 2);
-    }
-
-    #[tokio::test]
-    async fn a_peer_without_streams_gets_unary_appends_and_is_asked_once() {
-        let peer = FakePeer {
-            no_streams: true,
-            ..FakePeer::default()
-        };
-        let mut client = client_of(peer.clone()).await;
-        for term in 1..=3 {
-            assert_eq!(append(&mut client, term, TTL).await, Some(term));
-        }
-        assert_eq!(peer.unary_appends.load(Ordering::SeqCst), 3);
-        assert_eq!(peer.streams_opened.load(Ordering::SeqCst), 1);
-        assert!(client.appends_unsupported);
+        let (requests, input) = mpsc::unbounded_channel();
+        let mut answers = client
+            .stream_append(
+                tokio_stream::wrappers::UnboundedReceiverStream::new(input),
+                RPCOption::new(TTL),
+            )
+            .await
+            .expect("stream opens");
+        requests.send(append_request(1)).unwrap();
+        requests.send(append_request(2)).unwrap();
+        let first = answers.next().await.expect("an answer").expect("no error");
+        assert_eq!(first.expect("matched").map(|id| id.index), Some(1));
+        let second = answers.next().await.expect("an item");
+        assert!(
+            matches!(second, Err(RPCError::Unreachable(_))),
+            "{second:?}"
+        );
+        assert!(answers.next().await.is_none());
     }
 
     #[test]

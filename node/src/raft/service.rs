@@ -5,36 +5,37 @@
 //! does not decode is answered `InvalidArgument`, never a panic. Raft's own errors travel back
 //! inside the payload (`Result<Resp, RaftError>`), so the sender sees them as remote errors.
 //!
-//! `AppendStream` serves a leader's appends on one long-lived stream: each message is decoded,
-//! handed to the local `Raft` and answered before the next is read, so answers come back in
-//! request order. The work runs inside the stream that carries the answers (no task or channel
-//! of its own), so one append costs the follower one wake-up for its DATA frame.
+//! `AppendStream` serves a leader's pipelined appends on one long-lived stream: each message is
+//! decoded and handed to openraft's `stream_append` as it arrives, without waiting for the
+//! answers to those before it; openraft answers them in request order. A snapshot arrives as
+//! one stream too (a header and its bytes), bounded by `SNAPSHOT_BYTES_MAX`.
 
-use std::future::Future;
 use std::pin::Pin;
 
-use futures::Stream;
+use futures::{Stream, StreamExt};
 use lock_proto::v1::RaftPayload;
 use lock_proto::v1::raft_service_server::RaftService;
-use lock_raft_store::{NodeId, TypeConfig};
-use openraft::Raft;
-use openraft::error::RaftError;
-use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, VoteRequest,
-};
+use lock_raft_store::storage::SNAPSHOT_BYTES_MAX;
+use lock_raft_store::{Raft, Snapshot, TypeConfig};
+use openraft::raft::{AppendEntriesRequest, VoteRequest};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use tokio::sync::watch;
+use tokio::sync::{oneshot, watch};
 use tonic::{Request, Response, Status, Streaming};
 
-/// The answers of one `AppendStream`, in request order.
+use super::{SnapshotHeader, StreamAnswer};
+
+/// The answers of an `AppendStream`.
 pub type AppendAnswers = Pin<Box<dyn Stream<Item = Result<RaftPayload, Status>> + Send>>;
 
-/// The Raft transport server of one node.
+/// The decoded appends of an `AppendStream`, as openraft's `stream_append` takes them.
+type AppendRequests = Pin<Box<dyn Stream<Item = AppendEntriesRequest<TypeConfig>> + Send>>;
+
+/// Serves `lockd.v1.RaftService` for the local Raft node.
 #[derive(Clone)]
 pub struct RaftRpc {
-    raft: Raft<TypeConfig>,
-    /// Turns `true` when the node starts shutting down: append streams end.
+    raft: Raft,
+    /// Becomes true when the node stops: open append streams then take no new append.
     stop: watch::Receiver<bool>,
 }
 
@@ -45,12 +46,9 @@ impl std::fmt::Debug for RaftRpc {
 }
 
 impl RaftRpc {
-    /// Serves `raft`'s transport until `stop` turns `true`: from then on an open append
-    /// stream ends before its next message, so a stopping node stops acknowledging appends on
-    /// it, as it stops accepting unary ones. (Without this an in-process node, whose runtime
-    /// outlives its server, kept acknowledging on a leader's open stream after its stop:
-    /// `t60_conformance_raft`'s cut.)
-    pub fn new(raft: Raft<TypeConfig>, stop: watch::Receiver<bool>) -> Self {
+    /// Serves `raft`; `stop` turning true ends every open append stream before its next
+    /// message, so that a stopping node acknowledges no further append.
+    pub fn new(raft: Raft, stop: watch::Receiver<bool>) -> Self {
         Self { raft, stop }
     }
 }
@@ -70,25 +68,24 @@ fn encode<T: Serialize>(what: &str, answer: &T) -> Result<RaftPayload, Status> {
         .map_err(|e| Status::internal(format!("{what}: answer does not encode: {e}")))
 }
 
-/// Answers the appends arriving on `incoming` one at a time, in order, through `append` (the
-/// local `Raft` in production). Ends when the sender closes its side or the transport fails;
-/// after a message that does not decode it answers that error and ends, since the sender's next
-/// message could not be matched to an answer any more.
-fn answer_appends<S, F, Fut>(append: F, incoming: S, stop: watch::Receiver<bool>) -> AppendAnswers
+/// Turns an `AppendStream`'s messages into appends for `pipeline` (openraft's `stream_append`,
+/// which answers them in order) and its answers into messages. The appends end at the
+/// transport's end or error, when the node stops, or at the first message that does not decode;
+/// that one is answered `InvalidArgument` after the answers to the appends before it.
+fn answer_appends<S, F, R>(pipeline: F, incoming: S, stop: watch::Receiver<bool>) -> AppendAnswers
 where
     S: Stream<Item = Result<RaftPayload, Status>> + Send + Unpin + 'static,
-    F: FnMut(AppendEntriesRequest<TypeConfig>) -> Fut + Send + 'static,
-    Fut: Future<Output = AppendResult> + Send,
+    F: FnOnce(AppendRequests) -> R,
+    R: Stream<Item = StreamAnswer> + Send + 'static,
 {
-    use futures::StreamExt;
-    Box::pin(futures::stream::unfold(
-        Some((append, incoming, stop)),
-        |state| async move {
-            let (mut append, mut incoming, mut stop) = state?;
+    let (garbage_tx, garbage_rx) = oneshot::channel::<Status>();
+    let requests = futures::stream::unfold(
+        (incoming, stop, Some(garbage_tx)),
+        |(mut incoming, mut stop, mut garbage_tx)| async move {
             let next = tokio::select! {
                 biased;
                 _ = stop.wait_for(|stopping| *stopping) => {
-                    tracing::debug!("shutting down: append stream ends");
+                    tracing::debug!("shutting down: append stream takes no more appends");
                     return None;
                 }
                 next = incoming.next() => next,
@@ -100,18 +97,96 @@ where
                     return None;
                 }
             };
-            let answer = match decode::<AppendEntriesRequest<TypeConfig>>("append", &payload) {
-                Ok(rpc) => encode("append", &append(rpc).await),
-                Err(status) => Err(status),
-            };
-            let next = answer.is_ok().then_some((append, incoming, stop));
-            Some((answer, next))
+            match decode::<AppendEntriesRequest<TypeConfig>>("append", &payload) {
+                Ok(rpc) => Some((rpc, (incoming, stop, garbage_tx))),
+                Err(status) => {
+                    tracing::warn!(%status, "undecodable append; ending the append stream");
+                    if let Some(tx) = garbage_tx.take() {
+                        let _ = tx.send(status);
+                    }
+                    None
+                }
+            }
         },
-    ))
+    );
+    let answers = pipeline(Box::pin(requests)).map(|answer| encode("append", &answer));
+    let garbage = futures::stream::once(garbage_rx)
+        .filter_map(|garbage| std::future::ready(garbage.ok().map(Err)));
+    Box::pin(answers.chain(garbage))
 }
 
-/// What `Raft::append_entries` answers.
-type AppendResult = Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>>;
+/// Most answers openraft's pipeline may have ready before the stream carrying them takes them
+/// (openraft's own pipeline buffer is as deep).
+const PIPELINE_ANSWERS_BUFFERED: usize = 64;
+
+/// openraft's `stream_append` for `requests`, as a stream that owns what it needs. openraft's
+/// stream borrows the `Raft` handle it came from (an artifact of its return type), so a task
+/// that owns the handle drives it and forwards the answers; the task ends with the appends, or
+/// as soon as nobody reads the answers.
+fn openraft_pipeline(
+    raft: Raft,
+    requests: AppendRequests,
+) -> impl Stream<Item = StreamAnswer> + Send + 'static {
+    let (tx, rx) = tokio::sync::mpsc::channel(PIPELINE_ANSWERS_BUFFERED);
+    tokio::spawn(async move {
+        let answers = raft.stream_append(requests);
+        futures::pin_mut!(answers);
+        loop {
+            let answer = tokio::select! {
+                _ = tx.closed() => break,
+                answer = answers.next() => answer,
+            };
+            let Some(answer) = answer else { break };
+            if tx
+                .send(answer.map_err(|fatal| fatal.to_string()))
+                .await
+                .is_err()
+            {
+                break;
+            }
+        }
+    });
+    tokio_stream::wrappers::ReceiverStream::new(rx)
+}
+
+/// Reads a `Snapshot` stream: the header, then exactly `header.len` bytes of data, at most
+/// [`SNAPSHOT_BYTES_MAX`].
+async fn receive_snapshot<S>(mut incoming: S) -> Result<(SnapshotHeader, Vec<u8>), Status>
+where
+    S: Stream<Item = Result<RaftPayload, Status>> + Unpin,
+{
+    let first = incoming
+        .next()
+        .await
+        .transpose()?
+        .ok_or_else(|| Status::invalid_argument("snapshot: the stream has no header"))?;
+    let header: SnapshotHeader = decode("snapshot header", &first)?;
+    let len = usize::try_from(header.len)
+        .ok()
+        .filter(|len| *len <= SNAPSHOT_BYTES_MAX)
+        .ok_or_else(|| {
+            Status::invalid_argument(format!(
+                "snapshot: {} bytes announced, above the limit of {SNAPSHOT_BYTES_MAX}",
+                header.len
+            ))
+        })?;
+    let mut data = Vec::with_capacity(len);
+    while let Some(chunk) = incoming.next().await.transpose()? {
+        if data.len() + chunk.data.len() > len {
+            return Err(Status::invalid_argument(format!(
+                "snapshot: more than the {len} bytes announced"
+            )));
+        }
+        data.extend_from_slice(&chunk.data);
+    }
+    if data.len() != len {
+        return Err(Status::invalid_argument(format!(
+            "snapshot: {} of the {len} bytes announced arrived",
+            data.len()
+        )));
+    }
+    Ok((header, data))
+}
 
 #[tonic::async_trait]
 impl RaftService for RaftRpc {
@@ -129,33 +204,50 @@ impl RaftService for RaftRpc {
     ) -> Result<Response<AppendAnswers>, Status> {
         let raft = self.raft.clone();
         Ok(Response::new(answer_appends(
-            move |rpc| {
-                let raft = raft.clone();
-                async move { raft.append_entries(rpc).await }
-            },
+            move |requests| openraft_pipeline(raft, requests),
             request.into_inner(),
             self.stop.clone(),
         )))
     }
 
     async fn vote(&self, request: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
-        let rpc: VoteRequest<u64> = decode("vote", request.get_ref())?;
+        let rpc: VoteRequest<TypeConfig> = decode("vote", request.get_ref())?;
         let answer = self.raft.vote(rpc).await;
         encode("vote", &answer).map(Response::new)
     }
 
-    async fn snapshot(
+    async fn pre_vote(
         &self,
         request: Request<RaftPayload>,
     ) -> Result<Response<RaftPayload>, Status> {
-        let rpc: InstallSnapshotRequest<TypeConfig> = decode("snapshot", request.get_ref())?;
-        let answer = self.raft.install_snapshot(rpc).await;
+        let rpc: VoteRequest<TypeConfig> = decode("pre-vote", request.get_ref())?;
+        let answer = self.raft.pre_vote(rpc).await;
+        encode("pre-vote", &answer).map(Response::new)
+    }
+
+    async fn snapshot(
+        &self,
+        request: Request<Streaming<RaftPayload>>,
+    ) -> Result<Response<RaftPayload>, Status> {
+        let (header, data) = receive_snapshot(request.into_inner()).await?;
+        let snapshot = Snapshot {
+            meta: header.meta,
+            snapshot: std::io::Cursor::new(data),
+        };
+        let answer = self
+            .raft
+            .install_full_snapshot(header.vote, snapshot)
+            .await
+            .map_err(|fatal| fatal.to_string());
         encode("snapshot", &answer).map(Response::new)
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use futures::StreamExt;
+    use lock_raft_store::{LeaderId, LogId, SnapshotMeta};
+
     use super::*;
 
     #[test]
@@ -170,7 +262,7 @@ mod tests {
 
     fn append_request(term: u64) -> RaftPayload {
         let rpc = AppendEntriesRequest::<TypeConfig> {
-            vote: openraft::Vote::new_committed(term, 1),
+            vote: lock_raft_store::Vote::new_committed(term, 1),
             prev_log_id: None,
             entries: Vec::new(),
             leader_commit: None,
@@ -180,11 +272,31 @@ mod tests {
         }
     }
 
+    /// A pipeline that answers each append with a log id whose index is the append's term, so
+    /// that order is visible, and records the terms it saw.
+    fn echo_terms(
+        seen: std::sync::Arc<std::sync::Mutex<Vec<u64>>>,
+    ) -> impl FnOnce(AppendRequests) -> futures::stream::BoxStream<'static, StreamAnswer> {
+        move |requests| {
+            requests
+                .map(move |rpc| {
+                    let term = rpc.vote.leader_id().term;
+                    seen.lock().unwrap().push(term);
+                    Ok(Ok(Some(LogId::new(LeaderId { term, node_id: 1 }, term))))
+                })
+                .boxed()
+        }
+    }
+
+    fn answered_index(answer: &Result<RaftPayload, Status>) -> u64 {
+        let payload = answer.as_ref().expect("an answer, not an error");
+        let decoded: StreamAnswer = postcard::from_bytes(&payload.data).unwrap();
+        decoded.unwrap().unwrap().unwrap().index
+    }
+
     #[tokio::test]
     async fn a_stream_answers_each_append_in_order_and_ends_after_garbage() {
-        use futures::StreamExt;
-        use std::sync::{Arc, Mutex};
-        let seen = Arc::new(Mutex::new(Vec::new()));
+        let seen = std::sync::Arc::default();
         let incoming = futures::stream::iter(vec![
             Ok(append_request(4)),
             Ok(append_request(5)),
@@ -193,32 +305,14 @@ mod tests {
             }),
             Ok(append_request(6)),
         ]);
-        let append = {
-            let seen = seen.clone();
-            move |rpc: AppendEntriesRequest<TypeConfig>| {
-                let term = rpc.vote.leader_id().term;
-                seen.lock().unwrap().push(term);
-                async move {
-                    // Answer with a term-dependent value so order is visible.
-                    Ok(AppendEntriesResponse::HigherVote(openraft::Vote::new(
-                        term, 9,
-                    )))
-                }
-            }
-        };
         let (_stop_tx, stop) = watch::channel(false);
-        let answers: Vec<_> = answer_appends(append, incoming, stop).collect().await;
+        let answers: Vec<_> =
+            answer_appends(echo_terms(std::sync::Arc::clone(&seen)), incoming, stop)
+                .collect()
+                .await;
         assert_eq!(answers.len(), 3, "{answers:?}");
-        for (answer, term) in answers.iter().take(2).zip([4, 5]) {
-            let payload = answer.as_ref().expect("an answer, not an error");
-            let decoded: AppendResult = postcard::from_bytes(&payload.data).unwrap();
-            assert_eq!(
-                decoded,
-                Ok(AppendEntriesResponse::HigherVote(openraft::Vote::new(
-                    term, 9
-                )))
-            );
-        }
+        assert_eq!(answered_index(&answers[0]), 4);
+        assert_eq!(answered_index(&answers[1]), 5);
         let err = answers[2].as_ref().unwrap_err();
         assert_eq!(err.code(), tonic::Code::InvalidArgument);
         assert_eq!(
@@ -230,22 +324,15 @@ mod tests {
 
     #[tokio::test]
     async fn a_stream_ends_before_its_next_message_once_the_node_stops() {
-        use futures::StreamExt;
         let (requests, incoming) = tokio::sync::mpsc::channel(4);
         let (stop_tx, stop) = watch::channel(false);
-        let append = |rpc: AppendEntriesRequest<TypeConfig>| async move {
-            Ok(AppendEntriesResponse::HigherVote(rpc.vote))
-        };
         let mut answers = answer_appends(
-            append,
+            echo_terms(std::sync::Arc::default()),
             tokio_stream::wrappers::ReceiverStream::new(incoming).map(Ok),
             stop,
         );
         requests.send(append_request(1)).await.unwrap();
-        assert!(
-            answers.next().await.unwrap().is_ok(),
-            "answered while running"
-        );
+        assert_eq!(answered_index(&answers.next().await.unwrap()), 1);
         stop_tx.send(true).unwrap();
         // The leader's next append is never answered (and so never acknowledged): the stream
         // ends, though the leader has not closed its side.
@@ -253,11 +340,62 @@ mod tests {
         assert!(answers.next().await.is_none());
     }
 
+    fn header(len: u64) -> Result<RaftPayload, Status> {
+        let header = SnapshotHeader {
+            vote: lock_raft_store::Vote::new_committed(3, 1),
+            meta: SnapshotMeta {
+                last_log_id: Some(LogId::new(
+                    LeaderId {
+                        term: 3,
+                        node_id: 1,
+                    },
+                    9,
+                )),
+                last_membership: Default::default(),
+            },
+            len,
+        };
+        Ok(RaftPayload {
+            data: postcard::to_stdvec(&header).unwrap(),
+        })
+    }
+
+    fn chunk(bytes: &[u8]) -> Result<RaftPayload, Status> {
+        Ok(RaftPayload {
+            data: bytes.to_vec(),
+        })
+    }
+
+    #[tokio::test]
+    async fn a_snapshot_is_its_header_and_exactly_the_bytes_announced() {
+        let stream = futures::stream::iter(vec![header(5), chunk(b"ab"), chunk(b"cde")]);
+        let (received, data) = receive_snapshot(stream).await.expect("a whole snapshot");
+        assert_eq!(received.len, 5);
+        assert_eq!(received.meta.last_log_id.map(|id| id.index), Some(9));
+        assert_eq!(data, b"abcde");
+
+        for (name, messages) in [
+            ("short", vec![header(5), chunk(b"ab")]),
+            ("long", vec![header(2), chunk(b"abc")]),
+            (
+                "over the limit",
+                vec![header(SNAPSHOT_BYTES_MAX as u64 + 1)],
+            ),
+            ("no header", vec![]),
+            ("garbage header", vec![chunk(&[0xff; 4])]),
+        ] {
+            let err = receive_snapshot(futures::stream::iter(messages))
+                .await
+                .expect_err(name);
+            assert_eq!(err.code(), tonic::Code::InvalidArgument, "{name}: {err}");
+        }
+    }
+
     #[test]
     fn vote_round_trips_through_postcard() {
-        let vote = VoteRequest::<u64>::new(openraft::Vote::new(3, 2), None);
+        let vote = VoteRequest::<TypeConfig>::new(lock_raft_store::Vote::new(3, 2), None);
         let bytes = postcard::to_stdvec(&vote).unwrap();
-        let back: VoteRequest<u64> = decode("vote", &RaftPayload { data: bytes }).unwrap();
+        let back: VoteRequest<TypeConfig> = decode("vote", &RaftPayload { data: bytes }).unwrap();
         assert_eq!(back, vote);
     }
 }

@@ -17,9 +17,11 @@ use lock_api::{
     LockError, LockHandle, LockInfo, LockOutcome, LockStore, SessionRegistry, validate,
 };
 use lock_raft_store::storage::StateReader;
-use lock_raft_store::{Command, Grant, Rejection, Response, Revocation, TypeConfig};
-use openraft::error::{CheckIsLeaderError, RaftError};
-use openraft::{Raft, ServerState};
+use lock_raft_store::{Command, Grant, Raft, Rejection, Response, Revocation};
+use openraft::ReadPolicy;
+use openraft::ServerState;
+use openraft::async_runtime::WatchReceiver;
+use openraft::error::{LinearizableReadError, RaftError};
 
 use crate::clock::Clock;
 use crate::confirm::Confirmer;
@@ -43,7 +45,7 @@ pub struct RaftLockStoreParts {
     /// This node's id.
     pub node_id: u64,
     /// The Raft node.
-    pub raft: Raft<TypeConfig>,
+    pub raft: Raft,
     /// The proposer writing to `raft`.
     pub proposer: Proposer,
     /// Lease deadlines.
@@ -68,7 +70,7 @@ impl std::fmt::Debug for RaftLockStoreParts {
 
 struct Inner {
     node_id: u64,
-    raft: Raft<TypeConfig>,
+    raft: Raft,
     proposer: Proposer,
     keeper: Arc<LeaseKeeper>,
     waiters: Arc<WaiterRegistry>,
@@ -126,8 +128,12 @@ fn unexpected(what: &str, answer: &Response) -> LockError {
 pub const CONFIRM_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// One leadership confirmation round on `raft`.
-async fn ensure_leader(raft: &Raft<TypeConfig>) -> Result<(), LockError> {
-    let Ok(confirmed) = tokio::time::timeout(CONFIRM_TIMEOUT, raft.ensure_linearizable()).await
+async fn ensure_leader(raft: &Raft) -> Result<(), LockError> {
+    let Ok(confirmed) = tokio::time::timeout(
+        CONFIRM_TIMEOUT,
+        raft.ensure_linearizable(ReadPolicy::ReadIndex),
+    )
+    .await
     else {
         return Err(LockError::contention(format!(
             "leadership not confirmed within {CONFIRM_TIMEOUT:?}"
@@ -135,13 +141,13 @@ async fn ensure_leader(raft: &Raft<TypeConfig>) -> Result<(), LockError> {
     };
     match confirmed {
         Ok(_) => Ok(()),
-        Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => {
+        Err(RaftError::APIError(LinearizableReadError::ForwardToLeader(f))) => {
             Err(LockError::NotLeader {
                 leader_id: f.leader_id,
                 leader_addr: f.leader_node.map(|n| n.addr),
             })
         }
-        Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(e))) => Err(
+        Err(RaftError::APIError(LinearizableReadError::QuorumNotEnough(e))) => Err(
             LockError::contention(format!("leadership not confirmed by a quorum: {e}")),
         ),
         Err(RaftError::Fatal(fatal)) => {
@@ -190,7 +196,7 @@ impl RaftLockStore {
     }
 
     /// The Raft node (for the admin service).
-    pub fn raft(&self) -> &Raft<TypeConfig> {
+    pub fn raft(&self) -> &Raft {
         &self.inner.raft
     }
 
@@ -207,7 +213,7 @@ impl RaftLockStore {
     /// `NotLeader` naming the leader this node knows of, with its address from the membership.
     pub fn not_leader(&self) -> LockError {
         let metrics = self.inner.raft.metrics();
-        let m = metrics.borrow();
+        let m = metrics.borrow_watched();
         let leader_id = m
             .current_leader
             .filter(|id| *id != self.inner.node_id || m.state == ServerState::Leader);
@@ -225,7 +231,7 @@ impl RaftLockStore {
 
     /// `Ok` if this node is the leader, else `NotLeader`.
     pub fn leader_check(&self) -> Result<(), LockError> {
-        if self.inner.raft.metrics().borrow().state == ServerState::Leader {
+        if self.inner.raft.metrics().borrow_watched().state == ServerState::Leader {
             Ok(())
         } else {
             Err(self.not_leader())
@@ -236,7 +242,7 @@ impl RaftLockStore {
     /// authoritative.
     fn leases_ready(&self) -> Result<(), LockError> {
         self.leader_check()?;
-        let term = self.inner.raft.metrics().borrow().current_term;
+        let term = self.inner.raft.metrics().borrow_watched().current_term;
         if self.inner.keeper.promoted_term() == Some(term) {
             Ok(())
         } else {

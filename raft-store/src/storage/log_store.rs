@@ -12,24 +12,21 @@
 //! This module does not read the state machine and never decides what is committed.
 
 use std::fmt::Debug;
+use std::io;
 use std::ops::{Bound, RangeBounds};
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 
-use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
-use openraft::{
-    Entry, ErrorSubject, ErrorVerb, LogId, OptionalSend, RaftLogId, RaftLogReader, Vote,
-};
+use openraft::storage::{IOFlushed, LogState, RaftLogStorage};
+use openraft::{OptionalSend, RaftLogReader};
 use serde::de::DeserializeOwned;
 
 use super::StorageError;
 use super::codec;
 use super::engine::{Engine, EngineKind, MetaKey, WriteBatch};
-use crate::{NodeId, TypeConfig};
-
-type RaftStorageError = openraft::StorageError<NodeId>;
+use crate::{Entry, LogId, TypeConfig, Vote};
 
 /// Name of the log's flush thread (shows in `top -H` and panics).
 const FLUSH_THREAD_NAME: &str = "lockd-log-flush";
@@ -89,16 +86,16 @@ impl LogStore {
 // One typed reader per metadata record, so that what is written and what is read back (and
 // verified on open) cannot disagree about the type.
 
-fn load_vote(engine: &Engine) -> Result<Option<Vote<NodeId>>, StorageError> {
+fn load_vote(engine: &Engine) -> Result<Option<Vote>, StorageError> {
     read_meta(engine, MetaKey::Vote)
 }
 
-fn load_committed(engine: &Engine) -> Result<Option<LogId<NodeId>>, StorageError> {
+fn load_committed(engine: &Engine) -> Result<Option<LogId>, StorageError> {
     // Stored as the `Option` openraft hands over, so `Some(None)` is a saved "nothing".
-    Ok(read_meta::<Option<LogId<NodeId>>>(engine, MetaKey::Committed)?.flatten())
+    Ok(read_meta::<Option<LogId>>(engine, MetaKey::Committed)?.flatten())
 }
 
-fn load_last_purged(engine: &Engine) -> Result<Option<LogId<NodeId>>, StorageError> {
+fn load_last_purged(engine: &Engine) -> Result<Option<LogId>, StorageError> {
     read_meta(engine, MetaKey::LastPurged)
 }
 
@@ -137,17 +134,12 @@ fn encode_meta<T: serde::Serialize>(key: MetaKey, value: &T) -> Result<Vec<u8>, 
     })
 }
 
-fn decode_entry(
-    engine: &Engine,
-    index: u64,
-    record: &[u8],
-) -> Result<Entry<TypeConfig>, StorageError> {
-    let entry: Entry<TypeConfig> =
-        codec::decode(record).map_err(|source| StorageError::Corrupt {
-            record: entry_name(index),
-            path: engine.dir().to_path_buf(),
-            source,
-        })?;
+fn decode_entry(engine: &Engine, index: u64, record: &[u8]) -> Result<Entry, StorageError> {
+    let entry: Entry = codec::decode(record).map_err(|source| StorageError::Corrupt {
+        record: entry_name(index),
+        path: engine.dir().to_path_buf(),
+        source,
+    })?;
     if entry.log_id.index != index {
         return Err(StorageError::Layout {
             path: engine.dir().to_path_buf(),
@@ -201,7 +193,7 @@ fn verify_all(engine: &Engine) -> Result<(), StorageError> {
 fn read_entries<RB: RangeBounds<u64>>(
     engine: &Engine,
     range: RB,
-) -> Result<Vec<Entry<TypeConfig>>, StorageError> {
+) -> Result<Vec<Entry>, StorageError> {
     let mut entries = Vec::new();
     engine.scan_log(
         range.start_bound().cloned(),
@@ -218,9 +210,12 @@ impl RaftLogReader<TypeConfig> for LogReader {
     async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
         &mut self,
         range: RB,
-    ) -> Result<Vec<Entry<TypeConfig>>, RaftStorageError> {
-        read_entries(&self.engine, range)
-            .map_err(|e| e.into_raft(ErrorSubject::Logs, ErrorVerb::Read))
+    ) -> Result<Vec<Entry>, io::Error> {
+        read_entries(&self.engine, range).map_err(io::Error::other)
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote>, io::Error> {
+        load_vote(&self.engine).map_err(io::Error::other)
     }
 }
 
@@ -228,22 +223,25 @@ impl RaftLogReader<TypeConfig> for LogStore {
     async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
         &mut self,
         range: RB,
-    ) -> Result<Vec<Entry<TypeConfig>>, RaftStorageError> {
-        read_entries(&self.engine, range)
-            .map_err(|e| e.into_raft(ErrorSubject::Logs, ErrorVerb::Read))
+    ) -> Result<Vec<Entry>, io::Error> {
+        read_entries(&self.engine, range).map_err(io::Error::other)
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote>, io::Error> {
+        load_vote(&self.engine).map_err(io::Error::other)
     }
 }
 
+// Every error openraft sees is an `io::Error` wrapping our `StorageError`, whose message names
+// the file and the record; openraft stops the node on any of them.
 impl RaftLogStorage<TypeConfig> for LogStore {
     type LogReader = LogReader;
 
-    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, RaftStorageError> {
+    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, io::Error> {
         let state = || -> Result<LogState<TypeConfig>, StorageError> {
             let last_purged_log_id = load_last_purged(&self.engine)?;
             let last_log_id = match self.engine.last_log()? {
-                Some((index, record)) => {
-                    Some(*decode_entry(&self.engine, index, &record)?.get_log_id())
-                }
+                Some((index, record)) => Some(decode_entry(&self.engine, index, &record)?.log_id),
                 None => last_purged_log_id,
             };
             Ok(LogState {
@@ -251,7 +249,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 last_log_id,
             })
         };
-        state().map_err(|e| e.into_raft(ErrorSubject::Logs, ErrorVerb::Read))
+        state().map_err(io::Error::other)
     }
 
     async fn get_log_reader(&mut self) -> Self::LogReader {
@@ -260,17 +258,12 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         }
     }
 
-    async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), RaftStorageError> {
-        let to_raft = |e: StorageError| e.into_raft(ErrorSubject::Vote, ErrorVerb::Write);
-        let record = encode_meta(MetaKey::Vote, vote).map_err(to_raft)?;
+    async fn save_vote(&mut self, vote: &Vote) -> Result<(), io::Error> {
+        let record = encode_meta(MetaKey::Vote, vote).map_err(io::Error::other)?;
         self.engine
             .put_meta(MetaKey::Vote, &record)
-            .map_err(to_raft)?;
-        self.sync().await.map_err(to_raft)
-    }
-
-    async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, RaftStorageError> {
-        load_vote(&self.engine).map_err(|e| e.into_raft(ErrorSubject::Vote, ErrorVerb::Read))
+            .map_err(io::Error::other)?;
+        self.sync().await.map_err(io::Error::other)
     }
 
     /// Stored without a write or sync of its own (`Engine::put_meta_deferred`): the next
@@ -279,36 +272,34 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     /// restarted node re-apply fewer entries before it learns the commit index again; both
     /// engines persist writes as a prefix in write order, so a durable committed id never
     /// points past durable entries.
-    async fn save_committed(
-        &mut self,
-        committed: Option<LogId<NodeId>>,
-    ) -> Result<(), RaftStorageError> {
-        let to_raft = |e: StorageError| e.into_raft(ErrorSubject::Store, ErrorVerb::Write);
-        let record = encode_meta(MetaKey::Committed, &committed).map_err(to_raft)?;
+    async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), io::Error> {
+        let record = encode_meta(MetaKey::Committed, &committed).map_err(io::Error::other)?;
         self.engine
             .put_meta_deferred(MetaKey::Committed, &record)
-            .map_err(to_raft)
+            .map_err(io::Error::other)
     }
 
-    async fn read_committed(&mut self) -> Result<Option<LogId<NodeId>>, RaftStorageError> {
-        load_committed(&self.engine).map_err(|e| e.into_raft(ErrorSubject::Store, ErrorVerb::Read))
+    async fn read_committed(&mut self) -> Result<Option<LogId>, io::Error> {
+        load_committed(&self.engine).map_err(io::Error::other)
     }
 
+    /// Writes the entries (readable at once: openraft's replication may read and send them to
+    /// followers before they are durable here) and hands `callback` to the flush thread, which
+    /// fires it once an `fdatasync` covered them. openraft counts this node towards a commit
+    /// only then.
     async fn append<I>(
         &mut self,
         entries: I,
-        callback: LogFlushed<TypeConfig>,
-    ) -> Result<(), RaftStorageError>
+        callback: IOFlushed<TypeConfig>,
+    ) -> Result<(), io::Error>
     where
-        I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
+        I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
         let mut batch = WriteBatch::default();
         let mut first = true;
         for entry in entries {
             let index = entry.log_id.index;
-            let to_raft =
-                |e: StorageError| e.into_raft(ErrorSubject::Log(entry.log_id), ErrorVerb::Write);
             if first {
                 // An append replaces the log from its first entry on. openraft truncates a
                 // conflicting tail before appending, so this normally removes nothing; it
@@ -321,40 +312,42 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                     record: entry_name(index),
                     source,
                 })
-                .map_err(to_raft)?;
-            batch.put_log(index, &record).map_err(to_raft)?;
+                .map_err(io::Error::other)?;
+            batch.put_log(index, &record).map_err(io::Error::other)?;
         }
-        let to_raft = |e: StorageError| e.into_raft(ErrorSubject::Logs, ErrorVerb::Write);
-        self.engine.write(batch).map_err(to_raft)?;
+        self.engine.write(batch).map_err(io::Error::other)?;
         self.flusher
             .submit(FlushJob::Append(callback))
-            .map_err(to_raft)
+            .map_err(io::Error::other)
     }
 
-    async fn truncate(&mut self, log_id: LogId<NodeId>) -> Result<(), RaftStorageError> {
-        let to_raft = |e: StorageError| e.into_raft(ErrorSubject::Logs, ErrorVerb::Delete);
+    /// Removes every entry after `last_log_id` (all of them for `None`), durably.
+    async fn truncate_after(&mut self, last_log_id: Option<LogId>) -> Result<(), io::Error> {
+        let from = match last_log_id {
+            Some(log_id) => Bound::Excluded(log_id.index),
+            None => Bound::Unbounded,
+        };
         let mut batch = WriteBatch::default();
-        batch.remove_logs(Bound::Included(log_id.index), Bound::Unbounded);
-        self.engine.write(batch).map_err(to_raft)?;
-        self.sync().await.map_err(to_raft)
+        batch.remove_logs(from, Bound::Unbounded);
+        self.engine.write(batch).map_err(io::Error::other)?;
+        self.sync().await.map_err(io::Error::other)
     }
 
-    async fn purge(&mut self, log_id: LogId<NodeId>) -> Result<(), RaftStorageError> {
-        let to_raft = |e: StorageError| e.into_raft(ErrorSubject::Logs, ErrorVerb::Delete);
+    async fn purge(&mut self, log_id: LogId) -> Result<(), io::Error> {
         let mut batch = WriteBatch::default();
-        let record = encode_meta(MetaKey::LastPurged, &log_id).map_err(to_raft)?;
+        let record = encode_meta(MetaKey::LastPurged, &log_id).map_err(io::Error::other)?;
         // One batch: the last purged id and the removal land together or not at all.
         batch.put_meta(MetaKey::LastPurged, &record);
         batch.remove_logs(Bound::Unbounded, Bound::Included(log_id.index));
-        self.engine.write(batch).map_err(to_raft)?;
-        self.sync().await.map_err(to_raft)
+        self.engine.write(batch).map_err(io::Error::other)?;
+        self.sync().await.map_err(io::Error::other)
     }
 }
 
 /// Work for the flush thread.
 enum FlushJob {
     /// An append's callback: fire it once the append is durable.
-    Append(LogFlushed<TypeConfig>),
+    Append(IOFlushed<TypeConfig>),
     /// A caller awaiting durability of everything written so far.
     Sync(tokio::sync::oneshot::Sender<Result<(), StorageError>>),
 }
@@ -435,8 +428,9 @@ fn flush_loop(engine: &Engine, rx: &mpsc::Receiver<FlushJob>) {
                 }),
             };
             match job {
-                FlushJob::Append(callback) => callback
-                    .log_io_completed(result.map_err(|e| std::io::Error::other(e.to_string()))),
+                FlushJob::Append(callback) => {
+                    callback.io_completed(result.map_err(|e| io::Error::other(e.to_string())))
+                }
                 // The waiter may have given up; nothing to tell it then.
                 FlushJob::Sync(tx) => drop(tx.send(result)),
             }
@@ -447,15 +441,20 @@ fn flush_loop(engine: &Engine, rx: &mpsc::Receiver<FlushJob>) {
 #[cfg(test)]
 mod tests {
     use openraft::storage::RaftLogStorageExt;
-    use openraft::{CommittedLeaderId, EntryPayload};
 
     use super::*;
     use crate::storage::RECORD_BYTES_MAX;
-    use crate::{Command, Request};
+    use crate::{Command, EntryPayload, LeaderId, Request};
 
-    fn entry(index: u64, owner_id: String) -> Entry<TypeConfig> {
+    fn entry(index: u64, owner_id: String) -> Entry {
         Entry {
-            log_id: LogId::new(CommittedLeaderId::new(1, 0), index),
+            log_id: LogId::new(
+                LeaderId {
+                    term: 1,
+                    node_id: 0,
+                },
+                index,
+            ),
             payload: EntryPayload::Normal(Request {
                 stamp_ms: index,
                 command: Command::OpenSession {
@@ -560,17 +559,35 @@ mod tests {
         {
             let mut store = store_with_entries(dir.path(), 10).await;
             store.save_vote(&vote).await.expect("vote");
-            let committed = LogId::new(CommittedLeaderId::new(1, 0), 6);
+            let committed = LogId::new(
+                LeaderId {
+                    term: 1,
+                    node_id: 0,
+                },
+                6,
+            );
             store
                 .save_committed(Some(committed))
                 .await
                 .expect("committed");
             store
-                .purge(LogId::new(CommittedLeaderId::new(1, 0), 4))
+                .purge(LogId::new(
+                    LeaderId {
+                        term: 1,
+                        node_id: 0,
+                    },
+                    4,
+                ))
                 .await
                 .expect("purge");
             store
-                .truncate(LogId::new(CommittedLeaderId::new(1, 0), 9))
+                .truncate_after(Some(LogId::new(
+                    LeaderId {
+                        term: 1,
+                        node_id: 0,
+                    },
+                    8,
+                )))
                 .await
                 .expect("truncate");
         }

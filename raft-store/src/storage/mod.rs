@@ -15,11 +15,11 @@
 //! [`open`] returns the two halves openraft takes:
 //!
 //! ```no_run
-//! # async fn f(config: std::sync::Arc<openraft::Config>, network: impl openraft::RaftNetworkFactory<lock_raft_store::TypeConfig>) -> Result<(), Box<dyn std::error::Error>> {
+//! # async fn f(config: std::sync::Arc<openraft::Config>, network: impl openraft::RaftNetworkFactory<lock_raft_store::TypeConfig> + 'static) -> Result<(), Box<dyn std::error::Error>> {
 //! use lock_raft_store::storage;
 //! let (log_store, state_machine) = storage::open(std::path::Path::new("/var/lib/lockd"), None)?;
 //! let reader = state_machine.reader(); // keep for serving reads
-//! let raft = openraft::Raft::<lock_raft_store::TypeConfig>::new(1, config, network, log_store, state_machine).await?;
+//! let raft = openraft::Raft::<lock_raft_store::TypeConfig, _>::new(1, config, network, log_store, state_machine).await?;
 //! # Ok(()) }
 //! ```
 //!
@@ -48,10 +48,8 @@ pub use engine::{
     EngineError, EngineKind, LAYOUT_VERSION, LayoutFound, RECORD_BYTES_MAX, WAL_FORMAT_VERSION,
 };
 pub use log_store::{LogReader, LogStore};
-pub use snapshot::SNAPSHOT_BYTES_MAX;
+pub use snapshot::{SNAPSHOT_BYTES_MAX, file_name as snapshot_file_name};
 pub use state_machine::{ApplyObserver, StateMachineStore, StateReader};
-
-use crate::NodeId;
 
 /// Sub-directory of the storage directory holding snapshot files.
 pub const SNAPSHOT_DIR_NAME: &str = "snapshots";
@@ -177,15 +175,4 @@ pub enum StorageError {
         /// The database directory.
         path: PathBuf,
     },
-}
-
-impl StorageError {
-    /// Wraps the error for openraft, which stops the node on any storage error.
-    pub(crate) fn into_raft(
-        self,
-        subject: openraft::ErrorSubject<NodeId>,
-        verb: openraft::ErrorVerb,
-    ) -> openraft::StorageError<NodeId> {
-        openraft::StorageIOError::new(subject, verb, openraft::AnyError::new(&self)).into()
-    }
 }

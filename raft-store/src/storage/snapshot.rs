@@ -1,4 +1,5 @@
-//! Snapshot files: `<dir>/snapshots/<snapshot id>.snap`, one current snapshot at a time.
+//! Snapshot files: `<dir>/snapshots/<term>-<node>-<index>.snap` (named after the last log id
+//! they cover, `empty.snap` before any), one current snapshot at a time.
 //!
 //! Owns how a snapshot reaches the disk and comes back. A file is written atomically (write a
 //! `.tmp`, `fsync` it, rename it over its final name, `fsync` the directory), so a crash leaves
@@ -16,14 +17,13 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError};
 
-use openraft::SnapshotMeta;
 use serde::{Deserialize, Serialize};
 
 use super::StorageError;
 use super::codec;
 use super::engine::sync_dir;
 use crate::table::LockTable;
-use crate::{Node, NodeId};
+use crate::{LogId, SnapshotMeta};
 
 /// The largest snapshot file or snapshot data accepted. Snapshots are read whole into memory;
 /// 1 GiB is far above any table the limits allow on a node with a few GiB of memory, so a
@@ -34,16 +34,15 @@ pub const SNAPSHOT_BYTES_MAX: usize = 1 << 30;
 const SNAPSHOT_EXT: &str = "snap";
 /// Extension of a snapshot file being written.
 const TEMP_EXT: &str = "tmp";
-/// Longest snapshot id used verbatim as a file name; longer or unusual ids are hex-encoded.
-const SNAPSHOT_ID_FILE_LEN_MAX: usize = 100;
 
 /// Snapshot metadata with the cluster's node types.
-pub type Meta = SnapshotMeta<NodeId, Node>;
+pub type Meta = SnapshotMeta;
 
 /// The content of a snapshot file.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct SnapshotFile {
-    /// openraft's metadata: last log id, membership, snapshot id.
+    /// openraft's metadata: last log id and membership (and, in the encoding, the always empty
+    /// snapshot id openraft 0.9 had there).
     pub meta: Meta,
     /// The snapshot data as openraft ships it: a codec record of the lock table.
     pub data: Vec<u8>,
@@ -82,25 +81,17 @@ pub fn decode_table(data: &[u8], origin: &Path) -> Result<LockTable, StorageErro
     Ok(table)
 }
 
-/// The file name for a snapshot id: the id itself when it is a short run of `[A-Za-z0-9_-]`
-/// (ours always are), else `x` and the hex of its first [`SNAPSHOT_ID_FILE_LEN_MAX`] bytes, so
-/// that no id can escape the directory and every name fits a file-name limit of 255 bytes.
-pub fn file_name(snapshot_id: &str) -> String {
-    let plain = !snapshot_id.is_empty()
-        && snapshot_id.len() <= SNAPSHOT_ID_FILE_LEN_MAX
-        && !snapshot_id.starts_with('x')
-        && snapshot_id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
-    if plain {
-        format!("{snapshot_id}.{SNAPSHOT_EXT}")
-    } else {
-        let hex: String = snapshot_id
-            .bytes()
-            .take(SNAPSHOT_ID_FILE_LEN_MAX)
-            .map(|b| format!("{b:02x}"))
-            .collect();
-        format!("x{hex}.{SNAPSHOT_EXT}")
+/// The file name of the snapshot covering the log up to `last_log_id`: term, node and index,
+/// unique per log position (the same state always gets the same name, so rebuilding a snapshot
+/// at one position overwrites one file). Only digits and dashes, so no name escapes the
+/// directory. openraft 0.9 lockd named its snapshots the same way.
+pub fn file_name(last_log_id: Option<&LogId>) -> String {
+    match last_log_id {
+        Some(id) => format!(
+            "{}-{}-{}.{SNAPSHOT_EXT}",
+            id.leader_id.term, id.leader_id.node_id, id.index
+        ),
+        None => format!("empty.{SNAPSHOT_EXT}"),
     }
 }
 
@@ -192,7 +183,7 @@ impl SnapshotDir {
     /// only a race between a build and an install can cause), then removes the others.
     /// Blocks on the disk.
     pub fn write(&self, meta: &Meta, data: &[u8]) -> Result<(), StorageError> {
-        let path = self.dir.join(file_name(&meta.snapshot_id));
+        let path = self.dir.join(file_name(meta.last_log_id.as_ref()));
         let record = codec::encode(&SnapshotFile {
             meta: meta.clone(),
             data: data.to_vec(),
@@ -308,11 +299,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn file_names_stay_inside_the_directory() {
-        assert_eq!(file_name("3-1-120"), "3-1-120.snap");
-        assert_eq!(file_name("../etc"), "x2e2e2f657463.snap");
-        assert_eq!(file_name("x1"), "x7831.snap");
-        assert_eq!(file_name(""), "x.snap");
-        assert!(!file_name(&"a/".repeat(500)).contains('/'));
+    fn file_names_are_the_log_position() {
+        let id = LogId::new(
+            crate::LeaderId {
+                term: 3,
+                node_id: 1,
+            },
+            120,
+        );
+        assert_eq!(file_name(Some(&id)), "3-1-120.snap");
+        assert_eq!(file_name(None), "empty.snap");
     }
 }

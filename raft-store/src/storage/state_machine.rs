@@ -18,23 +18,21 @@
 //! entries again after a restart.
 
 use std::fmt;
-use std::io::Cursor;
+use std::io::{self, Cursor};
 use std::path::Path;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use openraft::storage::RaftStateMachine;
-use openraft::{
-    Entry, EntryPayload, ErrorSubject, ErrorVerb, LogId, OptionalSend, RaftSnapshotBuilder,
-    Snapshot, SnapshotMeta, StoredMembership,
-};
+use futures::{Stream, TryStreamExt};
+use openraft::storage::{EntryResponder, RaftStateMachine};
+use openraft::{OptionalSend, RaftSnapshotBuilder};
 
 use super::StorageError;
 use super::snapshot::{self, SnapshotDir};
 use crate::command::{Event, Response};
 use crate::table::LockTable;
-use crate::{Node, NodeId, TypeConfig};
-
-type RaftStorageError = openraft::StorageError<NodeId>;
+use crate::{
+    Entry, EntryPayload, LogId, Snapshot, SnapshotData, SnapshotMeta, StoredMembership, TypeConfig,
+};
 
 /// Learns what each applied batch of log entries did. Called on every replica after each
 /// `apply` call with the index of the batch's last entry and the events of all its entries in
@@ -49,9 +47,9 @@ pub trait ApplyObserver: Send + Sync + 'static {
 #[derive(Debug, Default)]
 struct AppliedState {
     /// The last applied entry's log id; `None` before any.
-    last_applied: Option<LogId<NodeId>>,
+    last_applied: Option<LogId>,
     /// The last applied membership change.
-    last_membership: StoredMembership<NodeId, Node>,
+    last_membership: StoredMembership,
     /// The lock table.
     table: LockTable,
 }
@@ -117,6 +115,42 @@ impl StateMachineStore {
         })
     }
 
+    /// Applies committed entries in order under one write lock, tells the observer once, and
+    /// returns each entry's answer ([`Response::NoCommand`] for blank and membership entries).
+    /// openraft's `apply` goes through here; tools and tests may drive the state machine with
+    /// it directly. The observer runs before any answer leaves: whoever gets an answer may rely
+    /// on the observer having seen its events.
+    pub fn apply_entries(&self, entries: impl IntoIterator<Item = Entry>) -> Vec<Response> {
+        let entries = entries.into_iter();
+        let mut answers = Vec::with_capacity(entries.size_hint().0);
+        let mut events = Vec::new();
+        let mut last_index = None;
+        {
+            let mut state = write_state(&self.state);
+            for entry in entries {
+                state.last_applied = Some(entry.log_id);
+                last_index = Some(entry.log_id.index);
+                answers.push(match entry.payload {
+                    EntryPayload::Normal(request) => {
+                        state
+                            .table
+                            .apply(request.stamp_ms, request.command, &mut events)
+                    }
+                    EntryPayload::Blank => Response::NoCommand,
+                    EntryPayload::Membership(membership) => {
+                        state.last_membership =
+                            StoredMembership::new(Some(entry.log_id), membership);
+                        Response::NoCommand
+                    }
+                });
+            }
+        }
+        if let (Some(observer), Some(log_index)) = (&self.observer, last_index) {
+            observer.applied(log_index, &events);
+        }
+        answers
+    }
+
     /// A read view of the applied state, for serving reads.
     pub fn reader(&self) -> StateReader {
         StateReader {
@@ -148,72 +182,56 @@ impl StateReader {
     }
 
     /// The last applied entry's log id; `None` before any.
-    pub fn last_applied(&self) -> Option<LogId<NodeId>> {
+    pub fn last_applied(&self) -> Option<LogId> {
         read_state(&self.state).last_applied
     }
 
     /// The last applied membership.
-    pub fn membership(&self) -> StoredMembership<NodeId, Node> {
+    pub fn membership(&self) -> StoredMembership {
         read_state(&self.state).last_membership.clone()
     }
 }
 
-fn snapshot_id(last_applied: Option<LogId<NodeId>>) -> String {
-    match last_applied {
-        // Term, leader, index: unique per log position, and the same state always gets the
-        // same id, so rebuilding a snapshot at one position overwrites one file.
-        Some(id) => format!(
-            "{}-{}-{}",
-            id.leader_id.term, id.leader_id.node_id, id.index
-        ),
-        None => "empty".to_string(),
-    }
+/// Wraps a storage error for openraft, which stops the node on any.
+fn to_io(e: StorageError) -> io::Error {
+    io::Error::other(e)
+}
+
+/// A failed blocking task (a panic while writing or reading a snapshot file) as a storage error.
+fn join_error(op: &'static str, dir: &Path, join: tokio::task::JoinError) -> io::Error {
+    to_io(StorageError::Io {
+        op,
+        path: dir.to_path_buf(),
+        source: io::Error::other(join.to_string()),
+    })
 }
 
 impl RaftStateMachine<TypeConfig> for StateMachineStore {
+    type SnapshotData = SnapshotData;
     type SnapshotBuilder = SnapshotBuilder;
 
-    async fn applied_state(
-        &mut self,
-    ) -> Result<(Option<LogId<NodeId>>, StoredMembership<NodeId, Node>), RaftStorageError> {
+    async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), io::Error> {
         let state = read_state(&self.state);
         Ok((state.last_applied, state.last_membership.clone()))
     }
 
-    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Response>, RaftStorageError>
+    /// Applies the entries ([`StateMachineStore::apply_entries`]), then answers each entry's
+    /// proposer through openraft's responder, in log order.
+    async fn apply<Strm>(&mut self, entries: Strm) -> Result<(), io::Error>
     where
-        I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
-        I::IntoIter: OptionalSend,
+        Strm: Stream<Item = Result<EntryResponder<TypeConfig>, io::Error>> + Unpin + OptionalSend,
     {
-        let entries = entries.into_iter();
-        let mut responses = Vec::with_capacity(entries.size_hint().0);
-        let mut events = Vec::new();
-        let mut last_index = None;
-        {
-            let mut state = write_state(&self.state);
-            for entry in entries {
-                state.last_applied = Some(entry.log_id);
-                last_index = Some(entry.log_id.index);
-                let response = match entry.payload {
-                    EntryPayload::Normal(request) => {
-                        state
-                            .table
-                            .apply(request.stamp_ms, request.command, &mut events)
-                    }
-                    EntryPayload::Blank => Response::NoCommand,
-                    EntryPayload::Membership(membership) => {
-                        state.last_membership =
-                            StoredMembership::new(Some(entry.log_id), membership);
-                        Response::NoCommand
-                    }
-                };
-                responses.push(response);
+        // The stream may wait on the log between entries, so it is drained before the
+        // (blocking) state lock is taken.
+        let (entries, responders): (Vec<_>, Vec<_>) =
+            entries.try_collect::<Vec<_>>().await?.into_iter().unzip();
+        let answers = self.apply_entries(entries);
+        for (responder, answer) in responders.into_iter().zip(answers) {
+            if let Some(responder) = responder {
+                responder.send(answer);
             }
         }
-        if let (Some(observer), Some(log_index)) = (&self.observer, last_index) {
-            observer.applied(log_index, &events);
-        }
-        Ok(responses)
+        Ok(())
     }
 
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
@@ -223,36 +241,20 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         }
     }
 
-    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, RaftStorageError> {
-        Ok(Box::new(Cursor::new(Vec::new())))
-    }
-
     async fn install_snapshot(
         &mut self,
-        meta: &SnapshotMeta<NodeId, Node>,
-        snapshot: Box<Cursor<Vec<u8>>>,
-    ) -> Result<(), RaftStorageError> {
-        let to_raft = |e: StorageError| {
-            e.into_raft(
-                ErrorSubject::Snapshot(Some(meta.signature())),
-                ErrorVerb::Write,
-            )
-        };
+        meta: &SnapshotMeta,
+        snapshot: SnapshotData,
+    ) -> Result<(), io::Error> {
         let data = snapshot.into_inner();
-        let table = snapshot::decode_table(&data, self.snapshots.dir()).map_err(to_raft)?;
+        let table = snapshot::decode_table(&data, self.snapshots.dir()).map_err(to_io)?;
         // Durable first: once the table is replaced, the log before it may be purged.
         let snapshots = self.snapshots.clone();
         let file_meta = meta.clone();
         tokio::task::spawn_blocking(move || snapshots.write(&file_meta, &data))
             .await
-            .map_err(|join| {
-                to_raft(StorageError::Io {
-                    op: "write snapshot into",
-                    path: self.snapshots.dir().to_path_buf(),
-                    source: std::io::Error::other(join.to_string()),
-                })
-            })?
-            .map_err(to_raft)?;
+            .map_err(|join| join_error("write snapshot into", self.snapshots.dir(), join))?
+            .map_err(to_io)?;
         let mut state = write_state(&self.state);
         *state = AppliedState {
             last_applied: meta.last_log_id,
@@ -262,24 +264,15 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         Ok(())
     }
 
-    async fn get_current_snapshot(
-        &mut self,
-    ) -> Result<Option<Snapshot<TypeConfig>>, RaftStorageError> {
-        let to_raft = |e: StorageError| e.into_raft(ErrorSubject::Snapshot(None), ErrorVerb::Read);
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, io::Error> {
         let snapshots = self.snapshots.clone();
         let file = tokio::task::spawn_blocking(move || snapshots.read_current())
             .await
-            .map_err(|join| {
-                to_raft(StorageError::Io {
-                    op: "read snapshot from",
-                    path: self.snapshots.dir().to_path_buf(),
-                    source: std::io::Error::other(join.to_string()),
-                })
-            })?
-            .map_err(to_raft)?;
+            .map_err(|join| join_error("read snapshot from", self.snapshots.dir(), join))?
+            .map_err(to_io)?;
         Ok(file.map(|file| Snapshot {
             meta: file.meta,
-            snapshot: Box::new(Cursor::new(file.data)),
+            snapshot: Cursor::new(file.data),
         }))
     }
 }
@@ -300,17 +293,17 @@ impl fmt::Debug for SnapshotBuilder {
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
-    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, RaftStorageError> {
-        let to_raft = |e: StorageError| e.into_raft(ErrorSubject::Snapshot(None), ErrorVerb::Write);
+    type SnapshotData = SnapshotData;
+
+    async fn build_snapshot(&mut self) -> Result<Snapshot, io::Error> {
         // Encode under the read lock rather than clone the table: one pass over the table
         // either way, and encoding allocates only the output.
         let (meta, data) = {
             let state = read_state(&self.state);
-            let data = snapshot::encode_table(&state.table).map_err(to_raft)?;
+            let data = snapshot::encode_table(&state.table).map_err(to_io)?;
             let meta = SnapshotMeta {
                 last_log_id: state.last_applied,
                 last_membership: state.last_membership.clone(),
-                snapshot_id: snapshot_id(state.last_applied),
             };
             (meta, data)
         };
@@ -319,17 +312,11 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         let data =
             tokio::task::spawn_blocking(move || snapshots.write(&file_meta, &data).map(|()| data))
                 .await
-                .map_err(|join| {
-                    to_raft(StorageError::Io {
-                        op: "write snapshot into",
-                        path: self.snapshots.dir().to_path_buf(),
-                        source: std::io::Error::other(join.to_string()),
-                    })
-                })?
-                .map_err(to_raft)?;
+                .map_err(|join| join_error("write snapshot into", self.snapshots.dir(), join))?
+                .map_err(to_io)?;
         Ok(Snapshot {
             meta,
-            snapshot: Box::new(Cursor::new(data)),
+            snapshot: Cursor::new(data),
         })
     }
 }
@@ -338,10 +325,8 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
 mod tests {
     use std::sync::Mutex;
 
-    use openraft::{CommittedLeaderId, Membership};
-
     use super::*;
-    use crate::{Command, Request};
+    use crate::{Command, LeaderId, Membership, Node, Request};
 
     #[derive(Default)]
     struct Recorder(Mutex<Vec<(u64, Vec<Event>)>>);
@@ -355,14 +340,20 @@ mod tests {
         }
     }
 
-    fn entry(index: u64, payload: EntryPayload<TypeConfig>) -> Entry<TypeConfig> {
+    fn entry(index: u64, payload: EntryPayload) -> Entry {
         Entry {
-            log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
+            log_id: LogId::new(
+                LeaderId {
+                    term: 1,
+                    node_id: 1,
+                },
+                index,
+            ),
             payload,
         }
     }
 
-    fn open_session(session_id: &str) -> EntryPayload<TypeConfig> {
+    fn open_session(session_id: &str) -> EntryPayload {
         EntryPayload::Normal(Request {
             stamp_ms: 1_000,
             command: Command::OpenSession {
@@ -377,22 +368,20 @@ mod tests {
     async fn apply_answers_each_entry_and_tells_the_observer_once_per_batch() {
         let dir = tempfile::tempdir().expect("temp dir");
         let recorder = Arc::new(Recorder::default());
-        let mut sm = StateMachineStore::open(dir.path(), Some(recorder.clone())).expect("open");
+        let sm = StateMachineStore::open(dir.path(), Some(recorder.clone())).expect("open");
         let reader = sm.reader();
         let membership = Membership::new(
             vec![[1u64].into()],
             std::collections::BTreeMap::from([(1u64, Node::new("a:1"))]),
-        );
+        )
+        .expect("membership");
 
-        let answers = sm
-            .apply([
-                entry(1, EntryPayload::Blank),
-                entry(2, EntryPayload::Membership(membership.clone())),
-                entry(3, open_session("s1")),
-                entry(4, open_session("s2")),
-            ])
-            .await
-            .expect("apply");
+        let answers = sm.apply_entries([
+            entry(1, EntryPayload::Blank),
+            entry(2, EntryPayload::Membership(membership.clone())),
+            entry(3, open_session("s1")),
+            entry(4, open_session("s2")),
+        ]);
 
         assert_eq!(answers.len(), 4);
         assert_eq!(answers[0], Response::NoCommand);
@@ -425,7 +414,13 @@ mod tests {
         assert_eq!(
             reader.membership(),
             StoredMembership::new(
-                Some(LogId::new(CommittedLeaderId::new(1, 1), 2)),
+                Some(LogId::new(
+                    LeaderId {
+                        term: 1,
+                        node_id: 1
+                    },
+                    2
+                )),
                 membership
             )
         );
