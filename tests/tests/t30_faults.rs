@@ -402,11 +402,14 @@ async fn a_node_without_a_majority_never_grants_and_never_answers_lost() {
     let leader = cluster.leader().await;
     let followers = cluster.followers().await;
     let survivor = followers[0];
+    let term = cluster.status(survivor).await.expect("status").current_term;
     cluster.kill(leader);
     cluster.kill(followers[1]);
 
     // Observe the survivor for a few election timeouts: every answer must be a retry-safe
-    // error, never a grant and never "lost".
+    // error, never a grant and never "lost". Nor does it raise its term: its pre-votes find no
+    // quorum, so it never campaigns (without pre-vote it would bump the term every election
+    // timeout, and on rejoining depose whichever leader the others had).
     let at = cluster.client(survivor);
     let window = cluster.config().election_timeout_max() * 3;
     let started = Instant::now();
@@ -425,6 +428,10 @@ async fn a_node_without_a_majority_never_grants_and_never_answers_lost() {
             status.role(),
             Role::Leader,
             "a lone node cannot be leader of three"
+        );
+        assert_eq!(
+            status.current_term, term,
+            "a node that cannot win raised its term"
         );
         answers += 1;
         tokio::time::sleep(Duration::from_millis(100)).await;
