@@ -22,11 +22,11 @@ use lock_proto::v1::admin_service_server::{AdminService, AdminServiceServer};
 use lock_proto::v1::lock_service_server::{LockService, LockServiceServer};
 use lock_proto::v1::session_service_server::{SessionService, SessionServiceServer};
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
 use tonic::{Request, Response, Status};
 
 use crate::config::{Backend, Config};
 use crate::grpc::CLIENT_MESSAGE_BYTES_MAX;
+use crate::server::accepted_without_nagle;
 
 /// How often a waiting acquire retries `try_insert` while the key is held.
 pub const ACQUIRE_POLL_INTERVAL: Duration = Duration::from_millis(50);
@@ -453,7 +453,6 @@ where
     });
     let (_health, health_service) = tonic_health::server::health_reporter();
     let router = tonic::transport::Server::builder()
-        .tcp_nodelay(true)
         .add_service(health_service)
         .add_service(
             LockServiceServer::new(api.clone())
@@ -477,7 +476,7 @@ where
         let _ = stop_tx.send(true);
     };
     let mut serve =
-        tokio::spawn(router.serve_with_incoming_shutdown(TcpListenerStream::new(listener), signal));
+        tokio::spawn(router.serve_with_incoming_shutdown(accepted_without_nagle(listener), signal));
     let served = tokio::select! {
         served = &mut serve => served,
         _ = stop_rx.wait_for(|stop| *stop) => {

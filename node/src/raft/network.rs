@@ -9,9 +9,10 @@
 //! openraft replication session: openraft hands over a stream of requests and reads a stream of
 //! results, and each request leaves as soon as openraft makes it, without waiting for the
 //! answers to those before it. The follower answers in order, so the n-th answer is the n-th
-//! request's. Every request must be answered within openraft's RPC TTL from the moment it was
-//! sent (`RPCOption::hard_ttl`), or the stream fails with a timeout: a partitioned or paused
-//! follower is noticed even though the stream itself never times out. Votes and pre-votes are
+//! request's. Every request must be answered within openraft's RPC TTL, but at least
+//! `APPEND_ANSWER_TIMEOUT_MIN`, from the moment it was sent, or the stream fails with a
+//! timeout: a partitioned or paused follower is noticed even though the stream itself never
+//! times out. Votes and pre-votes are
 //! unary; a snapshot is one client stream (a header, then the bytes in chunks).
 //!
 //! A peer is dialled at its address in the replicated membership unless the node was started
@@ -56,6 +57,17 @@ pub const RAFT_MESSAGE_BYTES_MAX: usize = 64 * 1024 * 1024;
 /// `full_snapshot`): a 1 GiB snapshot, the largest accepted, gets 100 s more than openraft's
 /// TTL.
 const SNAPSHOT_BYTES_PER_SEC_MIN: usize = 10 * 1024 * 1024;
+
+/// The least time an append on a stream has to be answered, counted from when it was sent.
+///
+/// openraft passes its heartbeat interval (50 ms by default) as the TTL of a replication stream.
+/// A pipelined append can wait that long behind the follower's earlier appends and fsyncs on a
+/// busy machine, and a stream that fails is restarted only after openraft's backoff: measured
+/// in lock-bench, a 50 ms deadline made 1 in 20 commits stall for about 45 ms and halved W2.
+/// A follower that is gone closes the connection at once; this bound is for one that is cut
+/// off silently or paused (openraft's heartbeats, with their own deadline, are what depose a
+/// leader that cannot reach its followers).
+const APPEND_ANSWER_TIMEOUT_MIN: Duration = Duration::from_secs(2);
 
 /// How long dialing a peer may take before the RPC is treated as unreachable.
 const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
@@ -363,7 +375,8 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
         S: Stream<Item = AppendEntriesRequest<TypeConfig>> + OptionalSend + Unpin + 'static,
     {
         Box::pin(async move {
-            let answers = self.open_append_stream(input, option.hard_ttl()).await?;
+            let ttl = option.hard_ttl().max(APPEND_ANSWER_TIMEOUT_MIN);
+            let answers = self.open_append_stream(input, ttl).await?;
             Ok(Box::pin(answers) as BoxStream<'s, _>)
         })
     }
@@ -623,16 +636,17 @@ mod tests {
         };
         let mut client = client_of(peer.clone()).await;
         let (requests, input) = mpsc::unbounded_channel();
-        let ttl = Duration::from_millis(200);
+        // openraft's TTL is short; the answer is still given the floor.
+        let ttl = APPEND_ANSWER_TIMEOUT_MIN;
         let mut answers = client
             .stream_append(
                 tokio_stream::wrappers::UnboundedReceiverStream::new(input),
-                RPCOption::new(ttl),
+                RPCOption::new(Duration::from_millis(50)),
             )
             .await
             .expect("stream opens");
         // Idle time before a request is not counted against it.
-        tokio::time::sleep(ttl * 2).await;
+        tokio::time::sleep(ttl + Duration::from_millis(200)).await;
         let sent = Instant::now();
         requests.send(append_request(1)).unwrap();
         let answer = answers.next().await.expect("an item");
