@@ -590,6 +590,23 @@ mod tests {
 
     const TTL: Duration = Duration::from_secs(5);
 
+    type Requests = mpsc::UnboundedSender<AppendEntriesRequest<TypeConfig>>;
+    type Results<'c> = BoxStream<'c, Result<StreamAppendResult<TypeConfig>, RpcError>>;
+
+    /// Opens an append stream on `client` with openraft's TTL `ttl`: appends go in through the
+    /// sender, results come out of the stream.
+    async fn open_stream(client: &mut PeerClient, ttl: Duration) -> (Requests, Results<'_>) {
+        let (requests, input) = mpsc::unbounded_channel();
+        let answers = client
+            .stream_append(
+                tokio_stream::wrappers::UnboundedReceiverStream::new(input),
+                RPCOption::new(ttl),
+            )
+            .await
+            .expect("stream opens");
+        (requests, answers)
+    }
+
     /// Waits until `counter` reaches `n`, for at most `ACCEPT_WAIT`.
     async fn reaches(counter: &AtomicUsize, n: usize) -> bool {
         let deadline = Instant::now() + ACCEPT_WAIT;
@@ -606,14 +623,7 @@ mod tests {
     async fn appends_leave_before_earlier_ones_are_answered_and_answers_come_in_order() {
         let peer = FakePeer::default();
         let mut client = client_of(peer.clone()).await;
-        let (requests, input) = mpsc::unbounded_channel();
-        let mut answers = client
-            .stream_append(
-                tokio_stream::wrappers::UnboundedReceiverStream::new(input),
-                RPCOption::new(TTL),
-            )
-            .await
-            .expect("stream opens");
+        let (requests, mut answers) = open_stream(&mut client, TTL).await;
         for term in 1..=20 {
             requests.send(append_request(term)).unwrap();
         }
@@ -635,16 +645,9 @@ mod tests {
             ..FakePeer::default()
         };
         let mut client = client_of(peer.clone()).await;
-        let (requests, input) = mpsc::unbounded_channel();
         // openraft's TTL is short; the answer is still given the floor.
         let ttl = APPEND_ANSWER_TIMEOUT_MIN;
-        let mut answers = client
-            .stream_append(
-                tokio_stream::wrappers::UnboundedReceiverStream::new(input),
-                RPCOption::new(Duration::from_millis(50)),
-            )
-            .await
-            .expect("stream opens");
+        let (requests, mut answers) = open_stream(&mut client, Duration::from_millis(50)).await;
         // Idle time before a request is not counted against it.
         tokio::time::sleep(ttl + Duration::from_millis(200)).await;
         let sent = Instant::now();
@@ -666,14 +669,7 @@ mod tests {
             ..FakePeer::default()
         };
         let mut client = client_of(peer.clone()).await;
-        let (requests, input) = mpsc::unbounded_channel();
-        let mut answers = client
-            .stream_append(
-                tokio_stream::wrappers::UnboundedReceiverStream::new(input),
-                RPCOption::new(TTL),
-            )
-            .await
-            .expect("stream opens");
+        let (requests, mut answers) = open_stream(&mut client, TTL).await;
         requests.send(append_request(1)).unwrap();
         requests.send(append_request(2)).unwrap();
         let first = answers.next().await.expect("an answer").expect("no error");
