@@ -15,11 +15,16 @@
 //! [`open`] returns the two halves openraft takes:
 //!
 //! ```no_run
-//! # async fn f(config: std::sync::Arc<openraft::Config>, network: impl openraft::RaftNetworkFactory<lock_raft_store::TypeConfig> + 'static) -> Result<(), Box<dyn std::error::Error>> {
+//! # use lock_raft_store::{SnapshotData, TypeConfig};
+//! # async fn f<N>(config: std::sync::Arc<openraft::Config>, network: N) -> Result<(), Box<dyn std::error::Error>>
+//! # where
+//! #     N: openraft::RaftNetworkFactory<TypeConfig>,
+//! #     N::Network: openraft::network::NetSnapshot<TypeConfig, SnapshotData = SnapshotData>,
+//! # {
 //! use lock_raft_store::storage;
 //! let (log_store, state_machine) = storage::open(std::path::Path::new("/var/lib/lockd"), None)?;
 //! let reader = state_machine.reader(); // keep for serving reads
-//! let raft = openraft::Raft::<lock_raft_store::TypeConfig, _>::new(1, config, network, log_store, state_machine).await?;
+//! let raft = lock_raft_store::Raft::new(1, config, network, log_store, state_machine).await?;
 //! # Ok(()) }
 //! ```
 //!
