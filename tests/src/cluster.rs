@@ -367,7 +367,7 @@ impl Cluster {
     // ---- leadership ---------------------------------------------------------------------
 
     /// Waits until every live node (running, not paused) answers `Status`, all name the same
-    /// leader, and that leader is live and reports itself `Leader`. Returns its id, or an error
+    /// leader and know its address, and that leader is live and reports itself `Leader`. Returns its id, or an error
     /// listing each node's last view.
     pub async fn wait_for_leader(&mut self, timeout: Duration) -> Result<u64, HarnessError> {
         let live = self.live_ids();
@@ -699,10 +699,11 @@ async fn agreed_leader(clients: &[(u64, NodeClient)]) -> Result<u64, String> {
             .iter()
             .map(|(id, view)| match view {
                 Ok(Ok(s)) => format!(
-                    "node {id}: role={:?} term={} leader={:?} commit={} applied={}",
+                    "node {id}: role={:?} term={} leader={:?} at {:?} commit={} applied={}",
                     s.role(),
                     s.current_term,
                     s.leader_id,
+                    s.leader_addr,
                     s.commit_index,
                     s.applied_index
                 ),
@@ -715,9 +716,16 @@ async fn agreed_leader(clients: &[(u64, NodeClient)]) -> Result<u64, String> {
     let mut leader = None;
     for (_, view) in &views {
         match view {
+            // Naming the leader is not enough: a follower can learn the leader's id (from a
+            // heartbeat) before the membership entry that holds its address, and until then it
+            // cannot send a client there.
             Ok(Ok(StatusResponse {
-                leader_id: Some(l), ..
-            })) if leader.is_none() || leader == Some(*l) => leader = Some(*l),
+                leader_id: Some(l),
+                leader_addr,
+                ..
+            })) if !leader_addr.is_empty() && (leader.is_none() || leader == Some(*l)) => {
+                leader = Some(*l)
+            }
             _ => return Err(describe(&views)),
         }
     }
