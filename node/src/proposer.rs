@@ -17,9 +17,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use lock_api::LockError;
-use lock_raft_store::{Command, Raft, Request, Response};
+use lock_raft_store::{Command, Raft, Request, Response, TypeConfig};
 
-use openraft::error::ClientWriteError;
+use openraft::error::{ClientWriteError, ForwardToLeader};
 use openraft::impls::ProgressResponder;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
@@ -52,6 +52,15 @@ pub trait LogWriter: Send + Sync + 'static {
     /// Appends `request` to the log after every request submitted before it, and returns the
     /// future of its applied answer. An error means the entry was not submitted.
     fn submit(&self, request: Request) -> impl Future<Output = Result<Applied, LockError>> + Send;
+}
+
+/// openraft's "this node does not lead" as lockd's retry-safe `NotLeader`, naming the leader
+/// and its address when this node knows them.
+pub(crate) fn not_leader(f: ForwardToLeader<TypeConfig>) -> LockError {
+    LockError::NotLeader {
+        leader_id: f.leader_id,
+        leader_addr: f.leader_node.map(|n| n.addr),
+    }
 }
 
 /// Writes entries through openraft's fire-and-forget client write.
@@ -88,10 +97,7 @@ impl LogWriter for RaftWriter {
                 // either way NotLeader, and the request id makes the caller's retry safe.
                 Ok(Err(
                     ClientWriteError::ForwardToLeader(f) | ClientWriteError::LogEntryDiscarded(f),
-                )) => Err(LockError::NotLeader {
-                    leader_id: f.leader_id,
-                    leader_addr: f.leader_node.map(|n| n.addr),
-                }),
+                )) => Err(not_leader(f)),
                 // lockd attaches no preconditions to its writes.
                 Ok(Err(ClientWriteError::PreconditionFailed(e))) => {
                     Err(LockError::contention(format!("write refused: {e}")))

@@ -20,6 +20,7 @@ use openraft::error::{ClientWriteError, InitializeError, RaftError};
 use tonic::{Request, Response, Status};
 
 use super::convert;
+use crate::proposer::not_leader;
 use crate::store::raft::RaftLockStore;
 
 /// The admin service of one node.
@@ -43,10 +44,7 @@ fn write_error(err: RaftError<TypeConfig, ClientWriteError<TypeConfig>>) -> Stat
     match err {
         RaftError::APIError(
             ClientWriteError::ForwardToLeader(f) | ClientWriteError::LogEntryDiscarded(f),
-        ) => status_from_lock_error(&LockError::NotLeader {
-            leader_id: f.leader_id,
-            leader_addr: f.leader_node.map(|n| n.addr),
-        }),
+        ) => status_from_lock_error(&not_leader(f)),
         RaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => status_from_lock_error(
             &LockError::invalid(format!("membership change refused: {e}")),
         ),

@@ -26,7 +26,7 @@ use openraft::error::{LinearizableReadError, RaftError};
 use crate::clock::Clock;
 use crate::confirm::Confirmer;
 use crate::leases::{LeaseKeeper, REAP_PER_TICK_MAX, RenewCheck, reap_once};
-use crate::proposer::Proposer;
+use crate::proposer::{Proposer, not_leader};
 use crate::waiters::{WaitOutcome, WaiterRegistry};
 
 /// The current grant of a key and its queue length, as `inspect` answers.
@@ -141,12 +141,7 @@ async fn ensure_leader(raft: &Raft) -> Result<(), LockError> {
     };
     match confirmed {
         Ok(_) => Ok(()),
-        Err(RaftError::APIError(LinearizableReadError::ForwardToLeader(f))) => {
-            Err(LockError::NotLeader {
-                leader_id: f.leader_id,
-                leader_addr: f.leader_node.map(|n| n.addr),
-            })
-        }
+        Err(RaftError::APIError(LinearizableReadError::ForwardToLeader(f))) => Err(not_leader(f)),
         Err(RaftError::APIError(LinearizableReadError::QuorumNotEnough(e))) => Err(
             LockError::contention(format!("leadership not confirmed by a quorum: {e}")),
         ),
