@@ -12,8 +12,11 @@
 //! request's. Every request must be answered within openraft's RPC TTL, but at least
 //! `APPEND_ANSWER_TIMEOUT_MIN`, from the moment it was sent, or the stream fails with a
 //! timeout: a partitioned or paused follower is noticed even though the stream itself never
-//! times out. Votes and pre-votes are
-//! unary; a snapshot is one client stream (a header, then the bytes in chunks).
+//! times out. A commit-only request (no entries, sent only because the commit index moved) waits
+//! briefly for the next append and travels inside it when that append checks the same thing
+//! ([`Outgoing`]); one follower message and answer fewer per commit when a client works alone
+//! or a hot key changes hands. Votes and pre-votes are unary; a snapshot is one client stream
+//! (a header, then the bytes in chunks).
 //!
 //! A peer is dialled at its address in the replicated membership unless the node was started
 //! with a dial override for it (`--raft-dial ID=ADDR`, see `config::RunArgs::raft_dial`): then
@@ -28,7 +31,7 @@ use std::time::Duration;
 use futures::{Stream, StreamExt};
 use lock_proto::v1::RaftPayload;
 use lock_proto::v1::raft_service_client::RaftServiceClient;
-use lock_raft_store::{Node, NodeId, Snapshot, SnapshotData, TypeConfig, Vote};
+use lock_raft_store::{LogId, Node, NodeId, Snapshot, SnapshotData, TypeConfig, Vote};
 use openraft::OptionalSend;
 use openraft::base::{BoxFuture, BoxStream};
 use openraft::error::{
@@ -78,6 +81,204 @@ const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 const UNREACHABLE_BACKOFF: Duration = Duration::from_millis(200);
 
 type RpcError = RPCError<TypeConfig>;
+
+/// How long a commit-only append may wait for the next append to carry it (see [`Outgoing`]).
+///
+/// Between two of a lone client's commands (W3) or two hand-offs of a hot key (W2) there is
+/// about one client round trip, well under this; so such a request nearly always travels inside
+/// the next append instead of costing its own message, follower wake-up and answer. When
+/// nothing follows in time it leaves on its own: a follower learns a commit at most this much
+/// later, which delays only its own apply (followers serve no reads), never a commit, an answer
+/// to a client or a heartbeat.
+const COMMIT_ONLY_HOLD: Duration = Duration::from_millis(5);
+
+/// The request side of one append stream: openraft's requests in order, except that a
+/// **commit-only** request is held for up to [`COMMIT_ONLY_HOLD`] and, if openraft's next
+/// request would get the same answer, not sent at all but *carried* by that next request.
+///
+/// A commit-only request has no entries and repeats the previous request's last log id as its
+/// `prev_log_id`: openraft sends one whenever the commit index moves while no new entry is
+/// ready, only to tell the follower the new commit. The next request carries it when it has the
+/// same vote and `prev_log_id` and a commit index at least as high: the follower checks exactly
+/// what it would have checked for the held one, and learns a commit at least as new. Its
+/// answer then answers both (see [`Owed::next`]).
+///
+/// Heartbeats come on streams of their own with one request each and are never held: the first
+/// request of a stream has no previous one to repeat, and a request is never held past the end
+/// of openraft's input.
+struct Outgoing<S> {
+    input: S,
+    /// openraft ended its input.
+    ended: bool,
+    /// A request read from openraft that did not carry the held one; it goes next.
+    lookahead: Option<AppendEntriesRequest<TypeConfig>>,
+    /// A commit-only request waiting to be carried, and how many earlier ones it carries.
+    held: Option<(AppendEntriesRequest<TypeConfig>, usize)>,
+    /// The log id the follower matches once the last sent request succeeds; `None` before any.
+    last_sent: Option<Option<LogId>>,
+    /// What each sent request owes, in order, for the answer side.
+    sent_tx: mpsc::UnboundedSender<Sent>,
+}
+
+impl<S> Outgoing<S>
+where
+    S: Stream<Item = AppendEntriesRequest<TypeConfig>> + Unpin,
+{
+    fn new(input: S, sent_tx: mpsc::UnboundedSender<Sent>) -> Self {
+        Self {
+            input,
+            sent_tx,
+            ended: false,
+            lookahead: None,
+            held: None,
+            last_sent: None,
+        }
+    }
+
+    async fn next_input(&mut self) -> Option<AppendEntriesRequest<TypeConfig>> {
+        if self.ended {
+            return None;
+        }
+        let next = self.input.next().await;
+        self.ended = next.is_none();
+        next
+    }
+
+    fn is_commit_only(&self, rpc: &AppendEntriesRequest<TypeConfig>) -> bool {
+        rpc.entries.is_empty() && self.last_sent.as_ref() == Some(&rpc.prev_log_id)
+    }
+
+    /// The next request to send and how many held commit-only requests it carries; `None` once
+    /// openraft's input has ended and everything read was sent.
+    ///
+    /// Cancel-safe: a request read from openraft stays in `held` or `lookahead` across every
+    /// await, so if the stream is dropped, [`Drop`] still reports it as owed.
+    async fn next_request(&mut self) -> Option<(AppendEntriesRequest<TypeConfig>, usize)> {
+        let (rpc, carried) = loop {
+            if self.held.is_none() {
+                let rpc = match self.lookahead.take() {
+                    Some(rpc) => rpc,
+                    None => self.next_input().await?,
+                };
+                if self.is_commit_only(&rpc) {
+                    self.held = Some((rpc, 0));
+                    continue;
+                }
+                break (rpc, 0);
+            }
+            let next = if self.ended {
+                None
+            } else {
+                // Nothing following in time is the same as nothing following: the held request
+                // goes on its own. `next()` is cancel-safe, so the timeout loses no request.
+                tokio::time::timeout(COMMIT_ONLY_HOLD, self.next_input())
+                    .await
+                    .ok()
+                    .flatten()
+            };
+            let Some((held, carried)) = self.held.take() else {
+                continue;
+            };
+            match next {
+                Some(rpc)
+                    if rpc.vote == held.vote
+                        && rpc.prev_log_id == held.prev_log_id
+                        && rpc.leader_commit >= held.leader_commit =>
+                {
+                    if rpc.entries.is_empty() {
+                        // Another commit-only request: it carries the held ones in turn.
+                        self.held = Some((rpc, carried + 1));
+                        continue;
+                    }
+                    break (rpc, carried + 1);
+                }
+                // Not the same check, or nothing followed: the held request goes first.
+                next => {
+                    self.lookahead = next;
+                    break (held, carried);
+                }
+            }
+        };
+        self.last_sent = Some(match rpc.entries.last() {
+            Some(entry) => Some(entry.log_id),
+            None => rpc.prev_log_id,
+        });
+        Some((rpc, carried))
+    }
+
+    /// Records that `rpc`, carrying `carried` held requests, is leaving now.
+    fn sent(&self, rpc: &AppendEntriesRequest<TypeConfig>, carried: usize) {
+        // Nobody reads these once the answers are dropped; that is fine.
+        let _ = self.sent_tx.send(Sent::Request {
+            at: Instant::now(),
+            carried,
+            prev_log_id: rpc.prev_log_id,
+        });
+    }
+}
+
+impl<S> Drop for Outgoing<S> {
+    /// A stream that closes (the peer ended it, or the connection broke) while requests wait
+    /// here still owes openraft an answer for each: the answer side fails the first of them.
+    fn drop(&mut self) {
+        if self.held.is_some() || self.lookahead.is_some() {
+            let _ = self.sent_tx.send(Sent::Lost);
+        }
+    }
+}
+
+/// What the request side owes openraft, in order.
+enum Sent {
+    /// A sent append owes its own answer, after those of the commit-only requests it carries.
+    Request {
+        /// When it left; its answer is due the stream's TTL later.
+        at: Instant,
+        /// Held commit-only requests it carries (see [`Outgoing`]).
+        carried: usize,
+        prev_log_id: Option<LogId>,
+    },
+    /// The stream closed with requests read from openraft but not sent.
+    Lost,
+}
+
+/// The answer side of one append stream.
+struct Answers {
+    answers: tonic::Streaming<RaftPayload>,
+    sent_rx: mpsc::UnboundedReceiver<Sent>,
+    /// Answers known but not yet handed to openraft.
+    owed: Option<Owed>,
+}
+
+/// A follower's answer to a sent append, still to be handed out for the requests it carried and
+/// then for itself.
+struct Owed {
+    carried: usize,
+    prev_log_id: Option<LogId>,
+    result: StreamAppendResult<TypeConfig>,
+}
+
+impl Owed {
+    /// The next answer for openraft, and what is still owed after it.
+    ///
+    /// A carried commit-only request had the sent request's vote and `prev_log_id`, so the
+    /// follower would have answered it the same way: a conflict or a higher vote is its answer
+    /// too, and a success matched at least its `prev_log_id` (never more is claimed for it than
+    /// the follower confirmed).
+    fn next(self) -> (StreamAppendResult<TypeConfig>, Option<Owed>) {
+        if self.carried == 0 {
+            return (self.result, None);
+        }
+        let answer = match &self.result {
+            Ok(matching) => Ok((*matching).min(self.prev_log_id)),
+            Err(err) => Err(err.clone()),
+        };
+        let rest = Owed {
+            carried: self.carried - 1,
+            ..self
+        };
+        (answer, Some(rest))
+    }
+}
 
 /// Makes one [`PeerClient`] per peer and purpose (replication, heartbeats, snapshots) for
 /// openraft.
@@ -296,16 +497,15 @@ impl PeerClient {
         let kind = RPCTypes::AppendEntries;
         let (self_id, target) = (self.self_id, self.target);
         let mut client = self.client().map_err(|e| self.error(kind, e))?;
-        // When each request left, in order; its answer is due `ttl` later.
-        let (sent_tx, sent_rx) = mpsc::unbounded_channel::<Instant>();
+        // What each sent request owes, in order; its answer is due `ttl` after it left.
+        let (sent_tx, sent_rx) = mpsc::unbounded_channel::<Sent>();
         let requests =
-            futures::stream::unfold((input, sent_tx), |(mut input, sent_tx)| async move {
-                let rpc = input.next().await?;
+            futures::stream::unfold(Outgoing::new(input, sent_tx), |mut outgoing| async move {
+                let (rpc, carried) = outgoing.next_request().await?;
                 match encode("append", &rpc) {
                     Ok(payload) => {
-                        // Nobody reads the times once the answers are dropped; that is fine.
-                        let _ = sent_tx.send(Instant::now());
-                        Some((payload, (input, sent_tx)))
+                        outgoing.sent(&rpc, carried);
+                        Some((payload, outgoing))
                     }
                     Err(err) => {
                         tracing::error!(
@@ -322,31 +522,65 @@ impl PeerClient {
             Ok(Ok(response)) => response.into_inner(),
         };
         Ok(futures::stream::unfold(
-            Some((answers, sent_rx)),
+            Some(Answers {
+                answers,
+                sent_rx,
+                owed: None,
+            }),
             move |state| async move {
-                let (mut answers, mut sent_rx) = state?;
-                // The request the next answer belongs to; none once openraft ended its input
-                // and every request was answered.
-                let sent_at = sent_rx.recv().await?;
-                let answer = match tokio::time::timeout_at(sent_at + ttl, answers.message()).await {
-                    Err(_) => Err(CallError::Timeout(ttl)),
-                    Ok(Err(status)) => Err(classify(status)),
-                    Ok(Ok(None)) => Err(CallError::Unreachable(tonic::Status::unavailable(
-                        "append stream ended by the peer",
-                    ))),
-                    Ok(Ok(Some(payload))) => {
-                        decode::<StreamAnswer>("append answer", target, &payload)
-                            .and_then(|answer| answer.map_err(CallError::Remote))
+                let mut state = state?;
+                let owed = match state.owed.take() {
+                    Some(owed) => owed,
+                    None => {
+                        // The request the next answer belongs to; none once openraft ended its
+                        // input and every request was answered.
+                        let (at, carried, prev_log_id) = match state.sent_rx.recv().await? {
+                            Sent::Request {
+                                at,
+                                carried,
+                                prev_log_id,
+                            } => (at, carried, prev_log_id),
+                            Sent::Lost => {
+                                let err = CallError::Unreachable(tonic::Status::unavailable(
+                                    "append stream closed before this append was sent",
+                                ));
+                                return Some((Err(rpc_error(self_id, target, kind, err)), None));
+                            }
+                        };
+                        let answer = match tokio::time::timeout_at(
+                            at + ttl,
+                            state.answers.message(),
+                        )
+                        .await
+                        {
+                            Err(_) => Err(CallError::Timeout(ttl)),
+                            Ok(Err(status)) => Err(classify(status)),
+                            Ok(Ok(None)) => Err(CallError::Unreachable(
+                                tonic::Status::unavailable("append stream ended by the peer"),
+                            )),
+                            Ok(Ok(Some(payload))) => {
+                                decode::<StreamAnswer>("append answer", target, &payload)
+                                    .and_then(|answer| answer.map_err(CallError::Remote))
+                            }
+                        };
+                        match answer {
+                            Ok(result) => Owed {
+                                carried,
+                                prev_log_id,
+                                result,
+                            },
+                            // A failure is the first owed request's; the stream ends with it.
+                            Err(err) => {
+                                return Some((Err(rpc_error(self_id, target, kind, err)), None));
+                            }
+                        }
                     }
                 };
-                match answer {
-                    // After a conflict or a higher vote the peer answers nothing more.
-                    Ok(result) => {
-                        let more = result.is_ok();
-                        Some((Ok(result), more.then_some((answers, sent_rx))))
-                    }
-                    Err(err) => Some((Err(rpc_error(self_id, target, kind, err)), None)),
-                }
+                let (result, rest) = owed.next();
+                state.owed = rest;
+                // After a conflict or a higher vote the peer answers nothing more.
+                let more = result.is_ok();
+                Some((Ok(result), more.then_some(state)))
             },
         ))
     }
@@ -488,6 +722,8 @@ mod tests {
         silent: bool,
         /// End the stream after this many answers.
         end_after: Option<usize>,
+        /// Answer `Conflict` to an append whose `prev_log_id` has at least this index.
+        conflict_from: Option<u64>,
         streams_opened: Arc<AtomicUsize>,
         appends_received: Arc<AtomicUsize>,
     }
@@ -495,10 +731,25 @@ mod tests {
     type Answers =
         std::pin::Pin<Box<dyn futures::Stream<Item = Result<RaftPayload, tonic::Status>> + Send>>;
 
-    fn answer(payload: &RaftPayload) -> RaftPayload {
+    /// Matches an append as a follower with an empty log would: its last entry, else its
+    /// `prev_log_id`, else (an entry-less request with nothing before it) a log id whose index
+    /// is the request's term, so tests can tell the answers apart. With `conflict_from`, an
+    /// append whose `prev_log_id` reaches that index is a conflict.
+    fn answer(payload: &RaftPayload, conflict_from: Option<u64>) -> RaftPayload {
         let rpc: AppendEntriesRequest<TypeConfig> = postcard::from_bytes(&payload.data).unwrap();
         let term = rpc.vote.leader_id().term;
-        let answer: StreamAnswer = Ok(Ok(Some(LogId::new(LeaderId { term, node_id: 1 }, term))));
+        let answer: StreamAnswer = match (rpc.prev_log_id, conflict_from) {
+            (Some(prev), Some(from)) if prev.index >= from => {
+                Ok(Err(openraft::raft::StreamAppendError::Conflict(prev)))
+            }
+            _ => Ok(Ok(Some(
+                rpc.entries
+                    .last()
+                    .map(|e| e.log_id)
+                    .or(rpc.prev_log_id)
+                    .unwrap_or(LogId::new(LeaderId { term, node_id: 1 }, term)),
+            ))),
+        };
         RaftPayload {
             data: postcard::to_stdvec(&answer).unwrap(),
         }
@@ -536,7 +787,10 @@ mod tests {
                             while incoming.message().await.ok()?.is_some() {}
                             return None;
                         }
-                        Some((Ok(answer(&payload)), (incoming, answered + 1)))
+                        Some((
+                            Ok(answer(&payload, peer.conflict_from)),
+                            (incoming, answered + 1),
+                        ))
                     }
                 },
             );
@@ -680,6 +934,115 @@ mod tests {
             "{second:?}"
         );
         assert!(answers.next().await.is_none());
+    }
+
+    /// The log id of entry `index` in term 1.
+    fn log_id(index: u64) -> LogId {
+        LogId::new(
+            LeaderId {
+                term: 1,
+                node_id: 1,
+            },
+            index,
+        )
+    }
+
+    /// An append in term 1 after `prev`, with blank entries at `entries` and commit index
+    /// `commit`.
+    fn append_after(
+        prev: Option<u64>,
+        entries: &[u64],
+        commit: Option<u64>,
+    ) -> AppendEntriesRequest<TypeConfig> {
+        AppendEntriesRequest {
+            vote: Vote::new_committed(1, 1),
+            prev_log_id: prev.map(log_id),
+            entries: entries
+                .iter()
+                .map(|&i| lock_raft_store::Entry {
+                    log_id: log_id(i),
+                    payload: lock_raft_store::EntryPayload::Blank,
+                })
+                .collect(),
+            leader_commit: commit.map(log_id),
+        }
+    }
+
+    /// The next `n` results of `answers`, each a matched log id's index.
+    async fn matched(answers: &mut Results<'_>, n: usize) -> Vec<Option<u64>> {
+        let mut out = Vec::new();
+        for _ in 0..n {
+            let answer = answers.next().await.expect("an answer").expect("no error");
+            out.push(answer.expect("matched").map(|id| id.index));
+        }
+        out
+    }
+
+    #[tokio::test]
+    async fn a_commit_only_append_rides_in_the_next_append_and_both_are_answered_in_order() {
+        let peer = FakePeer::default();
+        let mut client = client_of(peer.clone()).await;
+        let (requests, mut answers) = open_stream(&mut client, TTL).await;
+        requests.send(append_after(None, &[1], None)).unwrap();
+        // The commit moved and nothing new was written: openraft's commit-only request...
+        requests.send(append_after(Some(1), &[], Some(1))).unwrap();
+        // ...and the next entries, with the same check and a commit at least as new.
+        requests.send(append_after(Some(1), &[2], Some(1))).unwrap();
+        assert_eq!(matched(&mut answers, 3).await, [Some(1), Some(1), Some(2)]);
+        assert_eq!(
+            peer.appends_received.load(Ordering::SeqCst),
+            2,
+            "the commit-only request travelled inside the next append"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_commit_only_append_with_nothing_after_it_leaves_on_its_own() {
+        let peer = FakePeer::default();
+        let mut client = client_of(peer.clone()).await;
+        let (requests, mut answers) = open_stream(&mut client, TTL).await;
+        requests.send(append_after(None, &[1], None)).unwrap();
+        requests.send(append_after(Some(1), &[], Some(1))).unwrap();
+        // The input stays open and idle: the hold runs out and the request is sent.
+        assert_eq!(matched(&mut answers, 2).await, [Some(1), Some(1)]);
+        assert!(reaches(&peer.appends_received, 2).await);
+    }
+
+    #[tokio::test]
+    async fn a_commit_only_append_goes_first_when_the_next_append_checks_something_else() {
+        let peer = FakePeer::default();
+        let mut client = client_of(peer.clone()).await;
+        let (requests, mut answers) = open_stream(&mut client, TTL).await;
+        requests.send(append_after(None, &[1], None)).unwrap();
+        requests.send(append_after(Some(1), &[], Some(1))).unwrap();
+        // A lower commit index than the held request's: it cannot carry it.
+        requests.send(append_after(Some(1), &[2], None)).unwrap();
+        assert_eq!(matched(&mut answers, 3).await, [Some(1), Some(1), Some(2)]);
+        assert_eq!(peer.appends_received.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test]
+    async fn a_conflict_on_the_carrying_append_is_the_carried_requests_answer_and_ends_the_stream()
+    {
+        let peer = FakePeer {
+            conflict_from: Some(1),
+            ..FakePeer::default()
+        };
+        let mut client = client_of(peer.clone()).await;
+        let (requests, mut answers) = open_stream(&mut client, TTL).await;
+        requests.send(append_after(None, &[1], None)).unwrap();
+        requests.send(append_after(Some(1), &[], Some(1))).unwrap();
+        requests
+            .send(append_after(Some(1), &[2, 3], Some(1)))
+            .unwrap();
+        assert_eq!(matched(&mut answers, 1).await, [Some(1)]);
+        let carried = answers.next().await.expect("an answer").expect("no error");
+        assert_eq!(
+            carried,
+            Err(openraft::raft::StreamAppendError::Conflict(log_id(1)))
+        );
+        assert!(answers.next().await.is_none(), "nothing after a conflict");
+        assert_eq!(peer.appends_received.load(Ordering::SeqCst), 2);
     }
 
     #[test]
