@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Profiles the three lockd nodes while lock-bench drives one workload (issue 7):
+#   - perf.data + report.txt: where the cluster's CPU goes (perf record, all CPUs, with stacks);
+#   - syscalls.txt: every node thread's system calls, counted (perf trace -s);
+#   - bench/: lock-bench's own table for the run.
+#
+# Usage: bench/profile.sh [w1|w2|w3] [OUT_DIR]      (default: w1, bench-profile)
+# Needs: perf (Debian: linux-perf), root or kernel.perf_event_paranoid <= 1, and a release build
+# (cargo build --release -p lockd -p lock-bench; LOCKD_BIN picks another lockd). The workload
+# runs 20 s; perf samples 8 s of it, then traces system calls for 3 s. perf trace slows every
+# call it sees, so syscalls.txt counts calls; its times are inflated.
+set -euo pipefail
+
+workload=${1:-w1}
+out=${2:-bench-profile}
+target=${CARGO_TARGET_DIR:-target}
+bench="$target/release/lock-bench"
+lockd=${LOCKD_BIN:-$target/release/lockd}
+for bin in "$bench" "$lockd"; do
+  [ -x "$bin" ] || { echo "missing $bin: cargo build --release -p lockd -p lock-bench" >&2; exit 2; }
+done
+command -v perf >/dev/null || { echo "perf not found (Debian: apt-get install linux-perf)" >&2; exit 2; }
+
+# lock-bench runs W3, then W2, then W1 (then W4): the chosen one runs 20 s, the others 1 s, and
+# perf starts once the chosen one is about 5 s in (three nodes start in ~3 s, each 1 s
+# workload adds ~2 s with its warm-up).
+case "$workload" in
+  w3) secs=(--w3-secs 20 --w2-secs 1 --w1-secs 1); lead=9 ;;
+  w2) secs=(--w3-secs 1 --w2-secs 20 --w1-secs 1); lead=11 ;;
+  w1) secs=(--w3-secs 1 --w2-secs 1 --w1-secs 20); lead=13 ;;
+  *) echo "workload must be w1, w2 or w3, not $workload" >&2; exit 2 ;;
+esac
+
+mkdir -p "$out"
+"$bench" --systems lockd --lockd-bin "$lockd" "${secs[@]}" --w4-secs 1 --w4-sessions 10 \
+  --warmup-secs 1 --out "$out/bench" > "$out/bench.log" 2>&1 &
+bench_pid=$!
+trap 'kill "$bench_pid" 2>/dev/null || true' EXIT
+
+sleep "$lead"
+pids=$(pgrep -d, -f "$lockd run" || true)
+[ -n "$pids" ] || { echo "no lockd nodes found; see $out/bench.log" >&2; exit 1; }
+
+perf record -a -g -F 499 -o "$out/perf.data" -- sleep 8 2> "$out/perf-record.log"
+# The flat profile: self time by process, binary and function (perf.data keeps the stacks).
+perf report -i "$out/perf.data" --no-children -g none --percent-limit 0.2 \
+  --sort comm,dso,sym --stdio 2>/dev/null | { grep -v -e '^#' -e '^$' || true; } > "$out/report.txt"
+timeout -s INT 3 perf trace -s -p "$pids" -o "$out/syscalls.txt" 2>/dev/null || true
+
+wait "$bench_pid"
+trap - EXIT
+echo "profile of $workload in $out: report.txt (CPU), syscalls.txt (system calls per thread), bench/results.md"
