@@ -14,7 +14,7 @@
 //! timeout: a partitioned or paused follower is noticed even though the stream itself never
 //! times out. A commit-only request (no entries, sent only because the commit index moved) waits
 //! briefly for the next append and travels inside it when that append checks the same thing
-//! ([`Outgoing`]); one follower message and answer fewer per commit when a client works alone
+//! (`Outgoing`); one follower message and answer fewer per commit when a client works alone
 //! or a hot key changes hands. Votes and pre-votes are unary; a snapshot is one client stream
 //! (a header, then the bytes in chunks).
 //!
