@@ -1,9 +1,11 @@
 //! The floors under every lock operation on this machine: one `fdatasync` on the data disk
 //! (after an append that grows the file, and after an overwrite inside space already allocated
-//! and synced, which is what lockd's WAL does with its preallocated segments) and one gRPC
-//! unary round trip over loopback. A Raft commit costs at least one fdatasync, and a
-//! client operation at least one round trip to the leader plus one leader → follower, so these
-//! bound what W3 can reach. Owns its probe file and its in-process server; nothing else.
+//! and synced, which is what lockd's WAL does with its preallocated segments), one gRPC unary
+//! round trip over loopback, and one plain TCP round trip to another process (a second copy of
+//! this tool, started with `--tcp-echo`): the cost of waking the other side, with no HTTP/2.
+//! A Raft commit costs at least one fdatasync, and a client operation at least one round trip
+//! to the leader plus one leader → follower, so these bound what W3 can reach. Owns its probe
+//! file, its in-process server and its echo process; nothing else.
 
 use std::os::unix::fs::FileExt;
 use std::path::Path;
@@ -36,7 +38,14 @@ pub struct Floors {
     pub fdatasync_overwrite: Summary,
     /// A unary gRPC call (grpc.health.v1 Check) to an in-process tonic server over loopback.
     pub grpc_round_trip: Summary,
+    /// A 64-byte message to another process over loopback TCP and its echo (`TCP_NODELAY`,
+    /// blocking sockets on both sides): what it costs to wake a process and be woken, as the
+    /// client, the leader and the followers do for every message, before any gRPC work.
+    pub tcp_process_round_trip: Summary,
 }
+
+/// Bytes of each TCP echo probe message: about one small Raft answer.
+const ECHO_BYTES: usize = 64;
 
 /// Measures both floors: `fsyncs` fdatasyncs in `dir`, then `round_trips` gRPC calls.
 pub async fn measure(dir: &Path, fsyncs: usize, round_trips: usize) -> Result<Floors> {
@@ -50,11 +59,97 @@ pub async fn measure(dir: &Path, fsyncs: usize, round_trips: usize) -> Result<Fl
     .await
     .context("the fdatasync probe panicked")??;
     let grpc_round_trip = round_trip_samples(round_trips).await?;
+    let tcp_process_round_trip =
+        tokio::task::spawn_blocking(move || tcp_process_round_trip_samples(round_trips))
+            .await
+            .context("the TCP echo probe panicked")??;
     Ok(Floors {
         fdatasync: fdatasync.summary(),
         fdatasync_overwrite: fdatasync_overwrite.summary(),
         grpc_round_trip: grpc_round_trip.summary(),
+        tcp_process_round_trip: tcp_process_round_trip.summary(),
     })
+}
+
+/// The echo side of the TCP floor, in the child process: binds a loopback port, prints it on
+/// stdout, echoes every byte of the one connection it accepts until the peer closes it.
+pub fn serve_tcp_echo() -> Result<()> {
+    use std::io::{Read, Write};
+    let listener =
+        std::net::TcpListener::bind("127.0.0.1:0").context("binding the TCP echo port")?;
+    let port = listener
+        .local_addr()
+        .context("reading the echo port")?
+        .port();
+    println!("{port}");
+    std::io::stdout()
+        .flush()
+        .context("printing the echo port")?;
+    let (mut stream, _) = listener
+        .accept()
+        .context("accepting the probe connection")?;
+    stream.set_nodelay(true).context("setting TCP_NODELAY")?;
+    let mut buf = [0u8; ECHO_BYTES];
+    loop {
+        let n = stream.read(&mut buf).context("reading a probe")?;
+        if n == 0 {
+            return Ok(());
+        }
+        stream.write_all(&buf[..n]).context("echoing a probe")?;
+    }
+}
+
+/// `count` timed round trips of [`ECHO_BYTES`] to a copy of this tool serving the echo
+/// ([`serve_tcp_echo`]), after a few untimed ones. Blocking: run it off the async workers.
+fn tcp_process_round_trip_samples(count: usize) -> Result<Samples> {
+    let exe = std::env::current_exe().context("finding this executable for the echo process")?;
+    let mut child = std::process::Command::new(&exe)
+        .arg("--tcp-echo")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .with_context(|| format!("starting {} --tcp-echo", exe.display()))?;
+    let result = echo_round_trips(&mut child, count);
+    // Closing the connection ends the child; kill it if the probe failed before connecting.
+    if result.is_err() {
+        let _ = child.kill();
+    }
+    let status = child.wait().context("waiting for the echo process")?;
+    let samples = result?;
+    anyhow::ensure!(status.success(), "the echo process failed: {status}");
+    Ok(samples)
+}
+
+/// Connects to the echo `child` at the port it printed and times `count` round trips.
+fn echo_round_trips(child: &mut std::process::Child, count: usize) -> Result<Samples> {
+    use std::io::{BufRead, Read, Write};
+    let stdout = child
+        .stdout
+        .take()
+        .context("the echo process has no stdout")?;
+    let mut line = String::new();
+    std::io::BufReader::new(stdout)
+        .read_line(&mut line)
+        .context("reading the echo port")?;
+    let port: u16 = line
+        .trim()
+        .parse()
+        .with_context(|| format!("the echo process printed {line:?}, not a port"))?;
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port))
+        .context("connecting to the echo process")?;
+    stream.set_nodelay(true).context("setting TCP_NODELAY")?;
+    let message = [0x5a_u8; ECHO_BYTES];
+    let mut echo = [0u8; ECHO_BYTES];
+    let mut samples = Samples::with_capacity(count);
+    for i in 0..count + 50 {
+        let t0 = Instant::now();
+        stream.write_all(&message).context("sending a probe")?;
+        stream.read_exact(&mut echo).context("reading an echo")?;
+        if i >= 50 {
+            samples.push(t0.elapsed());
+        }
+    }
+    Ok(samples)
 }
 
 /// Where each probed page is written before its `fdatasync`.

@@ -67,6 +67,11 @@ struct Args {
     /// Directory for results.json and results.md.
     #[arg(long, default_value = "bench-results")]
     out: PathBuf,
+    /// Internal: serve the TCP echo of the cross-process round-trip floor (the tool starts a
+    /// second copy of itself with this flag) and exit.
+    #[arg(long, hide = true)]
+    #[serde(skip)]
+    tcp_echo: bool,
     /// Systems to run, in this order.
     #[arg(long, value_enum, value_delimiter = ',', default_value = "lockd,etcd")]
     systems: Vec<SystemName>,
@@ -208,6 +213,15 @@ struct Report {
 #[tokio::main]
 async fn main() -> ExitCode {
     let args = Args::parse();
+    if args.tcp_echo {
+        return match floors::serve_tcp_echo() {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("lock-bench --tcp-echo: {e:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     // On SIGINT/SIGTERM the run is dropped, which kills every node it started (kill_on_drop)
     // and removes their data; exiting straight from the signal would orphan them.
     let outcome = tokio::select! {

@@ -237,6 +237,12 @@ pub fn markdown(rows: &[Row], floors: &Floors) -> String {
         number(floors.grpc_round_trip.p50_ms),
         number(floors.grpc_round_trip.p99_ms)
     );
+    let _ = writeln!(
+        out,
+        "| TCP round trip to another process over loopback (no gRPC) | {} | {} |",
+        number(floors.tcp_process_round_trip.p50_ms),
+        number(floors.tcp_process_round_trip.p99_ms)
+    );
     out
 }
 

@@ -121,6 +121,12 @@ fn quick_run_writes_a_well_formed_table_and_json() {
         ) > 0.0
     );
     assert!(number(&floors["grpc_round_trip"]["p50_ms"], "round-trip p50") > 0.0);
+    assert!(
+        number(
+            &floors["tcp_process_round_trip"]["p50_ms"],
+            "process round-trip p50"
+        ) > 0.0
+    );
 }
 
 #[test]

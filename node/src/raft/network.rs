@@ -883,10 +883,8 @@ mod tests {
         }
         // All twenty reach the peer while no answer has been read: they are pipelined.
         assert!(reaches(&peer.appends_received, 20).await);
-        for term in 1..=20 {
-            let answer = answers.next().await.expect("an answer").expect("no error");
-            assert_eq!(answer.expect("matched").map(|id| id.index), Some(term));
-        }
+        let terms: Vec<_> = (1..=20).map(Some).collect();
+        assert_eq!(matched(&mut answers, 20).await, terms);
         drop(requests);
         assert!(answers.next().await.is_none(), "input ended, all answered");
         assert_eq!(peer.streams_opened.load(Ordering::SeqCst), 1);
@@ -926,8 +924,7 @@ mod tests {
         let (requests, mut answers) = open_stream(&mut client, TTL).await;
         requests.send(append_request(1)).unwrap();
         requests.send(append_request(2)).unwrap();
-        let first = answers.next().await.expect("an answer").expect("no error");
-        assert_eq!(first.expect("matched").map(|id| id.index), Some(1));
+        assert_eq!(matched(&mut answers, 1).await, [Some(1)]);
         let second = answers.next().await.expect("an item");
         assert!(
             matches!(second, Err(RPCError::Unreachable(_))),
