@@ -44,6 +44,10 @@ pub struct Floors {
     pub tcp_process_round_trip: Summary,
 }
 
+/// Untimed round trips before the timed ones of either round-trip probe, so the connection
+/// and the other side are warm.
+const WARMUP_ROUND_TRIPS: usize = 50;
+
 /// Bytes of each TCP echo probe message: about one small Raft answer.
 const ECHO_BYTES: usize = 64;
 
@@ -141,11 +145,11 @@ fn echo_round_trips(child: &mut std::process::Child, count: usize) -> Result<Sam
     let message = [0x5a_u8; ECHO_BYTES];
     let mut echo = [0u8; ECHO_BYTES];
     let mut samples = Samples::with_capacity(count);
-    for i in 0..count + 50 {
+    for i in 0..count + WARMUP_ROUND_TRIPS {
         let t0 = Instant::now();
         stream.write_all(&message).context("sending a probe")?;
         stream.read_exact(&mut echo).context("reading an echo")?;
-        if i >= 50 {
+        if i >= WARMUP_ROUND_TRIPS {
             samples.push(t0.elapsed());
         }
     }
@@ -221,7 +225,7 @@ async fn round_trip_samples(count: usize) -> Result<Samples> {
     let mut client = HealthClient::new(crate::lockd::channel(&addr.to_string()).await?);
     let mut samples = Samples::with_capacity(count);
     // A few calls first so the connection and the server task are warm.
-    for i in 0..count + 50 {
+    for i in 0..count + WARMUP_ROUND_TRIPS {
         let t0 = Instant::now();
         client
             .check(HealthCheckRequest {
@@ -229,7 +233,7 @@ async fn round_trip_samples(count: usize) -> Result<Samples> {
             })
             .await
             .context("loopback grpc.health.v1 Check")?;
-        if i >= 50 {
+        if i >= WARMUP_ROUND_TRIPS {
             samples.push(t0.elapsed());
         }
     }
