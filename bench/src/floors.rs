@@ -1,6 +1,7 @@
 //! The floors under every lock operation on this machine: one `fdatasync` on the data disk
 //! (after an append that grows the file, and after an overwrite inside space already allocated
-//! and synced, which is what lockd's WAL does with its preallocated segments), one gRPC unary
+//! and synced, which is what lockd's WAL does with its preallocated segments, alone and in three
+//! files at once as the three nodes of a cluster on this disk do), one gRPC unary
 //! round trip over loopback, and one plain TCP round trip to another process (a second copy of
 //! this tool, started with `--tcp-echo`): the cost of waking the other side, with no HTTP/2.
 //! A Raft commit costs at least one fdatasync, and a client operation at least one round trip
@@ -36,6 +37,10 @@ pub struct Floors {
     /// fdatasync of a 4 KiB overwrite inside a region already written and synced (no size or
     /// block allocation to commit), as lockd's WAL writes into its preallocated zeros.
     pub fdatasync_overwrite: Summary,
+    /// The same overwrite probe in [`CONCURRENT_SYNCERS`] files at once, one thread each, all
+    /// samples together: what each node's `fdatasync` costs when the three nodes of a
+    /// benchmark cluster sync on this one disk at the same moment, as they do for every entry.
+    pub fdatasync_overwrite_concurrent: Summary,
     /// A unary gRPC call (grpc.health.v1 Check) to an in-process tonic server over loopback.
     pub grpc_round_trip: Summary,
     /// A 64-byte message to another process over loopback TCP and its echo (`TCP_NODELAY`,
@@ -43,6 +48,9 @@ pub struct Floors {
     /// client, the leader and the followers do for every message, before any gRPC work.
     pub tcp_process_round_trip: Summary,
 }
+
+/// Files synced at once by the concurrent `fdatasync` probe: one per node of the cluster.
+pub const CONCURRENT_SYNCERS: usize = 3;
 
 /// Untimed round trips before the timed ones of either round-trip probe, so the connection
 /// and the other side are warm.
@@ -54,14 +62,16 @@ const ECHO_BYTES: usize = 64;
 /// Measures both floors: `fsyncs` fdatasyncs in `dir`, then `round_trips` gRPC calls.
 pub async fn measure(dir: &Path, fsyncs: usize, round_trips: usize) -> Result<Floors> {
     let dir = dir.to_path_buf();
-    let (fdatasync, fdatasync_overwrite) = tokio::task::spawn_blocking(move || {
-        Ok::<_, anyhow::Error>((
-            fdatasync_samples(&dir, Probe::Append, fsyncs)?,
-            fdatasync_samples(&dir, Probe::Overwrite, fsyncs)?,
-        ))
-    })
-    .await
-    .context("the fdatasync probe panicked")??;
+    let (fdatasync, fdatasync_overwrite, fdatasync_overwrite_concurrent) =
+        tokio::task::spawn_blocking(move || {
+            Ok::<_, anyhow::Error>((
+                fdatasync_samples(&dir, Probe::Append, 0, fsyncs)?,
+                fdatasync_samples(&dir, Probe::Overwrite, 0, fsyncs)?,
+                concurrent_fdatasync_samples(&dir, fsyncs)?,
+            ))
+        })
+        .await
+        .context("the fdatasync probe panicked")??;
     let grpc_round_trip = round_trip_samples(round_trips).await?;
     let tcp_process_round_trip =
         tokio::task::spawn_blocking(move || tcp_process_round_trip_samples(round_trips))
@@ -70,6 +80,7 @@ pub async fn measure(dir: &Path, fsyncs: usize, round_trips: usize) -> Result<Fl
     Ok(Floors {
         fdatasync: fdatasync.summary(),
         fdatasync_overwrite: fdatasync_overwrite.summary(),
+        fdatasync_overwrite_concurrent: fdatasync_overwrite_concurrent.summary(),
         grpc_round_trip: grpc_round_trip.summary(),
         tcp_process_round_trip: tcp_process_round_trip.summary(),
     })
@@ -165,12 +176,30 @@ enum Probe {
     Overwrite,
 }
 
-/// `count` timed `fdatasync`s of a probe file in `dir`, each after one page written as `probe`
-/// says. The file is removed afterwards.
-fn fdatasync_samples(dir: &Path, probe: Probe, count: usize) -> Result<Samples> {
+/// [`CONCURRENT_SYNCERS`] threads, each running the overwrite probe (`count` syncs) on its own
+/// file at the same time; their samples together.
+fn concurrent_fdatasync_samples(dir: &Path, count: usize) -> Result<Samples> {
+    std::thread::scope(|scope| {
+        let probes: Vec<_> = (1..=CONCURRENT_SYNCERS)
+            .map(|n| scope.spawn(move || fdatasync_samples(dir, Probe::Overwrite, n, count)))
+            .collect();
+        let mut all = Samples::with_capacity(count * CONCURRENT_SYNCERS);
+        for probe in probes {
+            let samples = probe
+                .join()
+                .map_err(|_| anyhow::anyhow!("a concurrent fdatasync probe panicked"))??;
+            all.merge(samples);
+        }
+        Ok(all)
+    })
+}
+
+/// `count` timed `fdatasync`s of probe file number `n` in `dir`, each after one page written as
+/// `probe` says. The file is removed afterwards.
+fn fdatasync_samples(dir: &Path, probe: Probe, n: usize, count: usize) -> Result<Samples> {
     let path = dir.join(match probe {
-        Probe::Append => "fdatasync-probe",
-        Probe::Overwrite => "fdatasync-overwrite-probe",
+        Probe::Append => format!("fdatasync-probe-{n}"),
+        Probe::Overwrite => format!("fdatasync-overwrite-probe-{n}"),
     });
     let file = std::fs::OpenOptions::new()
         .create(true)

@@ -114,6 +114,10 @@ struct Args {
     /// (for both systems alike).
     #[arg(long, value_enum, default_value = "per-worker")]
     connections: system::Connections,
+    /// Worker threads of the benchmark's own async runtime, which runs every worker of both
+    /// systems (default: one per CPU).
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=256))]
+    client_threads: Option<u16>,
     /// The etcd binary (default: $ETCD_BIN, else /usr/bin/etcd).
     #[arg(long)]
     etcd_bin: Option<PathBuf>,
@@ -134,6 +138,8 @@ struct Plan {
     w4_session_ttl_secs: u64,
     fdatasync_samples: usize,
     round_trip_samples: usize,
+    /// `--client-threads`; `None` is one per CPU.
+    client_threads: Option<u16>,
 }
 
 impl Plan {
@@ -166,6 +172,7 @@ impl Plan {
             }),
             fdatasync_samples: fsyncs,
             round_trip_samples: trips,
+            client_threads: args.client_threads,
         }
     }
 
@@ -210,8 +217,7 @@ struct Report {
     table_markdown: String,
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     let args = Args::parse();
     if args.tcp_echo {
         return match floors::serve_tcp_echo() {
@@ -222,12 +228,21 @@ async fn main() -> ExitCode {
             }
         };
     }
+    let runtime = match client_runtime(args.client_threads.map(usize::from)) {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("lock-bench: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    };
     // On SIGINT/SIGTERM the run is dropped, which kills every node it started (kill_on_drop)
     // and removes their data; exiting straight from the signal would orphan them.
-    let outcome = tokio::select! {
-        outcome = run(args) => outcome,
-        signal = interrupted() => Err(signal),
-    };
+    let outcome = runtime.block_on(async {
+        tokio::select! {
+            outcome = run(args) => outcome,
+            signal = interrupted() => Err(signal),
+        }
+    });
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -235,6 +250,19 @@ async fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The runtime the workers run on: `threads` worker threads, or one per CPU (tokio's default)
+/// when `None`. The same for lockd and etcd, so it moves both systems' client cost alike.
+fn client_runtime(threads: Option<usize>) -> Result<tokio::runtime::Runtime> {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(threads) = threads {
+        builder.worker_threads(threads);
+    }
+    builder
+        .enable_all()
+        .build()
+        .context("building the client runtime")
 }
 
 /// Completes with an error naming the signal when SIGINT or SIGTERM arrives.

@@ -147,15 +147,7 @@ impl NodeProcess {
     /// CPU time (user + system) the process has used so far, in seconds; `None` if it cannot
     /// be read (the process is gone).
     pub fn cpu_seconds(&self) -> Option<f64> {
-        let pid = self.child.id()?;
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        // The command name (field 2) may hold spaces; the fields after its `)` are plain.
-        let rest = stat.rsplit_once(')')?.1;
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
-        let utime: f64 = fields.get(11)?.parse().ok()?;
-        let stime: f64 = fields.get(12)?.parse().ok()?;
-        Some((utime + stime) / USER_HZ)
+        process_cpu_seconds(self.child.id()?)
     }
 
     /// SIGTERM, then wait up to [`STOP_GRACE`], then SIGKILL.
@@ -184,4 +176,17 @@ impl NodeProcess {
             }
         }
     }
+}
+
+/// CPU time (user + system, all threads) process `pid` has used so far, in seconds, from
+/// `/proc/<pid>/stat`; `None` if it cannot be read (the process is gone).
+pub fn process_cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces; the fields after its `)` are plain.
+    let rest = stat.rsplit_once(')')?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
+    let utime: f64 = fields.get(11)?.parse().ok()?;
+    let stime: f64 = fields.get(12)?.parse().ok()?;
+    Some((utime + stime) / USER_HZ)
 }

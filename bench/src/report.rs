@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use crate::floors::Floors;
+use crate::floors::{CONCURRENT_SYNCERS, Floors};
 use crate::workload::{LoopResult, SessionsResult};
 
 /// Issue 7: lockd's W1 pairs/s must be at least this many times etcd's.
@@ -109,6 +109,11 @@ pub fn rows(lockd: Option<&SystemResults>, etcd: Option<&SystemResults>) -> Vec<
         None,
     );
     row(
+        "W1 client CPU per pair (ms, lock-bench)",
+        &|s| s.w1.client_cpu_ms_per_pair,
+        None,
+    );
+    row(
         "W1 log entries per pair",
         &|s| s.w1.log_entries_per_pair,
         None,
@@ -133,6 +138,11 @@ pub fn rows(lockd: Option<&SystemResults>, etcd: Option<&SystemResults>) -> Vec<
     row(
         "W2 server CPU per hand-off (ms, 3 nodes)",
         &|s| s.w2.server_cpu_ms_per_pair,
+        None,
+    );
+    row(
+        "W2 client CPU per hand-off (ms, lock-bench)",
+        &|s| s.w2.client_cpu_ms_per_pair,
         None,
     );
     row(
@@ -230,6 +240,12 @@ pub fn markdown(rows: &[Row], floors: &Floors) -> String {
         "| fdatasync, 4 KiB overwrite of preallocated space (as lockd's WAL) | {} | {} |",
         number(floors.fdatasync_overwrite.p50_ms),
         number(floors.fdatasync_overwrite.p99_ms)
+    );
+    let _ = writeln!(
+        out,
+        "| the same, {CONCURRENT_SYNCERS} files at once (each node of a cluster on this disk) | {} | {} |",
+        number(floors.fdatasync_overwrite_concurrent.p50_ms),
+        number(floors.fdatasync_overwrite_concurrent.p99_ms)
     );
     let _ = writeln!(
         out,

@@ -85,6 +85,10 @@ pub struct LoopResult {
     /// both the CPU time and the pairs). On a 2-core machine shared with the client, this bounds
     /// pairs/s at about 2000 / this figure.
     pub server_cpu_ms_per_pair: Option<f64>,
+    /// CPU time of this benchmark process per pair, in milliseconds, counted like
+    /// `server_cpu_ms_per_pair`: the client's share of the two cores (its workers, their
+    /// connections, and in W4 the keep-alive tasks too).
+    pub client_cpu_ms_per_pair: Option<f64>,
 }
 
 /// The benchmark's own fenced resource: the highest token seen and whether someone holds it.
@@ -148,6 +152,7 @@ pub async fn run_loop<S: LockSystem>(system: &S, spec: &LoopSpec) -> Result<Loop
     let fence = matches!(spec.keys, Keys::Hot).then(|| Arc::new(Fence::default()));
     let log_before = system.log_position().await.ok();
     let cpu_before = system.cpu_seconds();
+    let client_cpu_before = own_cpu_seconds();
     let start = Instant::now();
     let measure_start = start + spec.warmup;
     let end = measure_start + spec.measure;
@@ -175,6 +180,7 @@ pub async fn run_loop<S: LockSystem>(system: &S, spec: &LoopSpec) -> Result<Loop
     }
     let log_after = system.log_position().await.ok();
     let cpu_used = system.cpu_seconds() - cpu_before;
+    let client_cpu_used = own_cpu_seconds().zip(client_cpu_before).map(|(a, b)| a - b);
     let seconds = spec.measure.as_secs_f64();
     // The log also holds the warm-up's pairs, so divide by every pair completed.
     let log_entries_per_pair = match (log_before, log_after) {
@@ -201,7 +207,15 @@ pub async fn run_loop<S: LockSystem>(system: &S, spec: &LoopSpec) -> Result<Loop
         log_entries_per_pair,
         server_cpu_ms_per_pair: (pairs_total > 0 && cpu_used > 0.0)
             .then(|| cpu_used * 1000.0 / pairs_total as f64),
+        client_cpu_ms_per_pair: client_cpu_used
+            .filter(|&used| pairs_total > 0 && used > 0.0)
+            .map(|used| used * 1000.0 / pairs_total as f64),
     })
+}
+
+/// CPU time this benchmark process has used so far, in seconds.
+fn own_cpu_seconds() -> Option<f64> {
+    crate::procs::process_cpu_seconds(std::process::id())
 }
 
 async fn drive<W: LockWorker>(

@@ -95,6 +95,13 @@ fn quick_run_writes_a_well_formed_table_and_json() {
             );
         }
         assert!(number(&results["w4"]["w1"]["pairs"], "w4 pairs") > 0.0);
+        // The workers ran in this process, so it used CPU for them.
+        assert!(
+            number(
+                &results["w1"]["client_cpu_ms_per_pair"],
+                "w1 client CPU per pair"
+            ) > 0.0
+        );
         assert_eq!(
             number(&results["w4"]["keepers"]["sessions"], "w4 sessions"),
             1000.0,
@@ -121,6 +128,14 @@ fn quick_run_writes_a_well_formed_table_and_json() {
         ) > 0.0
     );
     assert!(number(&floors["grpc_round_trip"]["p50_ms"], "round-trip p50") > 0.0);
+    // Three files, each synced as often as the single-file probe (`--quick`: 50).
+    assert_eq!(
+        number(
+            &floors["fdatasync_overwrite_concurrent"]["count"],
+            "concurrent fdatasync samples"
+        ),
+        3.0 * number(&floors["fdatasync_overwrite"]["count"], "fdatasync samples")
+    );
     assert!(
         number(
             &floors["tcp_process_round_trip"]["p50_ms"],
