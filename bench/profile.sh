@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Profiles the three lockd nodes while lock-bench drives one workload (issue 7):
 #   - perf.data + report.txt: where the cluster's CPU goes (perf record, all CPUs, with stacks);
+#   - flamegraph.svg: the same samples as a flame graph, one tower per process (needs inferno:
+#     cargo install inferno; skipped with a note without it);
 #   - syscalls.txt: every node thread's system calls, counted (perf trace -s);
 #   - bench/: lock-bench's own table for the run.
 #
@@ -45,8 +47,14 @@ perf record -a -g -F 499 -o "$out/perf.data" -- sleep 8 2> "$out/perf-record.log
 # The flat profile: self time by process, binary and function (perf.data keeps the stacks).
 perf report -i "$out/perf.data" --no-children -g none --percent-limit 0.2 \
   --sort comm,dso,sym --stdio 2>/dev/null | { grep -v -e '^#' -e '^$' || true; } > "$out/report.txt"
+if command -v inferno-collapse-perf >/dev/null && command -v inferno-flamegraph >/dev/null; then
+  perf script -i "$out/perf.data" 2>/dev/null | inferno-collapse-perf --all \
+    | inferno-flamegraph --title "lockd cluster under $workload" > "$out/flamegraph.svg"
+else
+  echo "no flamegraph.svg: cargo install inferno for inferno-collapse-perf and inferno-flamegraph" >&2
+fi
 timeout -s INT 3 perf trace -s -p "$pids" -o "$out/syscalls.txt" 2>/dev/null || true
 
 wait "$bench_pid"
 trap - EXIT
-echo "profile of $workload in $out: report.txt (CPU), syscalls.txt (system calls per thread), bench/results.md"
+echo "profile of $workload in $out: report.txt (CPU), flamegraph.svg, syscalls.txt (system calls per thread), bench/results.md"

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Where one W3 acquire's time goes, step by step (issue 7): runs W3 (one client, one call at a
+# time) for 20 s, records 2 s of system-call and wake-up tracepoints on every CPU, and prints
+# the median time from the client's request to each step (bench/timeline.py):
+#   - timeline.txt: the steps, in the order their medians fall;
+#   - trace.txt: the raw events (perf script), trace.data: the recording;
+#   - bench/: lock-bench's own table for the run.
+#
+# Usage: bench/timeline.sh [OUT_DIR] [DATA_ROOT]     (default: bench-timeline, the temp dir)
+# DATA_ROOT on tmpfs (/dev/shm) takes the disk out: what is left is the software and the
+# wake-ups. Needs: perf (Debian: linux-perf), python3, root or kernel.perf_event_paranoid <= 1,
+# and a release build (cargo build --release -p lockd -p lock-bench; LOCKD_BIN picks another
+# lockd). Tracing adds a few microseconds to each traced call.
+set -euo pipefail
+
+out=${1:-bench-timeline}
+data_root=${2:-${TMPDIR:-/tmp}}
+here=$(cd "$(dirname "$0")" && pwd)
+target=${CARGO_TARGET_DIR:-target}
+bench="$target/release/lock-bench"
+lockd=${LOCKD_BIN:-$target/release/lockd}
+for bin in "$bench" "$lockd"; do
+  [ -x "$bin" ] || { echo "missing $bin: cargo build --release -p lockd -p lock-bench" >&2; exit 2; }
+done
+command -v perf >/dev/null || { echo "perf not found (Debian: apt-get install linux-perf)" >&2; exit 2; }
+command -v python3 >/dev/null || { echo "python3 not found" >&2; exit 2; }
+
+mkdir -p "$out"
+# lock-bench runs W3 first; the nodes start in ~3 s and W3's warm-up takes 1 s.
+"$bench" --systems lockd --lockd-bin "$lockd" --data-root "$data_root" --w3-secs 20 \
+  --w2-secs 1 --w1-secs 1 --w4-secs 1 --w4-sessions 10 --warmup-secs 1 \
+  --out "$out/bench" > "$out/bench.log" 2>&1 &
+bench_pid=$!
+trap 'kill "$bench_pid" 2>/dev/null || true' EXIT
+
+sleep 10
+nodes=$(pgrep -d, -f "$lockd run" || true)
+[ -n "$nodes" ] || { echo "no lockd nodes found; see $out/bench.log" >&2; exit 1; }
+
+events=syscalls:sys_enter_writev,syscalls:sys_exit_recvfrom,syscalls:sys_enter_pwrite64
+events=$events,syscalls:sys_enter_fdatasync,syscalls:sys_exit_fdatasync,sched:sched_wakeup
+perf record -a -e "$events" -o "$out/trace.data" -- sleep 2 2> "$out/perf-record.log"
+perf script -i "$out/trace.data" -F comm,pid,tid,cpu,time,event,trace > "$out/trace.txt" 2>/dev/null
+python3 "$here/timeline.py" "$out/trace.txt" "$bench_pid" "$nodes" > "$out/timeline.txt"
+
+wait "$bench_pid"
+trap - EXIT
+cat "$out/timeline.txt"
+echo "timeline of W3 in $out: timeline.txt, trace.txt, bench/results.md"
