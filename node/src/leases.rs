@@ -388,16 +388,22 @@ pub async fn run_promoter(
     keeper: Arc<LeaseKeeper>,
     reader: StateReader,
 ) {
-    let mut metrics = raft.metrics();
+    // Leadership comes from the server metrics, which change only with the vote, the state,
+    // the leader or the membership; the applied log id from the data metrics, which change with
+    // every entry and are watched only while a promote waits for its term's blank entry. The
+    // full `metrics()` channel changes with both and would wake this task several times per
+    // entry for nothing once the term is promoted.
+    let mut server = raft.server_metrics();
+    let mut data = raft.data_metrics();
     loop {
-        let (state, term, applied_term) = {
-            let m = metrics.borrow_and_update();
-            (
-                m.state,
-                m.current_term,
-                m.last_applied.map(|id| id.leader_id.term),
-            )
+        let (state, term) = {
+            let m = server.borrow_and_update();
+            (m.state, m.vote.leader_id.term)
         };
+        let applied_term = data
+            .borrow_and_update()
+            .last_applied
+            .map(|id| id.leader_id.term);
         if state == ServerState::Shutdown {
             keeper.clear_promoted();
             return;
@@ -421,7 +427,7 @@ pub async fn run_promoter(
                         )
                     });
                     keeper.reconcile(&grant_list, &session_list);
-                    let still = raft.metrics().borrow_watched().current_term == term;
+                    let still = raft.server_metrics().borrow_watched().vote.leader_id.term == term;
                     if still {
                         keeper.set_promoted(term);
                         tracing::info!(term, grants, sessions, "promoted: leases restarted");
@@ -436,7 +442,23 @@ pub async fn run_promoter(
                 }
             }
         }
-        let _ = tokio::time::timeout(PROMOTE_RETRY, metrics.changed()).await;
+        let waiting_for_blank =
+            state == ServerState::Leader && keeper.promoted_term() != Some(term);
+        // `false` once Raft has dropped its metrics: it has stopped, and so does this task.
+        let changed = async {
+            if waiting_for_blank {
+                tokio::select! {
+                    r = server.changed() => r.is_ok(),
+                    r = data.changed() => r.is_ok(),
+                }
+            } else {
+                server.changed().await.is_ok()
+            }
+        };
+        if let Ok(false) = tokio::time::timeout(PROMOTE_RETRY, changed).await {
+            keeper.clear_promoted();
+            return;
+        }
     }
 }
 

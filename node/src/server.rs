@@ -301,7 +301,9 @@ async fn bootstrap(raft: Raft, peers: BTreeMap<u64, String>) {
 /// Serving (health) once the node knows a leader; not serving while it knows none.
 async fn report_health(raft: Raft, health: tonic_health::server::HealthReporter) {
     use tonic_health::ServingStatus;
-    let mut metrics = raft.metrics();
+    // The server metrics change only with the vote, the state, the leader or the membership,
+    // not with every entry as the full metrics do.
+    let mut metrics = raft.server_metrics();
     let mut last = None;
     loop {
         let (has_leader, shutting_down) = {

@@ -207,7 +207,7 @@ impl RaftLockStore {
 
     /// `NotLeader` naming the leader this node knows of, with its address from the membership.
     pub fn not_leader(&self) -> LockError {
-        let metrics = self.inner.raft.metrics();
+        let metrics = self.inner.raft.server_metrics();
         let m = metrics.borrow_watched();
         let leader_id = m
             .current_leader
@@ -226,7 +226,7 @@ impl RaftLockStore {
 
     /// `Ok` if this node is the leader, else `NotLeader`.
     pub fn leader_check(&self) -> Result<(), LockError> {
-        if self.inner.raft.metrics().borrow_watched().state == ServerState::Leader {
+        if self.inner.raft.server_metrics().borrow_watched().state == ServerState::Leader {
             Ok(())
         } else {
             Err(self.not_leader())
@@ -237,7 +237,14 @@ impl RaftLockStore {
     /// authoritative.
     fn leases_ready(&self) -> Result<(), LockError> {
         self.leader_check()?;
-        let term = self.inner.raft.metrics().borrow_watched().current_term;
+        let term = self
+            .inner
+            .raft
+            .server_metrics()
+            .borrow_watched()
+            .vote
+            .leader_id
+            .term;
         if self.inner.keeper.promoted_term() == Some(term) {
             Ok(())
         } else {
