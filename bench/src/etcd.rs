@@ -25,7 +25,9 @@ pub use lock_proto::etcd as wire;
 
 use wire::etcdserverpb::lease_client::LeaseClient;
 use wire::etcdserverpb::maintenance_client::MaintenanceClient;
-use wire::etcdserverpb::{LeaseGrantRequest, LeaseKeepAliveRequest, StatusRequest};
+use wire::etcdserverpb::{
+    LeaseGrantRequest, LeaseKeepAliveRequest, LeaseRevokeRequest, StatusRequest,
+};
 use wire::v3lockpb::lock_client::LockClient;
 use wire::v3lockpb::{LockRequest, UnlockRequest};
 
@@ -238,6 +240,7 @@ impl LockSystem for EtcdCluster {
                 let (tx, rx) = mpsc::channel(KEEPALIVE_QUEUE);
                 let period = ttl / 3;
                 let mut writer_stop = stop.clone();
+                let to_revoke = ids.clone();
                 let writer = tokio::spawn(async move {
                     let start = Instant::now();
                     for n in 0u64.. {
@@ -259,16 +262,15 @@ impl LockSystem for EtcdCluster {
                     }
                 };
                 let mut responses = match leases.lease_keep_alive(ReceiverStream::new(rx)).await {
-                    Ok(r) => r.into_inner(),
+                    Ok(r) => Some(r.into_inner()),
                     Err(status) => {
                         failed(&stop, format!("LeaseKeepAlive: {status}"));
-                        writer.abort();
-                        return;
+                        None
                     }
                 };
-                loop {
+                while let Some(stream) = responses.as_mut() {
                     tokio::select! {
-                        message = responses.message() => match message {
+                        message = stream.message() => match message {
                             Ok(Some(answer)) if answer.ttl > 0 => {
                                 counters.ok.fetch_add(1, Ordering::Relaxed);
                             }
@@ -288,6 +290,18 @@ impl LockSystem for EtcdCluster {
                     }
                 }
                 writer.abort();
+                // Stopped (or the stream failed): wait for the stop, then revoke the leases,
+                // so that the next W1 slice runs without them.
+                while !*stop.borrow_and_update() {
+                    if stop.changed().await.is_err() {
+                        break;
+                    }
+                }
+                for id in to_revoke {
+                    if let Err(status) = leases.lease_revoke(LeaseRevokeRequest { id }).await {
+                        counters.close_failed(format!("LeaseRevoke: {status}"));
+                    }
+                }
             }));
         }
         // Each task reports once, after opening its share (the tasks keep their senders).

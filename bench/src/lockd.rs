@@ -15,8 +15,8 @@ use lock_proto::v1::heartbeat_batch_result::Outcome;
 use lock_proto::v1::lock_service_client::LockServiceClient;
 use lock_proto::v1::session_service_client::SessionServiceClient;
 use lock_proto::v1::{
-    AcquireRequest, AcquireResponse, HeartbeatBatchRequest, OpenSessionRequest, ReleaseRequest,
-    ReleaseResponse, StatusRequest,
+    AcquireRequest, AcquireResponse, CloseSessionRequest, HeartbeatBatchRequest,
+    OpenSessionRequest, ReleaseRequest, ReleaseResponse, StatusRequest,
 };
 use tokio::sync::{Semaphore, mpsc, watch};
 use tonic::Status;
@@ -273,7 +273,7 @@ impl LockSystem for LockdCluster {
                     anyhow::Ok((sessions, ids))
                 }
                 .await;
-                let (sessions, ids) = match opened {
+                let (mut sessions, ids) = match opened {
                     Ok(v) => {
                         let _ = opened_tx.send(Ok(())).await;
                         v
@@ -299,13 +299,13 @@ impl LockSystem for LockdCluster {
                     .map(|i| keepalive_due(start, period, ids.len(), i as u64))
                     .collect();
                 let in_flight = Arc::new(Semaphore::new(HEARTBEAT_BATCHES_IN_FLIGHT_MAX));
-                loop {
+                'beat: loop {
                     let Some(tick) = due.iter().min().copied() else {
-                        return;
+                        break 'beat;
                     };
                     tokio::select! {
                         _ = tokio::time::sleep_until(tick.into()) => {}
-                        _ = stop.changed() => return,
+                        _ = stop.changed() => break 'beat,
                     }
                     let now = Instant::now();
                     let mut batch = Vec::new();
@@ -317,7 +317,7 @@ impl LockSystem for LockdCluster {
                     }
                     for chunk in batch.chunks(HEARTBEAT_BATCH_SESSIONS_MAX) {
                         let Ok(permit) = in_flight.clone().acquire_owned().await else {
-                            return;
+                            break 'beat;
                         };
                         let session_ids = chunk.to_vec();
                         let mut sessions = sessions.clone();
@@ -330,6 +330,15 @@ impl LockSystem for LockdCluster {
                             drop(permit);
                             count_batch(&counters, sent, answer, start);
                         });
+                    }
+                }
+                // Stopped: close the sessions, so that the next W1 slice runs without them.
+                for session_id in ids {
+                    let closed = sessions
+                        .close_session(CloseSessionRequest { session_id })
+                        .await;
+                    if let Err(status) = closed {
+                        counters.close_failed(format!("CloseSession: {status}"));
                     }
                 }
             }));

@@ -47,6 +47,9 @@ pub const MARKDOWN_FILE: &str = "results.md";
 /// Default TTL of a W4 background session: keep-alives every 5 s, so 10,000 sessions send
 /// 2,000 keep-alives/s.
 const W4_SESSION_TTL_SECS_DEFAULT: u64 = 15;
+/// W4 rounds of one slice without and one with the sessions: two, so that the order
+/// alternates once (without, with, with, without).
+const W4_ROUNDS_DEFAULT: usize = 2;
 /// W4 session TTL in `--quick` mode: keep-alives every second, so the short run sees them.
 const W4_SESSION_TTL_SECS_QUICK: u64 = 3;
 
@@ -90,9 +93,14 @@ struct Args {
     /// W3 measured window, in seconds.
     #[arg(long)]
     w3_secs: Option<f64>,
-    /// W4 measured window (W1 under the sessions), in seconds.
+    /// W4 measured time with the sessions (and as much without them), in seconds, split over
+    /// `--w4-rounds` rounds.
     #[arg(long)]
     w4_secs: Option<f64>,
+    /// W4 rounds: each runs one W1 slice without and one with the sessions (opened before it,
+    /// closed after), in alternating order (default 2).
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=20))]
+    w4_rounds: Option<u16>,
     /// W4 background sessions.
     #[arg(long)]
     w4_sessions: Option<usize>,
@@ -134,6 +142,7 @@ struct Plan {
     w2_secs: f64,
     w3_secs: f64,
     w4_secs: f64,
+    w4_rounds: usize,
     w4_sessions: usize,
     w4_session_ttl_secs: u64,
     fdatasync_samples: usize,
@@ -164,6 +173,7 @@ impl Plan {
             w2_secs: args.w2_secs.unwrap_or(w2),
             w3_secs: args.w3_secs.unwrap_or(w3),
             w4_secs: args.w4_secs.unwrap_or(w4),
+            w4_rounds: args.w4_rounds.map_or(W4_ROUNDS_DEFAULT, usize::from),
             w4_sessions: args.w4_sessions.unwrap_or(sessions),
             w4_session_ttl_secs: args.w4_session_ttl_secs.unwrap_or(if args.quick {
                 W4_SESSION_TTL_SECS_QUICK
@@ -438,7 +448,6 @@ async fn workloads<S: LockSystem>(
         &plan.spec("w2", workload::W2_WORKERS, Keys::Hot, plan.w2_secs),
     )
     .await?;
-    // W1 right before W4, so W4's "without sessions" baseline is as close in time as it can be.
     let w1_spec = plan.spec(
         "w1",
         workload::W1_WORKERS,
@@ -449,7 +458,10 @@ async fn workloads<S: LockSystem>(
     );
     eprintln!("lock-bench: {name}: W1 uncontended");
     let w1 = workload::run_loop(system, &w1_spec).await?;
-    eprintln!("lock-bench: {name}: W4 {} sessions + W1", plan.w4_sessions);
+    eprintln!(
+        "lock-bench: {name}: W4 W1 with and without {} sessions, {} rounds",
+        plan.w4_sessions, plan.w4_rounds
+    );
     let w4_spec = LoopSpec {
         name: "w4",
         measure: Duration::from_secs_f64(plan.w4_secs),
@@ -460,6 +472,7 @@ async fn workloads<S: LockSystem>(
         plan.w4_sessions,
         Duration::from_secs(plan.w4_session_ttl_secs),
         &w4_spec,
+        plan.w4_rounds,
     )
     .await?;
     Ok(SystemResults {

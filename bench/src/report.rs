@@ -36,12 +36,16 @@ pub struct SystemResults {
 impl SystemResults {
     /// How much W1 pairs/s the W4 sessions cost, in percent of W1 without them.
     pub fn w4_cost_pct(&self) -> f64 {
-        (1.0 - self.w4.w1.pairs_per_sec / self.w1.pairs_per_sec) * 100.0
+        self.w4.cost_pct()
     }
 
     /// Failed operations over every workload.
     pub fn errors(&self) -> u64 {
-        self.w1.errors + self.w2.errors + self.w3.errors + self.w4.w1.errors
+        self.w1.errors
+            + self.w2.errors
+            + self.w3.errors
+            + self.w4.w1.errors
+            + self.w4.baseline.errors
     }
 }
 
@@ -156,6 +160,11 @@ pub fn rows(lockd: Option<&SystemResults>, etcd: Option<&SystemResults>) -> Vec<
     row("W3 acquire p99 (ms)", &|s| s.w3.acquire.p99_ms, None);
     row("W3 release p50 (ms)", &|s| s.w3.release.p50_ms, None);
     row("W3 release p99 (ms)", &|s| s.w3.release.p99_ms, None);
+    row(
+        "W4 sessions: W1 pairs/s without them (slices between)",
+        &|s| Some(s.w4.baseline.pairs_per_sec),
+        None,
+    );
     row(
         "W4 sessions: W1 pairs/s with the sessions",
         &|s| Some(s.w4.w1.pairs_per_sec),

@@ -64,6 +64,8 @@ pub struct KeeperCounters {
     pub errors: AtomicU64,
     /// The first failure, for the report.
     pub first_error: std::sync::Mutex<Option<String>>,
+    /// Sessions or leases that could not be closed when the load stopped.
+    pub close_errors: AtomicU64,
 }
 
 impl KeeperCounters {
@@ -73,10 +75,17 @@ impl KeeperCounters {
         let mut first = self.first_error.lock().unwrap_or_else(|p| p.into_inner());
         first.get_or_insert(what);
     }
+
+    /// Counts a session or lease that could not be closed and remembers the first failure.
+    pub fn close_failed(&self, what: String) {
+        self.close_errors.fetch_add(1, Ordering::Relaxed);
+        let mut first = self.first_error.lock().unwrap_or_else(|p| p.into_inner());
+        first.get_or_insert(what);
+    }
 }
 
 /// A running background keep-alive load (W4): tasks that keep sessions or leases alive until
-/// [`Keepers::stop`].
+/// [`Keepers::stop`], then close them.
 #[derive(Debug)]
 pub struct Keepers {
     counters: Arc<KeeperCounters>,
@@ -110,13 +119,16 @@ impl Keepers {
         }
     }
 
-    /// Stops every task and reports what the load did.
+    /// Stops every task, waits until each has closed its sessions or leases, and reports
+    /// what the load did.
     pub async fn stop(self) -> KeeperReport {
+        let stopped = Instant::now();
         let _ = self.stop.send(true);
         for task in self.tasks {
             // A task that panicked has already stopped counting; its counts stay valid.
             let _ = task.await;
         }
+        let close_secs = stopped.elapsed().as_secs_f64();
         let ok = self.counters.ok.load(Ordering::Relaxed);
         KeeperReport {
             sessions: self.sessions,
@@ -130,11 +142,13 @@ impl Keepers {
                 .unwrap_or_else(|p| p.into_inner())
                 .clone(),
             keepalives_per_sec: ok as f64
-                / Instant::now()
+                / stopped
                     .saturating_duration_since(self.beats_from)
                     .as_secs_f64()
                     .max(f64::EPSILON),
             keepalives_offered_per_sec: self.sessions as f64 / self.period.as_secs_f64(),
+            close_secs,
+            close_errors: self.counters.close_errors.load(Ordering::Relaxed),
         }
     }
 }
@@ -154,8 +168,33 @@ pub struct KeeperReport {
     pub keepalives_per_sec: f64,
     /// Keep-alives due per second: sessions / (TTL / 3).
     pub keepalives_offered_per_sec: f64,
-    /// The first failed keep-alive.
+    /// The first failed keep-alive or close.
     pub first_error: Option<String>,
+    /// Time to close every session or lease once the load stopped, in seconds.
+    pub close_secs: f64,
+    /// Sessions or leases that could not be closed.
+    pub close_errors: u64,
+}
+
+impl KeeperReport {
+    /// One report for loads of the same size run one after another: counts add up, rates and
+    /// times are the mean of the loads'. `None` for no loads.
+    pub fn combine(loads: &[KeeperReport]) -> Option<KeeperReport> {
+        let first = loads.first()?;
+        let n = loads.len() as f64;
+        let mean = |f: fn(&KeeperReport) -> f64| loads.iter().map(f).sum::<f64>() / n;
+        Some(KeeperReport {
+            sessions: first.sessions,
+            open_secs: mean(|l| l.open_secs),
+            keepalives_ok: loads.iter().map(|l| l.keepalives_ok).sum(),
+            keepalive_errors: loads.iter().map(|l| l.keepalive_errors).sum(),
+            keepalives_per_sec: mean(|l| l.keepalives_per_sec),
+            keepalives_offered_per_sec: first.keepalives_offered_per_sec,
+            first_error: loads.iter().find_map(|l| l.first_error.clone()),
+            close_secs: mean(|l| l.close_secs),
+            close_errors: loads.iter().map(|l| l.close_errors).sum(),
+        })
+    }
 }
 
 /// How many tasks share a keep-alive load; each owns one connection and a slice of the

@@ -89,6 +89,114 @@ pub struct LoopResult {
     /// `server_cpu_ms_per_pair`: the client's share of the two cores (its workers, their
     /// connections, and in W4 the keep-alive tasks too).
     pub client_cpu_ms_per_pair: Option<f64>,
+    /// What the figures above were computed from, so that slices of one workload can be
+    /// combined exactly ([`LoopResult::combine`]).
+    #[serde(skip)]
+    raw: RawLoop,
+}
+
+/// The counts behind a [`LoopResult`].
+#[derive(Debug, Clone, Default)]
+struct RawLoop {
+    acquire: Samples,
+    release: Samples,
+    /// Pairs completed including the warm-up (the divisor of the per-pair figures).
+    pairs_total: u64,
+    /// Replicated-log growth over the run, if measured.
+    log_entries: Option<u64>,
+    /// Server CPU seconds over the run.
+    server_cpu_s: f64,
+    /// This process's CPU seconds over the run, if measured.
+    client_cpu_s: Option<f64>,
+}
+
+impl LoopResult {
+    /// Builds the figures from the counts of a run of `workers` workers over `seconds`.
+    #[allow(clippy::too_many_arguments)]
+    fn from_raw(
+        workers: usize,
+        seconds: f64,
+        pairs: u64,
+        token_order_violations: u64,
+        overlaps: u64,
+        errors: u64,
+        first_error: Option<String>,
+        raw: RawLoop,
+    ) -> Self {
+        let per_pair = |total: f64| {
+            (raw.pairs_total > 0 && total > 0.0).then(|| total * 1000.0 / raw.pairs_total as f64)
+        };
+        LoopResult {
+            workers,
+            seconds,
+            pairs,
+            pairs_per_sec: if seconds > 0.0 {
+                pairs as f64 / seconds
+            } else {
+                0.0
+            },
+            acquire: raw.acquire.clone().summary(),
+            release: raw.release.clone().summary(),
+            token_order_violations,
+            overlaps,
+            errors,
+            first_error,
+            // The log also holds the warm-up's pairs, so divide by every pair completed.
+            log_entries_per_pair: raw
+                .log_entries
+                .filter(|_| raw.pairs_total > 0)
+                .map(|entries| entries as f64 / raw.pairs_total as f64),
+            server_cpu_ms_per_pair: per_pair(raw.server_cpu_s),
+            client_cpu_ms_per_pair: raw.client_cpu_s.and_then(per_pair),
+            raw,
+        }
+    }
+
+    /// One result for slices of the same workload run one after another: pairs, time, CPU
+    /// and log growth add up, latencies are the percentiles of every slice's samples together.
+    /// `None` for no slices.
+    pub fn combine(slices: Vec<LoopResult>) -> Option<LoopResult> {
+        let workers = slices.first()?.workers;
+        let (mut seconds, mut pairs, mut violations, mut overlaps, mut errors) = (0.0, 0, 0, 0, 0);
+        let mut first_error = None;
+        let mut raw = RawLoop {
+            log_entries: Some(0),
+            client_cpu_s: Some(0.0),
+            ..RawLoop::default()
+        };
+        for slice in slices {
+            seconds += slice.seconds;
+            pairs += slice.pairs;
+            violations += slice.token_order_violations;
+            overlaps += slice.overlaps;
+            errors += slice.errors;
+            if first_error.is_none() {
+                first_error = slice.first_error;
+            }
+            raw.acquire.merge(slice.raw.acquire);
+            raw.release.merge(slice.raw.release);
+            raw.pairs_total += slice.raw.pairs_total;
+            raw.log_entries = raw
+                .log_entries
+                .zip(slice.raw.log_entries)
+                .map(|(a, b)| a + b);
+            raw.server_cpu_s += slice.raw.server_cpu_s;
+            raw.client_cpu_s = raw
+                .client_cpu_s
+                .zip(slice.raw.client_cpu_s)
+                .map(|(a, b)| a + b);
+        }
+        Some(LoopResult::from_raw(
+            workers,
+            seconds,
+            pairs,
+            violations,
+            overlaps,
+            errors,
+            first_error,
+            raw,
+        ))
+    }
 }
 
 /// The benchmark's own fenced resource: the highest token seen and whether someone holds it.
@@ -179,38 +287,32 @@ pub async fn run_loop<S: LockSystem>(system: &S, spec: &LoopSpec) -> Result<Loop
         }
     }
     let log_after = system.log_position().await.ok();
-    let cpu_used = system.cpu_seconds() - cpu_before;
-    let client_cpu_used = own_cpu_seconds().zip(client_cpu_before).map(|(a, b)| a - b);
-    let seconds = spec.measure.as_secs_f64();
-    // The log also holds the warm-up's pairs, so divide by every pair completed.
-    let log_entries_per_pair = match (log_before, log_after) {
-        (Some(b), Some(a)) if pairs_total > 0 && a >= b => {
-            Some((a - b) as f64 / pairs_total as f64)
-        }
-        _ => None,
-    };
+    let server_cpu_s = system.cpu_seconds() - cpu_before;
+    let client_cpu_s = own_cpu_seconds().zip(client_cpu_before).map(|(a, b)| a - b);
     let (violations, overlaps) = fence.map_or((0, 0), |f| {
         let s = f.state.lock().unwrap_or_else(|p| p.into_inner());
         (s.violations, s.overlaps)
     });
-    Ok(LoopResult {
-        workers: spec.workers,
-        seconds,
+    Ok(LoopResult::from_raw(
+        spec.workers,
+        spec.measure.as_secs_f64(),
         pairs,
-        pairs_per_sec: pairs as f64 / seconds,
-        acquire: acquire.summary(),
-        release: release.summary(),
-        token_order_violations: violations,
+        violations,
         overlaps,
         errors,
         first_error,
-        log_entries_per_pair,
-        server_cpu_ms_per_pair: (pairs_total > 0 && cpu_used > 0.0)
-            .then(|| cpu_used * 1000.0 / pairs_total as f64),
-        client_cpu_ms_per_pair: client_cpu_used
-            .filter(|&used| pairs_total > 0 && used > 0.0)
-            .map(|used| used * 1000.0 / pairs_total as f64),
-    })
+        RawLoop {
+            acquire,
+            release,
+            pairs_total,
+            log_entries: match (log_before, log_after) {
+                (Some(b), Some(a)) if a >= b => Some(a - b),
+                _ => None,
+            },
+            server_cpu_s,
+            client_cpu_s,
+        },
+    ))
 }
 
 /// CPU time this benchmark process has used so far, in seconds.
@@ -285,33 +387,142 @@ async fn drive<W: LockWorker>(
     out
 }
 
-/// W4: W1 while `sessions` other sessions keep alive at a third of `ttl`.
+/// W4: W1 with and without `sessions` other sessions kept alive at a third of their TTL, in
+/// alternating slices.
 #[derive(Debug, Clone, Serialize)]
 pub struct SessionsResult {
-    /// The keep-alive load.
+    /// The keep-alive load, all rounds together.
     pub keepers: KeeperReport,
     /// Session TTL, in milliseconds.
     pub session_ttl_ms: u64,
-    /// W1 measured while the sessions were kept alive.
+    /// Rounds of one slice without and one with the sessions.
+    pub rounds: usize,
+    /// W1 while the sessions were kept alive: every round's slice together.
     pub w1: LoopResult,
+    /// W1 without them, in the slices between: every round's slice together.
+    pub baseline: LoopResult,
 }
 
-/// Runs W4: starts the keep-alive load, runs `w1` under it, stops the load.
+impl SessionsResult {
+    /// How much W1's pairs/s drop with the sessions, in percent of the W1 slices without them.
+    pub fn cost_pct(&self) -> f64 {
+        (1.0 - self.w1.pairs_per_sec / self.baseline.pairs_per_sec) * 100.0
+    }
+}
+
+/// Runs W4: `rounds` rounds of two W1 slices of `w1.measure / rounds` each, one without the
+/// sessions and one with `sessions` of them kept alive, opened just before it and closed just
+/// after. The order alternates (without, with; with, without; ...), so a host that slows down
+/// or speeds up during the run weighs on both halves alike, and each slice is compared with
+/// its neighbours minutes rather than a whole run apart.
 pub async fn run_sessions<S: LockSystem>(
     system: &S,
     sessions: usize,
     ttl: Duration,
     w1: &LoopSpec,
+    rounds: usize,
 ) -> Result<SessionsResult> {
-    let keepers = system
-        .start_keepers(sessions, ttl)
-        .await
-        .context("w4: starting the background sessions")?;
-    let loaded = run_loop(system, w1).await;
-    let report = keepers.stop().await;
+    let rounds = rounds.max(1);
+    let slice = LoopSpec {
+        measure: w1.measure / rounds as u32,
+        ..w1.clone()
+    };
+    let (mut with, mut without, mut loads) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..rounds {
+        for loaded in [round % 2 == 1, round % 2 == 0] {
+            if !loaded {
+                let result = run_loop(system, &slice).await;
+                without.push(result.with_context(|| format!("w4 round {round}: W1 alone"))?);
+                continue;
+            }
+            let keepers = system
+                .start_keepers(sessions, ttl)
+                .await
+                .with_context(|| format!("w4 round {round}: opening the sessions"))?;
+            let result = run_loop(system, &slice).await;
+            loads.push(keepers.stop().await);
+            with.push(result.with_context(|| format!("w4 round {round}: W1 with the sessions"))?);
+        }
+    }
+    let missing = || anyhow::anyhow!("w4 ran no slice");
     Ok(SessionsResult {
-        keepers: report,
+        keepers: KeeperReport::combine(&loads).ok_or_else(missing)?,
         session_ttl_ms: ttl.as_millis() as u64,
-        w1: loaded?,
+        rounds,
+        w1: LoopResult::combine(with).ok_or_else(missing)?,
+        baseline: LoopResult::combine(without).ok_or_else(missing)?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn slice(
+        seconds: f64,
+        pairs: u64,
+        pairs_total: u64,
+        cpu_s: f64,
+        latency_ms: u64,
+    ) -> LoopResult {
+        let mut acquire = Samples::default();
+        let mut release = Samples::default();
+        for _ in 0..pairs {
+            acquire.push(Duration::from_millis(latency_ms));
+            release.push(Duration::from_millis(latency_ms));
+        }
+        LoopResult::from_raw(
+            32,
+            seconds,
+            pairs,
+            0,
+            0,
+            1,
+            Some(format!("slice of {latency_ms} ms")),
+            RawLoop {
+                acquire,
+                release,
+                pairs_total,
+                log_entries: Some(pairs_total / 5),
+                server_cpu_s: cpu_s,
+                client_cpu_s: Some(cpu_s / 4.0),
+            },
+        )
+    }
+
+    fn close(got: Option<f64>, want: f64) -> bool {
+        got.is_some_and(|got| (got - want).abs() < 1e-9)
+    }
+
+    #[test]
+    fn combined_slices_add_up_and_weigh_per_pair_figures_by_pairs() {
+        // 5 ms and 12.5 ms of server CPU per pair (warm-up pairs included).
+        let a = slice(10.0, 100, 120, 0.6, 2);
+        let b = slice(10.0, 300, 280, 3.5, 8);
+        assert!(close(a.server_cpu_ms_per_pair, 5.0));
+        assert!(close(b.server_cpu_ms_per_pair, 12.5));
+        let all = LoopResult::combine(vec![a, b]).expect("two slices");
+        assert_eq!(all.seconds, 20.0);
+        assert_eq!(all.pairs, 400);
+        assert_eq!(all.pairs_per_sec, 20.0);
+        assert_eq!(all.errors, 2);
+        assert_eq!(all.first_error.as_deref(), Some("slice of 2 ms"));
+        // 4.1 s over 400 pairs, not the mean of the two slices' figures (8.75).
+        assert!(close(all.server_cpu_ms_per_pair, 10.25));
+        assert!(close(all.client_cpu_ms_per_pair, 10.25 / 4.0));
+        assert!(close(all.log_entries_per_pair, (24 + 56) as f64 / 400.0));
+        // Percentiles over both slices' samples: 100 at 2 ms, 300 at 8 ms.
+        assert_eq!(all.acquire.count, 400);
+        assert_eq!(all.acquire.p50_ms, Some(8.0));
+        assert!(LoopResult::combine(Vec::new()).is_none());
+    }
+
+    #[test]
+    fn a_slice_without_a_log_position_leaves_the_combined_one_unknown() {
+        let mut b = slice(10.0, 10, 10, 0.1, 1);
+        b.raw.log_entries = None;
+        let all = LoopResult::combine(vec![slice(10.0, 10, 10, 0.1, 1), b]).expect("two slices");
+        assert_eq!(all.log_entries_per_pair, None);
+        assert_eq!(all.pairs, 20);
+    }
 }

@@ -19,6 +19,7 @@ const ROWS: &[&str] = &[
     "W2 token-order violations",
     "W3 one client: acquire p50 (ms)",
     "W3 release p50 (ms)",
+    "W4 sessions: W1 pairs/s without them (slices between)",
     "W4 sessions: W1 pairs/s with the sessions",
     "W4 cost to W1 (%)",
 ];
@@ -95,6 +96,15 @@ fn quick_run_writes_a_well_formed_table_and_json() {
             );
         }
         assert!(number(&results["w4"]["w1"]["pairs"], "w4 pairs") > 0.0);
+        // W4 alternates W1 slices without and with the sessions, and closes them after each.
+        assert!(number(&results["w4"]["baseline"]["pairs"], "w4 baseline pairs") > 0.0);
+        assert_eq!(number(&results["w4"]["rounds"], "w4 rounds"), 2.0);
+        assert_eq!(
+            number(&results["w4"]["keepers"]["close_errors"], "w4 close errors"),
+            0.0,
+            "{system}: W4 sessions could not be closed: {}",
+            results["w4"]["keepers"]
+        );
         // The workers ran in this process, so it used CPU for them.
         assert!(
             number(
