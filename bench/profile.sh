@@ -15,13 +15,9 @@ set -euo pipefail
 
 workload=${1:-w1}
 out=${2:-bench-profile}
-target=${CARGO_TARGET_DIR:-target}
-bench="$target/release/lock-bench"
-lockd=${LOCKD_BIN:-$target/release/lockd}
-for bin in "$bench" "$lockd"; do
-  [ -x "$bin" ] || { echo "missing $bin: cargo build --release -p lockd -p lock-bench" >&2; exit 2; }
-done
-command -v perf >/dev/null || { echo "perf not found (Debian: apt-get install linux-perf)" >&2; exit 2; }
+here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=bench/perf-tools.sh
+. "$here/perf-tools.sh"
 
 # lock-bench runs W3, then W2, then W1 (then W4): the chosen one runs 20 s, the others 1 s, and
 # perf starts once the chosen one is about 5 s in (three nodes start in ~3 s, each 1 s

@@ -16,13 +16,8 @@ set -euo pipefail
 out=${1:-bench-timeline}
 data_root=${2:-${TMPDIR:-/tmp}}
 here=$(cd "$(dirname "$0")" && pwd)
-target=${CARGO_TARGET_DIR:-target}
-bench="$target/release/lock-bench"
-lockd=${LOCKD_BIN:-$target/release/lockd}
-for bin in "$bench" "$lockd"; do
-  [ -x "$bin" ] || { echo "missing $bin: cargo build --release -p lockd -p lock-bench" >&2; exit 2; }
-done
-command -v perf >/dev/null || { echo "perf not found (Debian: apt-get install linux-perf)" >&2; exit 2; }
+# shellcheck source=bench/perf-tools.sh
+. "$here/perf-tools.sh"
 command -v python3 >/dev/null || { echo "python3 not found" >&2; exit 2; }
 
 mkdir -p "$out"
