@@ -332,7 +332,12 @@ impl LockSystem for LockdCluster {
                         });
                     }
                 }
-                // Stopped: close the sessions, so that the next W1 slice runs without them.
+                // Stopped: once every batch in flight is answered (a batch answered after
+                // its sessions closed would count as failed keep-alives), close the sessions,
+                // so that the next W1 slice runs without them.
+                let _all_answered = in_flight
+                    .acquire_many(HEARTBEAT_BATCHES_IN_FLIGHT_MAX as u32)
+                    .await;
                 for session_id in ids {
                     let closed = sessions
                         .close_session(CloseSessionRequest { session_id })
