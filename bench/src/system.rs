@@ -72,13 +72,16 @@ impl KeeperCounters {
     /// Counts a failed keep-alive and remembers the first failure.
     pub fn fail(&self, what: String) {
         self.errors.fetch_add(1, Ordering::Relaxed);
-        let mut first = self.first_error.lock().unwrap_or_else(|p| p.into_inner());
-        first.get_or_insert(what);
+        self.remember(what);
     }
 
     /// Counts a session or lease that could not be closed and remembers the first failure.
     pub fn close_failed(&self, what: String) {
         self.close_errors.fetch_add(1, Ordering::Relaxed);
+        self.remember(what);
+    }
+
+    fn remember(&self, what: String) {
         let mut first = self.first_error.lock().unwrap_or_else(|p| p.into_inner());
         first.get_or_insert(what);
     }

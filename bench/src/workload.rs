@@ -100,8 +100,14 @@ pub struct LoopResult {
 struct RawLoop {
     acquire: Samples,
     release: Samples,
+    /// Pairs completed in the measured window.
+    pairs: u64,
     /// Pairs completed including the warm-up (the divisor of the per-pair figures).
     pairs_total: u64,
+    token_order_violations: u64,
+    overlaps: u64,
+    errors: u64,
+    first_error: Option<String>,
     /// Replicated-log growth over the run, if measured.
     log_entries: Option<u64>,
     /// Server CPU seconds over the run.
@@ -110,37 +116,51 @@ struct RawLoop {
     client_cpu_s: Option<f64>,
 }
 
+impl RawLoop {
+    /// Adds the counts of `later`, a run after this one: samples and counts add up, the
+    /// first error stays, a figure one of them lacks is lacking.
+    fn add(&mut self, later: RawLoop) {
+        self.acquire.merge(later.acquire);
+        self.release.merge(later.release);
+        self.pairs += later.pairs;
+        self.pairs_total += later.pairs_total;
+        self.token_order_violations += later.token_order_violations;
+        self.overlaps += later.overlaps;
+        self.errors += later.errors;
+        if self.first_error.is_none() {
+            self.first_error = later.first_error;
+        }
+        self.log_entries = self.log_entries.zip(later.log_entries).map(|(a, b)| a + b);
+        self.server_cpu_s += later.server_cpu_s;
+        self.client_cpu_s = self
+            .client_cpu_s
+            .zip(later.client_cpu_s)
+            .map(|(a, b)| a + b);
+    }
+}
+
 impl LoopResult {
-    /// Builds the figures from the counts of a run of `workers` workers over `seconds`.
-    #[allow(clippy::too_many_arguments)]
-    fn from_raw(
-        workers: usize,
-        seconds: f64,
-        pairs: u64,
-        token_order_violations: u64,
-        overlaps: u64,
-        errors: u64,
-        first_error: Option<String>,
-        raw: RawLoop,
-    ) -> Self {
+    /// Builds the figures from the counts of a run of `workers` workers measured over
+    /// `seconds`.
+    fn from_raw(workers: usize, seconds: f64, raw: RawLoop) -> Self {
         let per_pair = |total: f64| {
             (raw.pairs_total > 0 && total > 0.0).then(|| total * 1000.0 / raw.pairs_total as f64)
         };
         LoopResult {
             workers,
             seconds,
-            pairs,
+            pairs: raw.pairs,
             pairs_per_sec: if seconds > 0.0 {
-                pairs as f64 / seconds
+                raw.pairs as f64 / seconds
             } else {
                 0.0
             },
             acquire: raw.acquire.clone().summary(),
             release: raw.release.clone().summary(),
-            token_order_violations,
-            overlaps,
-            errors,
-            first_error,
+            token_order_violations: raw.token_order_violations,
+            overlaps: raw.overlaps,
+            errors: raw.errors,
+            first_error: raw.first_error.clone(),
             // The log also holds the warm-up's pairs, so divide by every pair completed.
             log_entries_per_pair: raw
                 .log_entries
@@ -156,46 +176,14 @@ impl LoopResult {
     /// and log growth add up, latencies are the percentiles of every slice's samples together.
     /// `None` for no slices.
     pub fn combine(slices: Vec<LoopResult>) -> Option<LoopResult> {
-        let workers = slices.first()?.workers;
-        let (mut seconds, mut pairs, mut violations, mut overlaps, mut errors) = (0.0, 0, 0, 0, 0);
-        let mut first_error = None;
-        let mut raw = RawLoop {
-            log_entries: Some(0),
-            client_cpu_s: Some(0.0),
-            ..RawLoop::default()
-        };
+        let mut slices = slices.into_iter();
+        let first = slices.next()?;
+        let (workers, mut seconds, mut raw) = (first.workers, first.seconds, first.raw);
         for slice in slices {
             seconds += slice.seconds;
-            pairs += slice.pairs;
-            violations += slice.token_order_violations;
-            overlaps += slice.overlaps;
-            errors += slice.errors;
-            if first_error.is_none() {
-                first_error = slice.first_error;
-            }
-            raw.acquire.merge(slice.raw.acquire);
-            raw.release.merge(slice.raw.release);
-            raw.pairs_total += slice.raw.pairs_total;
-            raw.log_entries = raw
-                .log_entries
-                .zip(slice.raw.log_entries)
-                .map(|(a, b)| a + b);
-            raw.server_cpu_s += slice.raw.server_cpu_s;
-            raw.client_cpu_s = raw
-                .client_cpu_s
-                .zip(slice.raw.client_cpu_s)
-                .map(|(a, b)| a + b);
+            raw.add(slice.raw);
         }
-        Some(LoopResult::from_raw(
-            workers,
-            seconds,
-            pairs,
-            violations,
-            overlaps,
-            errors,
-            first_error,
-            raw,
-        ))
+        Some(LoopResult::from_raw(workers, seconds, raw))
     }
 }
 
@@ -296,15 +284,15 @@ pub async fn run_loop<S: LockSystem>(system: &S, spec: &LoopSpec) -> Result<Loop
     Ok(LoopResult::from_raw(
         spec.workers,
         spec.measure.as_secs_f64(),
-        pairs,
-        violations,
-        overlaps,
-        errors,
-        first_error,
         RawLoop {
             acquire,
             release,
+            pairs,
             pairs_total,
+            token_order_violations: violations,
+            overlaps,
+            errors,
+            first_error,
             log_entries: match (log_before, log_after) {
                 (Some(b), Some(a)) if a >= b => Some(a - b),
                 _ => None,
@@ -474,18 +462,17 @@ mod tests {
         LoopResult::from_raw(
             32,
             seconds,
-            pairs,
-            0,
-            0,
-            1,
-            Some(format!("slice of {latency_ms} ms")),
             RawLoop {
                 acquire,
                 release,
+                pairs,
                 pairs_total,
+                errors: 1,
+                first_error: Some(format!("slice of {latency_ms} ms")),
                 log_entries: Some(pairs_total / 5),
                 server_cpu_s: cpu_s,
                 client_cpu_s: Some(cpu_s / 4.0),
+                ..RawLoop::default()
             },
         )
     }
