@@ -427,7 +427,7 @@ pub async fn run_promoter(
                         )
                     });
                     keeper.reconcile(&grant_list, &session_list);
-                    let still = raft.server_metrics().borrow_watched().vote.leader_id.term == term;
+                    let still = server.borrow_watched().vote.leader_id.term == term;
                     if still {
                         keeper.set_promoted(term);
                         tracing::info!(term, grants, sessions, "promoted: leases restarted");
