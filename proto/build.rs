@@ -46,9 +46,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         compiler.encode_file_descriptor_set(),
     )?;
 
+    // lockd's own codec: a body that cannot be decoded is INVALID_ARGUMENT with an
+    // ErrorDetail, where prost's codec answers a detail-less INTERNAL (src/codec.rs).
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)
+        .codec_path("crate::codec::LockdCodec")
         .compile_fds(compiler.file_descriptor_set())?;
 
     // Cargo sets this for the build script of a package built with feature `etcd`.

@@ -31,6 +31,8 @@
 //!   (`v1::*_server`).
 //! - [`error`] — [`status_from_lock_error`] and [`lock_error_from_status`],
 //!   and the per-answer form of the same mapping (`ErrorDetail`).
+//! - [`codec`] — the protobuf codec of every service: a body that cannot be
+//!   decoded is `INVALID_ARGUMENT` with an `ErrorDetail`, never `INTERNAL`.
 //! - [`session`] — the limit of a `HeartbeatBatch`, shared by server and
 //!   client.
 //! - [`pipeline`] — the limit of calls in flight on a `LockService.Pipeline`
@@ -43,6 +45,7 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod codec;
 pub mod error;
 pub mod pipeline;
 pub mod session;

@@ -599,3 +599,66 @@ async fn garbage_raft_messages_leave_the_cluster_serving() {
     }
     println!("terms before {term_before:?}, after {term_after:?}");
 }
+
+/// The `ErrorDetail` a status carries, read from the raw `grpc-status-details-bin` bytes as any
+/// gRPC client in any language would (`google.rpc.Status` → `Any` → `lockd.v1.ErrorDetail`),
+/// not through the Rust client's error map.
+fn error_detail_of(status: &tonic::Status) -> Option<lock_proto::v1::ErrorDetail> {
+    use prost::Message;
+    let envelope = lock_proto::v1::RpcStatus::decode(status.details()).ok()?;
+    let any = envelope
+        .details
+        .into_iter()
+        .find(|any| any.type_url == lock_proto::error::ERROR_DETAIL_TYPE_URL)?;
+    lock_proto::v1::ErrorDetail::decode(any.value.as_slice()).ok()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_does_not_decode_is_invalid_argument_with_a_detail_naming_it() {
+    use lock_proto::v1::error_detail::Kind;
+    let f = Fixture::new().await;
+    let endpoint = f.cluster.endpoint(f.leader);
+    // Each body is well-framed gRPC whose message is not a valid protobuf of the method's
+    // request type. Field 1 of each request below is a string (`session_id`, `key`, ...).
+    for (name, path, body, names) in [
+        (
+            "a string field that is not UTF-8",
+            "/lockd.v1.LockService/Acquire",
+            vec![0x0a, 0x02, 0xff, 0xfe],
+            "AcquireRequest",
+        ),
+        (
+            "a truncated message",
+            "/lockd.v1.LockService/Release",
+            vec![0x0a, 0x0a, b'x'],
+            "ReleaseRequest",
+        ),
+        (
+            "a field of the wrong wire type",
+            "/lockd.v1.SessionService/OpenSession",
+            vec![0x08, 0x01],
+            "OpenSessionRequest",
+        ),
+    ] {
+        let status = match raw_grpc_unary(&endpoint, path, body).await {
+            Err(status) => status,
+            Ok(answer) => panic!("{name}: answered OK with {} bytes", answer.len()),
+        };
+        assert_eq!(
+            status.code(),
+            tonic::Code::InvalidArgument,
+            "{name}: {status:?}"
+        );
+        let detail = error_detail_of(&status)
+            .unwrap_or_else(|| panic!("{name}: no lockd.v1.ErrorDetail in {status:?}"));
+        match detail.kind {
+            Some(Kind::InvalidArgument(invalid)) => assert!(
+                invalid.message.contains(names),
+                "{name}: the detail does not name {names}: {:?}",
+                invalid.message
+            ),
+            other => panic!("{name}: detail is not invalid_argument: {other:?}"),
+        }
+        f.assert_unharmed(name).await;
+    }
+}
