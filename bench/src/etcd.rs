@@ -298,8 +298,14 @@ impl LockSystem for EtcdCluster {
                     }
                 }
                 for id in to_revoke {
-                    if let Err(status) = leases.lease_revoke(LeaseRevokeRequest { id }).await {
-                        counters.close_failed(format!("LeaseRevoke: {status}"));
+                    match leases.lease_revoke(LeaseRevokeRequest { id }).await {
+                        Ok(_) => {}
+                        // etcd answers NOT_FOUND ("requested lease not found") for a lease
+                        // that expired before its revoke arrived: it is gone, as wanted.
+                        Err(status) if status.code() == tonic::Code::NotFound => {
+                            counters.expired_before_close();
+                        }
+                        Err(status) => counters.close_failed(format!("LeaseRevoke: {status}")),
                     }
                 }
             }));

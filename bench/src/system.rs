@@ -66,6 +66,11 @@ pub struct KeeperCounters {
     pub first_error: std::sync::Mutex<Option<String>>,
     /// Sessions or leases that could not be closed when the load stopped.
     pub close_errors: AtomicU64,
+    /// Leases found already expired when the load stopped and went to close them. Not a
+    /// failure: on a busy machine the keep-alives stop before the last closes are sent, and a
+    /// short lease may lapse in between. (A lockd session that lapsed closes as "0 locks
+    /// released", so only etcd counts here.)
+    pub expired_before_close: AtomicU64,
 }
 
 impl KeeperCounters {
@@ -79,6 +84,11 @@ impl KeeperCounters {
     pub fn close_failed(&self, what: String) {
         self.close_errors.fetch_add(1, Ordering::Relaxed);
         self.remember(what);
+    }
+
+    /// Counts a lease that had already expired when its close was sent.
+    pub fn expired_before_close(&self) {
+        self.expired_before_close.fetch_add(1, Ordering::Relaxed);
     }
 
     fn remember(&self, what: String) {
@@ -152,6 +162,7 @@ impl Keepers {
             keepalives_offered_per_sec: self.sessions as f64 / self.period.as_secs_f64(),
             close_secs,
             close_errors: self.counters.close_errors.load(Ordering::Relaxed),
+            expired_before_close: self.counters.expired_before_close.load(Ordering::Relaxed),
         }
     }
 }
@@ -177,6 +188,8 @@ pub struct KeeperReport {
     pub close_secs: f64,
     /// Sessions or leases that could not be closed.
     pub close_errors: u64,
+    /// Leases that had already expired when their close was sent (not failures).
+    pub expired_before_close: u64,
 }
 
 impl KeeperReport {
@@ -196,6 +209,7 @@ impl KeeperReport {
             first_error: loads.iter().find_map(|l| l.first_error.clone()),
             close_secs: mean(|l| l.close_secs),
             close_errors: loads.iter().map(|l| l.close_errors).sum(),
+            expired_before_close: loads.iter().map(|l| l.expired_before_close).sum(),
         })
     }
 }
