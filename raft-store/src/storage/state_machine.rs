@@ -10,7 +10,8 @@
 //! # Durability
 //!
 //! The state machine lives in memory and is **not** written on apply. Durable are the log (in
-//! sled) and the snapshots (files). On restart the state machine is the last snapshot, and
+//! the log engine the node runs: lockd's own write-ahead log by default, or sled; see
+//! `storage::engine`) and the snapshots (files). On restart the state machine is the last snapshot, and
 //! openraft re-applies the log from the snapshot's last applied entry up to the saved committed
 //! log id (`RaftLogStorage::read_committed`) before the node serves anything; since `apply` is
 //! deterministic, that rebuilds the same table. openraft purges log entries only once a
