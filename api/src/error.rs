@@ -3,7 +3,8 @@
 //! The split that matters is *retry the acquire* versus *stop*. Transient trouble (a timeout, a
 //! lost connection, a leader change) is [`LockError::Contention`] or [`LockError::NotLeader`],
 //! never [`LockError::LockLost`]: reporting a blip as a loss makes callers abandon work they still
-//! own, and reporting a loss as a blip makes two holders proceed (C2 §2.5, DESIGN.md D-errors).
+//! own, and reporting a loss as a blip makes two holders proceed (C2 §2.5,
+//! docs/DESIGN.md D-errors).
 
 use std::fmt;
 

@@ -34,7 +34,7 @@
 //!
 //! Every call answers [`lock_api::LockError`]. Transient trouble (a node down, a leader change,
 //! a timeout) is retried inside the call within its budget and only then surfaces as
-//! `Contention` or `NotLeader`; it is never reported as `LockLost` (DESIGN D-errors).
+//! `Contention` or `NotLeader`; it is never reported as `LockLost` (docs/DESIGN.md D-errors).
 //!
 //! # Layout
 //!

@@ -10,7 +10,7 @@
 //! - on a `NotLeader` without a hint, a timeout, a transport failure or `Contention`, moves on
 //!   to the next endpoint and waits a bounded, jittered, exponential backoff (FR-28);
 //! - stops at the call's deadline and answers the last retry-safe error — `Contention` or
-//!   `NotLeader` — never `LockLost` (DESIGN D-errors): a failure to reach the cluster says
+//!   `NotLeader` — never `LockLost` (docs/DESIGN.md D-errors): a failure to reach the cluster says
 //!   nothing about the grant;
 //! - returns any other error (`InvalidArgument`, `LockLost`, `FencedOut`) at once: retrying
 //!   them cannot help.

@@ -4,7 +4,8 @@
 //! Owns the client-side view of "which grants does this session hold, until when". It never
 //! decides that a grant is lost because of a transient failure: only the server's answer (renew
 //! without a grant, heartbeat `alive = false`) or a passed *local* deadline marks a grant lost
-//! (DESIGN D-errors, FR-11). It does not pick endpoints or retry; the private `router` module does.
+//! (docs/DESIGN.md D-errors, FR-11). It does not pick endpoints or retry; the private `router`
+//! module does.
 //!
 //! # Tasks
 //!
@@ -145,7 +146,7 @@ impl std::fmt::Debug for SessionInner {
 /// It implements [`LockService`]: `acquire`, `try_acquire`, `renew` and `release` act on this
 /// session's grants; `inspect` and `force_revoke` are passed to the client. Every mutating call
 /// carries a request id from the session's counter, and a retry of the same call reuses it, so a
-/// lost answer followed by a retry never acts twice (DESIGN D-idempotency).
+/// lost answer followed by a retry never acts twice (docs/DESIGN.md D-idempotency).
 ///
 /// # Ending
 ///

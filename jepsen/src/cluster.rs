@@ -2,7 +2,7 @@
 //! namespace, its own uid), data directory, log file, (optionally) faked wall clock and
 //! (in proxy mode) `--raft-dial` pointing at its links' proxies.
 //!
-//! Owns the processes: spawning them (NODE_CLI.md's command line), noticing their ready line,
+//! Owns the processes: spawning them (docs/NODE_CLI.md's command line), noticing their ready line,
 //! SIGKILL / SIGSTOP / SIGCONT / SIGTERM, restarting a killed node on its data, setting a
 //! node's wall-clock offset, asking nodes who leads, and noticing a node that exits when
 //! nobody killed it (a crash is a finding, reported in the results). Must not decide when to
@@ -24,7 +24,7 @@ use tokio::sync::oneshot;
 
 use crate::net;
 
-/// The line a node prints on stdout once it serves (NODE_CLI.md).
+/// The line a node prints on stdout once it serves (docs/NODE_CLI.md).
 pub const READY_LINE_PREFIX: &str = "lockd ready";
 
 /// How long a (re)started node may take to print its ready line: opening sled and replaying

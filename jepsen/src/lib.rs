@@ -1,5 +1,5 @@
 //! lock-jepsen: fault injection against real `lockd` processes, a recorded history, a checker
-//! for the promises of DESIGN.md §5, and a report a person can read.
+//! for the promises of docs/DESIGN.md §5, and a report a person can read.
 //!
 //! # Layout
 //!

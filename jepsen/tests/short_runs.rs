@@ -1,5 +1,5 @@
 //! CI's fault runs: one short, fixed-seed `lock-jepsen run` per nemesis against real `lockd`
-//! processes. Each must end with exit code 0 (every property of DESIGN.md §5 passes), and its
+//! processes. Each must end with exit code 0 (every property of docs/DESIGN.md §5 passes), and its
 //! nemesis must actually have installed at least one fault — a run whose faults were all
 //! skipped proves nothing.
 //!

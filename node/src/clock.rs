@@ -1,5 +1,5 @@
 //! The node's clocks, behind one injected trait: the wall clock the leader stamps commands with
-//! (DESIGN D-time) and the monotonic clock lease deadlines are kept in (D-lease).
+//! (docs/DESIGN.md D-time) and the monotonic clock lease deadlines are kept in (D-lease).
 //!
 //! Owns reading time and nothing else. Nothing outside this module calls `SystemTime::now()` or
 //! `Instant::now()` for a decision, so tests can drive time by hand ([`ManualClock`]) and the

@@ -1,5 +1,5 @@
-//! Leases (DESIGN D-lease): the leader-local deadlines of every grant and session, the promote
-//! that restarts them when a node becomes leader, and the reaper that applies expiry.
+//! Leases (docs/DESIGN.md D-lease): the leader-local deadlines of every grant and session, the
+//! promote that restarts them when a node becomes leader, and the reaper that applies expiry.
 //!
 //! Owns the in-memory deadlines ([`LeaseKeeper`]), the leadership watch that proposes
 //! `Command::Promote` ([`run_promoter`]) and the reaper ([`run_reaper`]). Never writes a renewal

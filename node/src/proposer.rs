@@ -1,6 +1,6 @@
-//! The leader's proposer (DESIGN D-batch): one task that stamps commands with the leader's clock
-//! (D-time) and writes them to the Raft log, grouping the commands that queue up while earlier
-//! entries are in flight into one `Command::Batch` entry.
+//! The leader's proposer (docs/DESIGN.md D-batch): one task that stamps commands with the leader's
+//! clock (D-time) and writes them to the Raft log, grouping the commands that queue up while
+//! earlier entries are in flight into one `Command::Batch` entry.
 //!
 //! Owns stamping, batching, the bound on entries in flight and routing each answer back to its
 //! caller. Does not validate commands (callers do, before proposing) and does not know what a

@@ -1,4 +1,4 @@
-//! The registry of `Acquire` calls waiting on this node for a hand-off (DESIGN D-wait).
+//! The registry of `Acquire` calls waiting on this node for a hand-off (docs/DESIGN.md D-wait).
 //!
 //! Owns the slots `(session_id, request_id) → one-shot outcome`, filled from applied events: a
 //! hand-off grant (`Event::Granted { handed_off: true }`) or a dropped waiter

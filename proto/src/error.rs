@@ -26,7 +26,7 @@
 //! | `LockLost` | `FailedPrecondition` | the grant the call depends on is gone |
 //! | `FencedOut` | `FailedPrecondition` | the presented token is not above the fence |
 //!
-//! `Contention` is `Unavailable` rather than `Aborted`: DESIGN D-errors folds
+//! `Contention` is `Unavailable` rather than `Aborted`: docs/DESIGN.md D-errors folds
 //! timeouts, network failures and leader changes into it, which is what
 //! gRPC's `Unavailable` means ("transient, retry with backoff"), and every
 //! lockd mutation is idempotent by `(session_id, request_id)`, so a retry is
@@ -36,7 +36,7 @@
 //! Without a decodable detail the decoder maps by code, and everything that is
 //! not `InvalidArgument` becomes `Contention`: a status from a proxy, a
 //! deadline, a dropped connection or an older server is transient, and
-//! transient is never reported as lost (DESIGN D-errors).
+//! transient is never reported as lost (docs/DESIGN.md D-errors).
 
 use lock_api::LockError;
 use prost::Message;
@@ -94,7 +94,7 @@ pub fn error_detail_from_lock_error(err: &LockError) -> ErrorDetail {
 
 /// The [`LockError`] an [`ErrorDetail`] carried inside an answer describes. A detail without
 /// a kind (from a newer server whose kind this build does not know) is `Contention`:
-/// transient, never a loss (DESIGN D-errors).
+/// transient, never a loss (docs/DESIGN.md D-errors).
 pub fn lock_error_from_detail(detail: ErrorDetail) -> LockError {
     match detail.kind {
         Some(kind) => lock_error_from_kind(kind),
@@ -156,7 +156,7 @@ fn code_and_kind(err: &LockError) -> Option<(Code, Kind)> {
 /// [`LockError::InvalidArgument`], and every other code (`Unavailable`,
 /// `DeadlineExceeded`, `Cancelled`, `Unknown`, `ResourceExhausted`, `Aborted`,
 /// `Internal`, …) becomes [`LockError::Contention`], because a failure without
-/// lockd's verdict is transient and never a lost lock (DESIGN D-errors). The
+/// lockd's verdict is transient and never a lost lock (docs/DESIGN.md D-errors). The
 /// message text is carried along for logs, never parsed. Never panics, whatever
 /// bytes the details hold.
 pub fn lock_error_from_status(status: &Status) -> LockError {
@@ -221,7 +221,7 @@ fn lock_error_from_code(status: &Status) -> LockError {
         code @ (Code::OutOfRange | Code::Unimplemented) => LockError::InvalidArgument {
             message: format!("gRPC {code:?}: {}", status.message()),
         },
-        // Transient, unknown-outcome or foreign: never a loss (DESIGN D-errors).
+        // Transient, unknown-outcome or foreign: never a loss (docs/DESIGN.md D-errors).
         code => LockError::Contention {
             message: format!("gRPC {code:?}: {}", status.message()),
         },

@@ -12,7 +12,7 @@
 //!   milliseconds since the Unix epoch, named `*_unix_ms`, and are for display
 //!   only. A client's monotonic deadline never goes on the wire (C2 D3).
 //! - Every mutating lock request carries `(session_id, request_id)`; a retry
-//!   repeats the same pair (DESIGN D-idempotency).
+//!   repeats the same pair (docs/DESIGN.md D-idempotency).
 //! - "Not granted" and "lost" are normal answers (an absent `grant`); failures
 //!   are a [`tonic::Status`] carrying a structured [`v1::ErrorDetail`].
 //!

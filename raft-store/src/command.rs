@@ -4,8 +4,8 @@
 //!
 //! Times are milliseconds. `*_ms` durations; `*_at_ms` instants on the **leader's stamp clock**
 //! (wall-clock milliseconds since the Unix epoch, clamped by the leader so stamps never go
-//! backwards, DESIGN.md D-time). The state machine reads no clock: every time it uses comes from
-//! [`Request::stamp_ms`].
+//! backwards, docs/DESIGN.md D-time). The state machine reads no clock: every time it uses comes
+//! from [`Request::stamp_ms`].
 
 use serde::{Deserialize, Serialize};
 

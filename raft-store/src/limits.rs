@@ -43,9 +43,9 @@ pub const AUDIT_LOG_MAX: usize = 1024;
 
 /// Answers remembered per session for idempotent retries (D-idempotency).
 ///
-/// DESIGN.md says "the last answer per session"; one answer is not enough because one session
-/// may have several calls in flight (an acquire waiting on one key while it renews another), and
-/// a retry of any of them must find its own answer. 64 is twice [`WAITS_PER_SESSION_MAX`], so a
+/// One answer per session is not enough (docs/DESIGN.md D-idempotency): one session may have
+/// several calls in flight (an acquire waiting on one key while it renews another), and a retry
+/// of any of them must find its own answer. 64 is twice [`WAITS_PER_SESSION_MAX`], so a
 /// session's queued acquires and as many other calls in flight still find their answers; an
 /// older request id is answered `StaleRequest`. The cost is bounded by
 /// `SESSIONS_MAX * REQUEST_WINDOW` remembered answers.

@@ -2,7 +2,7 @@
 //! `LockTable` and to a small reference model written here from the rules alone, with plain
 //! vectors and linear scans and no derived indexes. Every step must give the same response and
 //! the same events, the table's invariants must hold, and globally no token may be issued twice
-//! and per key tokens must increase in grant order (DESIGN.md §5.1).
+//! and per key tokens must increase in grant order (docs/DESIGN.md §5.1).
 //!
 //! proptest prints the failing (shrunk) command list and persists its seed under
 //! `tests/model.proptest-regressions`, which is replayed first on the next run. `PROPTEST_CASES`

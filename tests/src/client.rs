@@ -4,7 +4,7 @@
 //! `Result<_, LockError>` (errors decoded only by [`lock_proto::lock_error_from_status`]).
 //! [`ClusterClient`] follows the leader: it retries `NotLeader` at the hinted node and
 //! `Contention` (including an unreachable node) at the next one, until a deadline, keeping the
-//! request id of a mutating call so the retry is idempotent (DESIGN D-idempotency).
+//! request id of a mutating call so the retry is idempotent (docs/DESIGN.md D-idempotency).
 //!
 //! These helpers add no lock semantics of their own: no client deadlines, no heartbeats, no
 //! background tasks. That is the SDK's (`lock-client`) job, which is tested separately.

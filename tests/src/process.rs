@@ -16,7 +16,7 @@ use rustix::process::{Pid, Signal, kill_process};
 use crate::HarnessError;
 use crate::wait::POLL_INTERVAL;
 
-/// The prefix of the one line a node prints to stdout once it serves (NODE_CLI.md).
+/// The prefix of the one line a node prints to stdout once it serves (docs/NODE_CLI.md).
 pub const READY_LINE_PREFIX: &str = "lockd ready";
 
 /// At most this many bytes of a log file are read to print its tail: enough for the last

@@ -1,8 +1,8 @@
 //! Faults: a leader crash (SIGKILL) while locks are held and renewed, a paused (SIGSTOP)
 //! leader, a lost majority, a follower that crashes and rejoins, two crashes in five nodes.
 //!
-//! What must hold throughout (DESIGN §5): an acknowledged grant stays held by the same owner
-//! with the same token; a lease never ends before its holder's client deadline; a transient
+//! What must hold throughout (docs/DESIGN.md §5): an acknowledged grant stays held by the same
+//! owner with the same token; a lease never ends before its holder's client deadline; a transient
 //! failure is never answered as "lost"; tokens are never reused.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -36,7 +36,7 @@ fn failover_bound(cluster: &Cluster) -> Duration {
 /// (lockd runs openraft's pre-vote) no longer raises its term trying, but elections on a loaded
 /// two-core CI machine still split votes at times; randomised timeouts end that, and it has
 /// taken more than
-/// [`failover_bound`] (seen once in CI: 4.5 s). The speed promise (DESIGN.md §5.5) is asserted
+/// [`failover_bound`] (seen once in CI: 4.5 s). The speed promise (docs/DESIGN.md §5.5) is asserted
 /// with [`failover_bound`] by `a_leader_crash_keeps_every_held_lock` alone.
 const NEXT_LEADER_WAIT: Duration = Duration::from_secs(20);
 

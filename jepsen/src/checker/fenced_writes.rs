@@ -1,4 +1,4 @@
-//! DESIGN.md §5.1 and §5.4 (C2 §2.4, INV-04): the fenced register accepted writes in strictly
+//! docs/DESIGN.md §5.1 and §5.4 (C2 §2.4, INV-04): the fenced register accepted writes in strictly
 //! increasing token order per key, and every accepted token was granted to its writer.
 //!
 //! The register is the harness's own resource, applying C2's rule (`lock_api::Fence`: accept iff

@@ -1,4 +1,5 @@
-//! The checker: reads a history and decides, per promise of DESIGN.md §5, pass / fail / unknown.
+//! The checker: reads a history and decides, per promise of docs/DESIGN.md §5, pass / fail /
+//! unknown.
 //!
 //! Owns the pairing of invocations with their completions ([`Analysis`]), the validity window
 //! of a grant ([`Analysis::window`]), the verdict types, and [`check`], which runs one module per
@@ -30,7 +31,7 @@ use serde::Serialize;
 
 use crate::history::{ERROR_FENCED, ERROR_LOST, F, Op, OpType, Outcome, Phase, Process};
 
-/// How long after the last fault heals every key must see a granted acquire (DESIGN.md §5.5:
+/// How long after the last fault heals every key must see a granted acquire (docs/DESIGN.md §5.5:
 /// "a new leader is in place within a few election timeouts"). 20 s covers an election (well
 /// under 2 s with lockd's defaults), a restarted node catching up, and the lease of a grant
 /// orphaned by an indeterminate acquire running out (the workload's TTLs are a few seconds).
@@ -150,7 +151,7 @@ impl PropertyResult {
 pub struct Verdict {
     /// fail if any property failed, else unknown if any is unknown, else pass.
     pub status: Status,
-    /// One result per property, in the order of DESIGN.md §5.
+    /// One result per property, in the order of docs/DESIGN.md §5.
     pub properties: Vec<PropertyResult>,
 }
 

@@ -1,4 +1,4 @@
-//! DESIGN.md §5.3: what was acknowledged stays true across a leader crash or restart — an
+//! docs/DESIGN.md §5.3: what was acknowledged stays true across a leader crash or restart — an
 //! acknowledged grant is still held until it is released, expires or is revoked, and an
 //! acknowledged release or revoke stays done.
 //!

@@ -1,5 +1,5 @@
-//! DESIGN.md §5.2 and §5.4: of one key, at most one grant is valid at a time, and a client that
-//! honours its `client_deadline` never overlaps another holder.
+//! docs/DESIGN.md §5.2 and §5.4: of one key, at most one grant is valid at a time, and a client
+//! that honours its `client_deadline` never overlaps another holder.
 //!
 //! Each acknowledged grant has a validity window ([`super::Window`]): from its acknowledgement
 //! to the earliest of its client deadline (extended by timely renewals), its release, the moment

@@ -1,4 +1,4 @@
-//! DESIGN.md §5.5: with a majority up and connected every operation completes; a new leader is
+//! docs/DESIGN.md §5.5: with a majority up and connected every operation completes; a new leader is
 //! in place within a few election timeouts of losing the old one.
 //!
 //! Checked as: once the last fault has healed (time H), every key the workload uses sees a

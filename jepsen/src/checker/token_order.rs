@@ -1,4 +1,4 @@
-//! DESIGN.md §5.1 (INV-04): per key, tokens increase in grant order.
+//! docs/DESIGN.md §5.1 (INV-04): per key, tokens increase in grant order.
 //!
 //! "Grant order" is real-time order as the history can see it: if one acquire of a key was
 //! acknowledged before another acquire of that key was invoked, the first grant precedes the

@@ -1,4 +1,4 @@
-//! DESIGN.md §5.1 (INV-04, FR-02): a fencing token is never issued twice, and never zero.
+//! docs/DESIGN.md §5.1 (INV-04, FR-02): a fencing token is never issued twice, and never zero.
 //!
 //! Reads only acknowledged acquires: an acquire whose outcome is unknown may have taken a token
 //! the history never saw, which cannot be a duplicate of a seen one without the cluster also

@@ -3,8 +3,8 @@
 //!
 //! Pure lock table. Owns grants, sessions, waiters. Never does IO, reads no clock, draws no
 //! random number: `apply` is a function of (state, command, the command's stamp), so every
-//! replica that applies the same log holds the same table (DESIGN.md D-time). Side effects that
-//! others must learn about (a lease to track, a waiting RPC to answer) are appended to an
+//! replica that applies the same log holds the same table (docs/DESIGN.md D-time). Side effects
+//! that others must learn about (a lease to track, a waiting RPC to answer) are appended to an
 //! `Event` list in apply order; acting on them is the caller's business.
 //!
 //! All collections are ordered (`BTreeMap`, `BTreeSet`, `VecDeque`) so iteration, and thus every

@@ -1,5 +1,5 @@
 //! The `LockStore` + `SessionRegistry` conformance suite (issue 8): C2 §2.5's "MUST honour"
-//! table and DESIGN.md §5 as executable checks, generic over the backend, so that the Raft,
+//! table and docs/DESIGN.md §5 as executable checks, generic over the backend, so that the Raft,
 //! PostgreSQL and etcd stores are shown "observably identical" by the same code.
 //!
 //! Owns the cases and the rules for when a backend may be skipped ([`backend_setting`]). Does

@@ -4,8 +4,8 @@
 //! Owns the sled database in `<dir>/log/`, its single tree [`TREE_NAME`], the key layout, and
 //! [`SledEngine::sync`] (sled flush, then `fdatasync` of sled's data file). It stores opaque bytes
 //! (already framed by `codec`) and must not know what an entry or a vote is. Nothing outside this
-//! file names sled (DESIGN.md D-deps). New data directories get the WAL engine (`wal.rs`, which
-//! explains why); this one serves directories created with it and `--log-engine sled`.
+//! file names sled (docs/DESIGN.md D-deps). New data directories get the WAL engine (`wal.rs`,
+//! which explains why); this one serves directories created with it and `--log-engine sled`.
 //!
 //! # Why the extra `fdatasync`
 //!
