@@ -25,7 +25,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use lock_api::{LockError, LockHandle, LockService};
+use lock_api::{LockError, LockHandle};
 use lock_client::client::server_expiry_unix_ms;
 use lock_client::deadline::unix_ms;
 use lock_client::{ClientConfig, LockClient, LockClientSession};
@@ -332,8 +332,8 @@ async fn acquire(
     let owner = lock.owner.clone().unwrap_or_else(default_owner);
     let session = client.open_session(&owner).await?;
     let granted = match wait {
-        Some(wait) => session.acquire(&lock.key, &owner, lock.ttl, wait).await,
-        None => session.try_acquire(&lock.key, &owner, lock.ttl).await,
+        Some(wait) => session.acquire(&lock.key, lock.ttl, wait).await,
+        None => session.try_acquire(&lock.key, lock.ttl).await,
     };
     match granted {
         Ok(Some(handle)) => {
@@ -383,7 +383,7 @@ async fn exec(
         // Never blocks: an unbounded send only queues.
         let _ = lost_tx.send(handle.clone());
     });
-    let handle = match session.acquire(&lock.key, &owner, lock.ttl, wait).await {
+    let handle = match session.acquire(&lock.key, lock.ttl, wait).await {
         Ok(Some(handle)) => handle,
         Ok(None) => {
             session.close().await?;
