@@ -83,7 +83,7 @@
 //! - [`backoff`]: bounded, jittered exponential backoff (FR-28).
 //! - [`deadline`]: the client-deadline rule (FR-11).
 //! - [`config`]: [`ClientConfig`] and its defaults, with reasons.
-//! - `src/bin/lockctl.rs`: the command-line tool.
+//! - `src/bin/lockctl/`: the command-line tool.
 //! - Re-exported from `lock-api`: [`LockHandle`], [`LockInfo`], [`LockOutcome`],
 //!   [`LockError`], [`LockService`], [`Fence`], [`fence_accepts`], [`parse_fencing_token`],
 //!   the header names and [`limits`].
