@@ -17,8 +17,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use lock_api::{Fence, LockError, LockService};
-use lock_client::LockClient;
+use lock_client::{Fence, LockClient, LockError};
 
 const KEY: &str = "example/ledger";
 
@@ -65,12 +64,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         flag.store(true, Ordering::SeqCst);
     });
     let Some(handle) = session
-        .acquire(
-            KEY,
-            "example-writer",
-            Duration::from_secs(10),
-            Duration::from_secs(5),
-        )
+        .acquire(KEY, Duration::from_secs(10), Duration::from_secs(5))
         .await?
     else {
         println!("{KEY} is held by someone else; not proceeding (FR-27)");
@@ -104,10 +98,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // --- A newer holder writes; then the old token is fenced out. ---
     let newer = client.open_session("example-newer").await?;
-    if let Some(h) = newer
-        .try_acquire(KEY, "example-newer", Duration::from_secs(10))
-        .await?
-    {
+    if let Some(h) = newer.try_acquire(KEY, Duration::from_secs(10)).await? {
         ledger.append(h.fencing_token, &["newer holder"])?;
         println!("newer holder wrote with token {}", h.fencing_token);
         match ledger.append(stale_token, &["stale write"]) {

@@ -15,7 +15,8 @@
 //! - returns any other error (`InvalidArgument`, `LockLost`, `FencedOut`) at once: retrying
 //!   them cannot help.
 //!
-//! It decodes failures only through [`lock_proto::error::lock_error_from_status`]. It knows
+//! It decodes failures only through [`lock_proto::error::lock_error_from_status`], adding the
+//! root cause of a transport failure ("Connection refused") to the message. It knows
 //! nothing of sessions or handles.
 
 use std::future::Future;
@@ -337,7 +338,7 @@ impl Router {
                 tokio::time::timeout(attempt_timeout, attempt(&target, attempt_timeout)).await;
             let err = match result {
                 Ok(Ok(value)) => return Ok(value),
-                Ok(Err(status)) => lock_error_from_status(&status),
+                Ok(Err(status)) => error_from_status(&status),
                 Err(_elapsed) => LockError::contention(format!(
                     "no answer within {} ms",
                     attempt_timeout.as_millis()
@@ -399,7 +400,7 @@ impl Router {
                 request.set_timeout(timeout);
                 let answer = match tokio::time::timeout(timeout, client.status(request)).await {
                     Ok(Ok(response)) => Ok(response.into_inner()),
-                    Ok(Err(status)) => Err(lock_error_from_status(&status)),
+                    Ok(Err(status)) => Err(error_from_status(&status)),
                     Err(_) => Err(LockError::contention(format!(
                         "no answer within {} ms",
                         timeout.as_millis()
@@ -454,6 +455,37 @@ impl Router {
             )))
         }
     }
+}
+
+/// How many sources of a transport error [`root_cause`] follows: the chain tonic builds is
+/// three or four deep (status, transport, connector, I/O), so this only stops a cyclic one.
+const SOURCE_DEPTH_MAX: usize = 16;
+
+/// [`lock_error_from_status`], with the cause of a transport failure appended. tonic's own
+/// message says only "tcp connect error"; what a user can act on — "Connection refused", an
+/// unknown host — is in the status's sources.
+fn error_from_status(status: &Status) -> LockError {
+    match lock_error_from_status(status) {
+        LockError::Contention { message } => match root_cause(status) {
+            Some(cause) if !message.contains(&cause) => {
+                LockError::contention(format!("{message}: {cause}"))
+            }
+            _ => LockError::Contention { message },
+        },
+        other => other,
+    }
+}
+
+/// The innermost source of `status`, if it has one.
+fn root_cause(status: &Status) -> Option<String> {
+    let mut cause = std::error::Error::source(status)?;
+    for _ in 0..SOURCE_DEPTH_MAX {
+        match cause.source() {
+            Some(next) => cause = next,
+            None => break,
+        }
+    }
+    Some(cause.to_string())
 }
 
 /// A lazily connected channel to `addr` (`host:port`).

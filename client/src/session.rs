@@ -143,10 +143,19 @@ impl std::fmt::Debug for SessionInner {
 /// A session of lockd: the unit that owns grants, kept alive by heartbeats (C2 §2.6
 /// `openSession`). Obtained from [`LockClient::open_session`].
 ///
-/// It implements [`LockService`]: `acquire`, `try_acquire`, `renew` and `release` act on this
-/// session's grants; `inspect` and `force_revoke` are passed to the client. Every mutating call
-/// carries a request id from the session's counter, and a retry of the same call reuses it, so a
-/// lost answer followed by a retry never acts twice (docs/DESIGN.md D-idempotency).
+/// Its own methods [`acquire`](LockClientSession::acquire),
+/// [`try_acquire`](LockClientSession::try_acquire), [`renew`](LockClientSession::renew) and
+/// [`release`](LockClientSession::release) act on this session's grants, for the owner the
+/// session was opened for — an acquire does not name the owner again. The session also
+/// implements [`LockService`], for code written against any backend; there `acquire` and
+/// `try_acquire` take an `owner_id`, which must be the session's, and `inspect` and
+/// `force_revoke` are passed to the client. The session's own methods win over the trait's in
+/// method calls, so `session.acquire(key, ttl, max_wait)` is the session's; call
+/// `LockService::acquire(&session, key, owner, ttl, max_wait)` for the trait's.
+///
+/// Every mutating call carries a request id from the session's counter, and a retry of the same
+/// call reuses it, so a lost answer followed by a retry never acts twice
+/// (docs/DESIGN.md D-idempotency).
 ///
 /// # Ending
 ///
@@ -505,23 +514,30 @@ impl SessionInner {
         }
     }
 
-    async fn acquire(
-        self: &Arc<Self>,
-        key: &str,
-        owner_id: &str,
-        ttl: Duration,
-        max_wait: Option<Duration>,
-    ) -> Result<Option<LockHandle>, LockError> {
-        validate::key(key)?;
+    /// The `LockService` form of acquire names an owner; a session acquires only for the
+    /// owner it was opened for (the server records the session's owner on the grant).
+    fn check_owner(&self, owner_id: &str) -> Result<(), LockError> {
         validate::owner_id(owner_id)?;
-        let ttl_ms = validate::ttl(ttl)?;
-        let max_wait_ms = max_wait.map(validate::max_wait).transpose()?;
         if owner_id != self.owner_id {
             return Err(LockError::invalid(format!(
                 "owner id {owner_id:?} is not this session's owner {:?}; open a session per owner",
                 self.owner_id
             )));
         }
+        Ok(())
+    }
+
+    /// Acquires `key` for the session's owner: waits up to `max_wait` on the server, or makes
+    /// one attempt (`TryAcquire`) when it is `None`.
+    async fn acquire(
+        self: &Arc<Self>,
+        key: &str,
+        ttl: Duration,
+        max_wait: Option<Duration>,
+    ) -> Result<Option<LockHandle>, LockError> {
+        validate::key(key)?;
+        let ttl_ms = validate::ttl(ttl)?;
+        let max_wait_ms = max_wait.map(validate::max_wait).transpose()?;
         let margin = self.margin_for(ttl);
         check_margin(ttl, margin)?;
         self.check_open()?;
@@ -881,7 +897,7 @@ impl LockClientSession {
         &self.inner.session_id
     }
 
-    /// The owner the session was opened for; every acquire on it must name this owner.
+    /// The owner the session was opened for: every grant of the session is made to it.
     pub fn owner_id(&self) -> &str {
         &self.inner.owner_id
     }
@@ -894,6 +910,62 @@ impl LockClientSession {
     /// `true` while the session is open and not known dead. `false` is final.
     pub fn is_alive(&self) -> bool {
         self.inner.state().life == Life::Open
+    }
+
+    /// Acquires `key` for the session's owner with a lease of `ttl`, waiting up to `max_wait`
+    /// for a conflicting holder to go away (C2 §2.2; the contract's answers are
+    /// [`LockService::acquire`]'s):
+    ///
+    /// - `Ok(Some(handle))`: granted; present `handle.fencing_token` with every protected write.
+    /// - `Ok(None)`: `max_wait` passed while someone else held the lock. **Not an error, and
+    ///   not to be retried in a tight loop**: "not mine, do not proceed" (FR-27).
+    /// - `Err(Contention | NotLeader)`: the cluster could not decide within `max_wait` plus
+    ///   [`ClientConfig::call_timeout`](crate::ClientConfig::call_timeout); retry later.
+    /// - `Err(InvalidArgument)`: a blank or over-long key, a `ttl` outside
+    ///   [`limits::TTL_MIN`](crate::limits::TTL_MIN)..=[`limits::TTL_MAX`](crate::limits::TTL_MAX)
+    ///   or not longer than the safety margin, a `max_wait` over
+    ///   [`limits::MAX_WAIT_MAX`](crate::limits::MAX_WAIT_MAX), or a session that ended.
+    ///
+    /// The server holds the request for up to `max_wait`, so a hand-off takes one commit;
+    /// transient failures are retried with backoff under one request id. Dropping the future
+    /// cancels the server-side wait and releases a grant already recorded. The handle's
+    /// deadline counts from before the first send, minus the safety margin; after a long wait
+    /// the SDK renews once so the handle is not handed out nearly expired.
+    pub async fn acquire(
+        &self,
+        key: &str,
+        ttl: Duration,
+        max_wait: Duration,
+    ) -> Result<Option<LockHandle>, LockError> {
+        self.inner.acquire(key, ttl, Some(max_wait)).await
+    }
+
+    /// One attempt at `key` for the session's owner, without waiting (C2 `tryAcquire`):
+    /// `Ok(None)` if anyone else holds it now — including a holder whose lease has lapsed but
+    /// not yet been reaped. The SDK still finds the leader and retries transport failures
+    /// under the same request id. Errors as [`LockClientSession::acquire`].
+    pub async fn try_acquire(
+        &self,
+        key: &str,
+        ttl: Duration,
+    ) -> Result<Option<LockHandle>, LockError> {
+        self.inner.acquire(key, ttl, None).await
+    }
+
+    /// Extends `handle`'s lease by its TTL (see [`LockService::renew`]). `Ok(Some(new))`: use
+    /// the new handle from now on. `Ok(None)`: **the lock is lost now** — the listeners fire.
+    /// `Err(LockLost)` without a round trip for a handle already known lost or past its
+    /// deadline; transient failures are retried only until that deadline.
+    pub async fn renew(&self, handle: &LockHandle) -> Result<Option<LockHandle>, LockError> {
+        self.inner.renew_tracked(handle).await
+    }
+
+    /// Releases `handle`'s grant (compare-and-delete on key and fencing token; see
+    /// [`LockService::release`]) and stops its keep-alive; no listener fires. `Ok(true)`: this
+    /// grant was the one removed. `Ok(false)`: it had already expired or been revoked —
+    /// informational, not an error.
+    pub async fn release(&self, handle: &LockHandle) -> Result<bool, LockError> {
+        self.inner.release(handle).await
     }
 
     /// Registers `listener`, called once for every grant of this session that is lost from now
@@ -1022,12 +1094,9 @@ impl Drop for LockClientSession {
 }
 
 impl LockService for LockClientSession {
-    /// See [`LockService::acquire`]. The server holds the request for up to `max_wait`, so a
-    /// hand-off takes one commit; transient failures are retried with backoff within
-    /// `max_wait + call_timeout`. `owner_id` must be the session's owner. Dropping the future
-    /// cancels the server-side wait and releases a grant already recorded. The handle's
-    /// deadline counts from before the first send, minus the safety margin; after a long wait
-    /// the SDK renews once so the handle is not handed out nearly expired.
+    /// [`LockClientSession::acquire`] for code written against any [`LockService`]:
+    /// `owner_id` must be the session's owner ([`LockClientSession::owner_id`]), else
+    /// `Err(InvalidArgument)`.
     async fn acquire(
         &self,
         key: &str,
@@ -1035,30 +1104,30 @@ impl LockService for LockClientSession {
         ttl: Duration,
         max_wait: Duration,
     ) -> Result<Option<LockHandle>, LockError> {
-        self.inner.acquire(key, owner_id, ttl, Some(max_wait)).await
+        self.inner.check_owner(owner_id)?;
+        LockClientSession::acquire(self, key, ttl, max_wait).await
     }
 
-    /// See [`LockService::try_acquire`]: one attempt at the lock; the SDK still finds the
-    /// leader and retries transport failures under the same request id.
+    /// [`LockClientSession::try_acquire`] for code written against any [`LockService`]:
+    /// `owner_id` must be the session's owner, else `Err(InvalidArgument)`.
     async fn try_acquire(
         &self,
         key: &str,
         owner_id: &str,
         ttl: Duration,
     ) -> Result<Option<LockHandle>, LockError> {
-        self.inner.acquire(key, owner_id, ttl, None).await
+        self.inner.check_owner(owner_id)?;
+        LockClientSession::try_acquire(self, key, ttl).await
     }
 
-    /// See [`LockService::renew`]. `Err(LockLost)` without a round trip for a handle already
-    /// known lost or past its deadline; transient failures are retried only until the deadline.
-    /// `Ok(None)` fires the lost-lock listeners.
+    /// See [`LockClientSession::renew`].
     async fn renew(&self, handle: &LockHandle) -> Result<Option<LockHandle>, LockError> {
-        self.inner.renew_tracked(handle).await
+        LockClientSession::renew(self, handle).await
     }
 
-    /// See [`LockService::release`]. Stops keep-alive for the grant; no listener fires.
+    /// See [`LockClientSession::release`].
     async fn release(&self, handle: &LockHandle) -> Result<bool, LockError> {
-        self.inner.release(handle).await
+        LockClientSession::release(self, handle).await
     }
 
     /// See [`LockService::inspect`] and [`LockClient::inspect`].

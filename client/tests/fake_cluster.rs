@@ -557,7 +557,7 @@ async fn a_retried_acquire_reuses_its_request_id() {
     leader.script().acquire_failures = 2;
     let session = client.open_session("owner").await.expect("session");
     let handle = session
-        .acquire("k", "owner", TTL, Duration::from_secs(1))
+        .acquire("k", TTL, Duration::from_secs(1))
         .await
         .expect("acquire")
         .expect("granted");
@@ -570,7 +570,7 @@ async fn a_retried_acquire_reuses_its_request_id() {
     assert_eq!(waits[0], 1_000, "{waits:?}");
     assert!(waits.windows(2).all(|w| w[1] < w[0]), "{waits:?}");
     // The next logical call carries a new id.
-    session.try_acquire("k2", "owner", TTL).await.expect("try");
+    session.try_acquire("k2", TTL).await.expect("try");
     let ids = leader.seen().acquire_request_ids.clone();
     assert!(ids[3] > ids[0], "{ids:?}");
 }
@@ -581,7 +581,7 @@ async fn lock_calls_share_one_pipeline_stream() {
     let session = client.open_session("owner").await.expect("session");
     for key in ["a", "b", "c"] {
         let handle = session
-            .acquire(key, "owner", TTL, Duration::from_secs(1))
+            .acquire(key, TTL, Duration::from_secs(1))
             .await
             .expect("acquire")
             .expect("granted");
@@ -604,7 +604,7 @@ async fn a_pipeline_stream_that_ends_is_reopened_and_no_call_is_lost() {
     let session = client.open_session("owner").await.expect("session");
     for key in ["a", "b", "c"] {
         let handle = session
-            .acquire(key, "owner", TTL, Duration::from_secs(1))
+            .acquire(key, TTL, Duration::from_secs(1))
             .await
             .expect("acquire")
             .expect("granted");
@@ -658,7 +658,7 @@ async fn a_server_without_pipeline_gets_unary_lock_calls_and_is_asked_once() {
     let session = client.open_session("owner").await.expect("session");
     for key in ["a", "b"] {
         let handle = session
-            .acquire(key, "owner", TTL, Duration::from_secs(1))
+            .acquire(key, TTL, Duration::from_secs(1))
             .await
             .expect("acquire")
             .expect("granted");
@@ -683,7 +683,7 @@ async fn the_deadline_counts_from_before_the_send_minus_the_margin() {
     let session = client.open_session("owner").await.expect("session");
     let before = Instant::now();
     let handle = session
-        .acquire("k", "owner", TTL, Duration::from_secs(1))
+        .acquire("k", TTL, Duration::from_secs(1))
         .await
         .expect("acquire")
         .expect("granted");
@@ -705,7 +705,7 @@ async fn a_spent_retry_budget_is_contention_and_never_lock_lost() {
     let (leader, client) = leader_and_client().await;
     let session = client.open_session("owner").await.expect("session");
     let handle = session
-        .try_acquire("k", "owner", Duration::from_secs(10))
+        .try_acquire("k", Duration::from_secs(10))
         .await
         .expect("try")
         .expect("granted");
@@ -733,12 +733,12 @@ async fn a_dead_session_fires_the_listeners_of_every_handle() {
     });
     session.on_lock_lost(move |h| sink.lock().expect("lost").push(h.clone()));
     let a = session
-        .try_acquire("a", "owner", Duration::from_secs(30))
+        .try_acquire("a", Duration::from_secs(30))
         .await
         .expect("a")
         .expect("a granted");
     let b = session
-        .try_acquire("b", "owner", Duration::from_secs(30))
+        .try_acquire("b", Duration::from_secs(30))
         .await
         .expect("b")
         .expect("b granted");
@@ -813,7 +813,7 @@ async fn a_session_answered_dead_in_a_batch_dies_alone() {
         .position(|s| s.session_id() == "s2")
         .expect("s2");
     let handle = sessions[doomed]
-        .try_acquire("k", "owner", Duration::from_secs(30))
+        .try_acquire("k", Duration::from_secs(30))
         .await
         .expect("acquire")
         .expect("granted");
@@ -871,7 +871,7 @@ async fn keep_alive_carries_a_handle_past_its_first_deadline() {
     let (leader, client) = leader_and_client().await;
     let session = client.open_session("owner").await.expect("session");
     let handle = session
-        .try_acquire("k", "owner", Duration::from_secs(1))
+        .try_acquire("k", Duration::from_secs(1))
         .await
         .expect("try")
         .expect("granted");
@@ -909,7 +909,7 @@ async fn a_renewal_answered_lost_is_terminal_and_fires_the_listener() {
         count.fetch_add(1, Ordering::SeqCst);
     });
     let handle = session
-        .try_acquire("k", "owner", Duration::from_secs(30))
+        .try_acquire("k", Duration::from_secs(30))
         .await
         .expect("try")
         .expect("granted");
@@ -936,7 +936,7 @@ async fn the_local_deadline_alone_fires_the_listener() {
         count.fetch_add(1, Ordering::SeqCst);
     });
     let handle = session
-        .try_acquire("k", "owner", Duration::from_secs(1))
+        .try_acquire("k", Duration::from_secs(1))
         .await
         .expect("try")
         .expect("granted");
@@ -950,7 +950,7 @@ async fn dropping_a_waiting_acquire_cancels_it_on_the_server() {
     let (leader, client) = leader_and_client().await;
     leader.script().acquire_delay = Duration::from_secs(30);
     let session = client.open_session("owner").await.expect("session");
-    let waiting = session.acquire("k", "owner", TTL, Duration::from_secs(20));
+    let waiting = session.acquire("k", TTL, Duration::from_secs(20));
     let dropped = tokio::time::timeout(Duration::from_millis(200), waiting).await;
     assert!(
         dropped.is_err(),
@@ -972,7 +972,7 @@ async fn a_long_wait_is_followed_by_a_renewal_that_rebases_the_deadline() {
     let session = client.open_session("owner").await.expect("session");
     let before = Instant::now();
     let handle = session
-        .acquire("k", "owner", TTL, Duration::from_secs(5))
+        .acquire("k", TTL, Duration::from_secs(5))
         .await
         .expect("acquire")
         .expect("granted");
@@ -988,7 +988,7 @@ async fn dropping_an_acquire_after_its_grant_releases_the_grant() {
     leader.script().renew_delay = Duration::from_secs(30);
     let session = client.open_session("owner").await.expect("session");
     // Dropped while the re-basing renewal hangs: the grant (token 1) is already recorded.
-    let acquiring = session.acquire("k", "owner", TTL, Duration::from_secs(5));
+    let acquiring = session.acquire("k", TTL, Duration::from_secs(5));
     let dropped = tokio::time::timeout(Duration::from_millis(1_600), acquiring).await;
     assert!(
         dropped.is_err(),
@@ -1008,9 +1008,7 @@ async fn a_refused_acquire_is_none_and_cancels_nothing() {
     leader.script().acquire_refuses = true;
     let session = client.open_session("owner").await.expect("session");
     assert_eq!(
-        session
-            .acquire("k", "owner", TTL, Duration::from_millis(50))
-            .await,
+        session.acquire("k", TTL, Duration::from_millis(50)).await,
         Ok(None)
     );
     assert!(leader.seen().cancels.is_empty());
@@ -1021,7 +1019,7 @@ async fn a_dropped_guard_releases_its_grant() {
     let (leader, client) = leader_and_client().await;
     let session = client.open_session("owner").await.expect("session");
     let handle = session
-        .try_acquire("k", "owner", TTL)
+        .try_acquire("k", TTL)
         .await
         .expect("try")
         .expect("granted");
@@ -1039,14 +1037,10 @@ async fn arguments_are_checked_before_anything_is_sent() {
     let session = client.open_session("owner").await.expect("session");
     let calls = leader.seen().calls.len();
     for result in [
-        session.try_acquire(" ", "owner", TTL).await,
-        session.try_acquire("k", "someone-else", TTL).await,
-        session
-            .try_acquire("k", "owner", Duration::from_millis(10))
-            .await,
-        session
-            .acquire("k", "owner", TTL, Duration::from_secs(3600))
-            .await,
+        session.try_acquire(" ", TTL).await,
+        LockService::try_acquire(&session, "k", "someone-else", TTL).await,
+        session.try_acquire("k", Duration::from_millis(10)).await,
+        session.acquire("k", TTL, Duration::from_secs(3600)).await,
     ] {
         assert!(
             matches!(result, Err(LockError::InvalidArgument { .. })),
@@ -1054,6 +1048,27 @@ async fn arguments_are_checked_before_anything_is_sent() {
         );
     }
     assert_eq!(leader.seen().calls.len(), calls);
+}
+
+#[tokio::test]
+async fn the_session_acquires_for_its_own_owner_and_the_trait_checks_it() {
+    let (_leader, client) = leader_and_client().await;
+    let session = client.open_session("owner").await.expect("session");
+    // The session's own acquire names no owner: the grant is the session's owner's.
+    let own = session
+        .try_acquire("k", TTL)
+        .await
+        .expect("try")
+        .expect("granted");
+    assert_eq!(own.owner_id, session.owner_id());
+    assert_eq!(session.release(&own).await, Ok(true));
+    // Code generic over `LockService` names the owner; the session's own one is accepted.
+    let generic = LockService::acquire(&session, "k2", "owner", TTL, Duration::from_secs(1))
+        .await
+        .expect("acquire")
+        .expect("granted");
+    assert_eq!(generic.owner_id, "owner");
+    assert_eq!(LockService::release(&session, &generic).await, Ok(true));
 }
 
 /// Runs `lockctl` against `addr` with `args` and returns (exit code, stdout, stderr).

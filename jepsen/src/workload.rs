@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use lock_api::{Fence, LockError, LockHandle, LockService};
+use lock_api::{Fence, LockError, LockHandle};
 use lock_client::{ClientConfig, LockClient, LockClientSession};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -206,7 +206,7 @@ pub async fn client(
             }
         }
         let Some(s) = session.as_ref() else { continue };
-        cycle(process, &owner, s, &config, &shared, &mut rng).await;
+        cycle(process, s, &config, &shared, &mut rng).await;
     }
     if let Some(s) = session.take() {
         let _ = tokio::time::timeout(SESSION_CLOSE_TIMEOUT, s.close()).await;
@@ -220,7 +220,6 @@ fn ms(d: Duration) -> u64 {
 /// One acquire → hold → check → write → release cycle.
 async fn cycle(
     process: u32,
-    owner: &str,
     session: &LockClientSession,
     config: &WorkloadConfig,
     shared: &Shared,
@@ -233,10 +232,7 @@ async fn cycle(
     invoke.ttl_ms = Some(ms(config.ttl));
     invoke.max_wait_ms = Some(ms(config.max_wait));
     recorder.record(invoke);
-    let mut handle = match session
-        .acquire(&key, owner, config.ttl, config.max_wait)
-        .await
-    {
+    let mut handle = match session.acquire(&key, config.ttl, config.max_wait).await {
         Ok(Some(h)) => {
             recorder.record(
                 Op::new(me, OpType::Ok, F::Acquire)

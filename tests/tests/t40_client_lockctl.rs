@@ -1,6 +1,8 @@
 //! `lockctl` against a real three-node cluster: two `exec` runs on one key never overlap and
 //! hand the key over with increasing fencing tokens; `try`, `inspect`, `renew`, `release`,
-//! `revoke` and `status` round-trip.
+//! `revoke` and `status` round-trip; a release that removed nothing says why. And without
+//! one: no cluster, or a silent one, is "unavailable" (exit 5) within `--timeout`, with how to
+//! start one; a blank key or an out-of-range `--ttl` is a bad command line (exit 2).
 //!
 //! The `lockctl` binary is found at `$LOCKCTL_BIN`, else next to the test executable's `deps/`
 //! directory (built by `cargo test --workspace` / `cargo nextest run --workspace`, or by
@@ -8,7 +10,7 @@
 
 use std::path::PathBuf;
 use std::process::Output;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use lock_tests::Cluster;
 use tokio::process::Command;
@@ -47,6 +49,35 @@ fn lockctl(cluster: &Cluster, args: &[&str]) -> Command {
 
 async fn run(cluster: &Cluster, args: &[&str]) -> Output {
     lockctl(cluster, args).output().await.expect("run lockctl")
+}
+
+/// lockctl's exit codes (its `--help` table) that these tests check.
+const EXIT_USAGE: i32 = 2;
+const EXIT_NEGATIVE: i32 = 3;
+const EXIT_UNAVAILABLE: i32 = 5;
+
+/// Runs lockctl with `args` only (no cluster, no `LOCKD_ENDPOINTS`).
+async fn run_bare(args: &[&str]) -> Output {
+    Command::new(lockctl_binary())
+        .args(args)
+        .env_remove("LOCKD_ENDPOINTS")
+        .kill_on_drop(true)
+        .output()
+        .await
+        .expect("run lockctl")
+}
+
+/// An address nothing listens on: bound, then closed.
+fn dead_endpoint() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    listener.local_addr().expect("addr").to_string()
+}
+
+/// The one line lockctl printed on stderr (it prints exactly one on failure).
+fn one_line(output: &Output) -> String {
+    let stderr = text(&output.stderr);
+    assert_eq!(stderr.lines().count(), 1, "not one line: {stderr}");
+    stderr
 }
 
 fn text(bytes: &[u8]) -> String {
@@ -332,4 +363,224 @@ async fn t40_client_lockctl_exec_kills_the_command_when_the_lock_is_revoked() {
     let stderr = text(&output.stderr);
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     assert!(stderr.contains("lost"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t40_client_lockctl_without_a_cluster_says_unavailable_and_how_to_start_one() {
+    let endpoint = dead_endpoint();
+    for args in [
+        &["try", "--key", "k"][..],
+        &["acquire", "--key", "k", "--wait", "1s"],
+        &["inspect", "--key", "k"],
+        &["status"],
+        &["exec", "--key", "k", "--", "true"],
+    ] {
+        let mut full = vec!["--endpoints", endpoint.as_str()];
+        full.extend_from_slice(args);
+        let output = run_bare(&full).await;
+        assert_eq!(
+            output.status.code(),
+            Some(EXIT_UNAVAILABLE),
+            "{args:?}: {output:?}"
+        );
+        let stderr = one_line(&output);
+        assert!(stderr.contains("cluster unavailable"), "{stderr}");
+        // The endpoints tried and why each failed.
+        assert!(stderr.contains(&endpoint), "{stderr}");
+        assert!(stderr.contains("refused"), "{stderr}");
+        // How to get a cluster.
+        assert!(stderr.contains("lockd dev"), "{stderr}");
+        assert!(stderr.contains("cargo run -p lockd -- dev"), "{stderr}");
+        assert!(!stderr.contains("contention"), "{stderr}");
+        assert!(output.stdout.is_empty(), "{args:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t40_client_lockctl_gives_up_on_a_silent_endpoint_within_its_timeout() {
+    // Accepts connections (the kernel completes them into the backlog) and never answers.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let endpoint = silent.local_addr().expect("addr").to_string();
+    const TIMEOUT: Duration = Duration::from_secs(2);
+    // Process start and exit on a loaded machine; far below the default 10 s budget.
+    const SLACK: Duration = Duration::from_secs(5);
+    for args in [
+        &["try", "--key", "k"][..],
+        &["acquire", "--key", "k", "--wait", "0s"],
+        &["status"],
+    ] {
+        let mut full = vec!["--endpoints", endpoint.as_str(), "--timeout", "2s"];
+        full.extend_from_slice(args);
+        let started = Instant::now();
+        let output = run_bare(&full).await;
+        let took = started.elapsed();
+        assert_eq!(
+            output.status.code(),
+            Some(EXIT_UNAVAILABLE),
+            "{args:?}: {output:?}"
+        );
+        assert!(took < TIMEOUT + SLACK, "{args:?} took {took:?}");
+        let stderr = one_line(&output);
+        assert!(stderr.contains("cluster unavailable"), "{stderr}");
+        assert!(stderr.contains(&endpoint), "{stderr}");
+    }
+    drop(silent);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t40_client_lockctl_blank_key_is_a_usage_error() {
+    for key in ["", " ", "\t"] {
+        for args in [
+            &["try", "--key", key][..],
+            &["inspect", "--key", key],
+            &["release", "--session", "s", "--key", key, "--token", "1"],
+            &["exec", "--key", key, "--", "true"],
+        ] {
+            let output = run_bare(args).await;
+            assert_eq!(
+                output.status.code(),
+                Some(EXIT_USAGE),
+                "{args:?}: {output:?}"
+            );
+            let stderr = text(&output.stderr);
+            assert!(stderr.contains("--key"), "{stderr}");
+            assert!(stderr.contains("blank"), "{stderr}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t40_client_lockctl_ttl_out_of_range_names_ttl_and_the_range() {
+    for (args, flag) in [
+        (&["try", "--key", "k", "--ttl", "0s"][..], "--ttl"),
+        (&["acquire", "--key", "k", "--ttl", "0"], "--ttl"),
+        (
+            &["exec", "--key", "k", "--ttl", "0s", "--", "true"],
+            "--ttl",
+        ),
+        (&["try", "--key", "k", "--ttl", "2h"], "--ttl"),
+        (
+            &[
+                "renew",
+                "--session",
+                "s",
+                "--key",
+                "k",
+                "--token",
+                "1",
+                "--ttl",
+                "0s",
+            ],
+            "--ttl",
+        ),
+        (
+            &["try", "--key", "k", "--session-ttl", "0s"],
+            "--session-ttl",
+        ),
+    ] {
+        let output = run_bare(args).await;
+        assert_eq!(
+            output.status.code(),
+            Some(EXIT_USAGE),
+            "{args:?}: {output:?}"
+        );
+        let stderr = text(&output.stderr);
+        assert!(stderr.contains(flag), "{stderr}");
+        // The allowed range, from lock-api's limits (TTL_MIN = 1 s, TTL_MAX = 1 h).
+        assert!(stderr.contains("between 1s and 1h"), "{stderr}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t40_client_lockctl_release_of_a_lock_not_held_says_why() {
+    let cluster = Cluster::start(3).await;
+    let first = run(&cluster, &["try", "--key", "t40/gone", "--ttl", "30s"]).await;
+    assert_eq!(first.status.code(), Some(0), "{}", text(&first.stderr));
+    let first = text(&first.stdout);
+    let (token, session) = (
+        field(&first, "fencing_token"),
+        field(&first, "session_id").trim_matches('"').to_owned(),
+    );
+    let release = |session: String, token: String| {
+        let cluster = &cluster;
+        async move {
+            run(
+                cluster,
+                &[
+                    "release",
+                    "--session",
+                    &session,
+                    "--key",
+                    "t40/gone",
+                    "--token",
+                    &token,
+                ],
+            )
+            .await
+        }
+    };
+    let released = release(session.clone(), token.clone()).await;
+    assert_eq!(
+        released.status.code(),
+        Some(0),
+        "{}",
+        text(&released.stderr)
+    );
+    assert_eq!(field(&text(&released.stdout), "released"), "true");
+
+    // Released twice: the key is free, and lockctl says the grant is already gone.
+    let again = release(session.clone(), token.clone()).await;
+    assert_eq!(again.status.code(), Some(EXIT_NEGATIVE), "{again:?}");
+    assert_eq!(field(&text(&again.stdout), "released"), "false");
+    assert_eq!(field(&text(&again.stdout), "why"), "\"free\"");
+    let stderr = one_line(&again);
+    assert!(stderr.contains("nothing released"), "{stderr}");
+    assert!(stderr.contains("is free"), "{stderr}");
+    assert!(stderr.contains("already"), "{stderr}");
+
+    // Someone else holds the key now: the old token's release says so, and names the holder.
+    let second = run(
+        &cluster,
+        &[
+            "try", "--key", "t40/gone", "--owner", "other", "--ttl", "30s",
+        ],
+    )
+    .await;
+    assert_eq!(second.status.code(), Some(0), "{}", text(&second.stderr));
+    let second = text(&second.stdout);
+    let second_token = field(&second, "fencing_token");
+    let stale = release(session.clone(), token.clone()).await;
+    assert_eq!(stale.status.code(), Some(EXIT_NEGATIVE), "{stale:?}");
+    assert_eq!(
+        field(&text(&stale.stdout), "why"),
+        "\"held_by_another_token\""
+    );
+    let stderr = one_line(&stale);
+    assert!(stderr.contains("another grant"), "{stderr}");
+    assert!(
+        stderr.contains(&format!("token {second_token}")),
+        "{stderr}"
+    );
+    assert!(stderr.contains("\"other\""), "{stderr}");
+
+    // The right token with a session the cluster does not know: the grant is not removed,
+    // and lockctl says the session is the problem.
+    let wrong_session = release("no-such-session".to_owned(), second_token.clone()).await;
+    assert_eq!(
+        wrong_session.status.code(),
+        Some(EXIT_NEGATIVE),
+        "{wrong_session:?}"
+    );
+    assert_eq!(
+        field(&text(&wrong_session.stdout), "why"),
+        "\"unknown_session\""
+    );
+    let stderr = one_line(&wrong_session);
+    assert!(stderr.contains("no-such-session"), "{stderr}");
+    assert!(stderr.contains("not known"), "{stderr}");
+    let inspected = run(&cluster, &["inspect", "--key", "t40/gone"]).await;
+    assert_eq!(
+        field(&text(&inspected.stdout), "fencing_token"),
+        second_token
+    );
 }

@@ -1,13 +1,18 @@
 //! The Rust SDK (`lock-client`) against real three-node clusters: leader discovery from
 //! followers only, a kept-alive handle surviving a leader failover, session death firing the
-//! lost-lock listener, and a dropped acquire leaving neither a waiter nor a grant behind.
+//! lost-lock listener, a dropped acquire leaving neither a waiter nor a grant behind, and the
+//! crate's first program (`client/examples/first_program.rs`) doing what its page says.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use lock_api::{LockError, LockHandle, LockService};
-use lock_client::{ClientConfig, LockClient};
+use lock_client::{ClientConfig, LockClient, LockError, LockHandle};
 use lock_tests::{Cluster, poll_until};
+
+// The example itself, compiled into this test: what the crate's front page shows is what runs.
+#[allow(dead_code)] // its `main` is the example's entry point, unused here
+#[path = "../../client/examples/first_program.rs"]
+mod first_program;
 
 /// How long a test waits for the SDK or the cluster to react (heartbeat rounds, an election,
 /// a commit) on two loaded cores.
@@ -53,7 +58,7 @@ async fn t40_client_finds_the_leader_from_followers_only() {
     let client = connect(&endpoints).await;
     let session = client.open_session("t40-discovery").await.expect("session");
     let handle = session
-        .try_acquire("t40/discovery", "t40-discovery", LONG_TTL)
+        .try_acquire("t40/discovery", LONG_TTL)
         .await
         .expect("try_acquire")
         .expect("granted: the key is free");
@@ -83,12 +88,7 @@ async fn t40_client_kept_alive_handle_survives_a_leader_failover() {
     // A 9 s lease: keep-alive renews every 3 s and may retry for 8.1 s (the lease minus the
     // 10 % safety margin), so the failover (about 2 s) falls well inside one lease.
     let handle = session
-        .acquire(
-            "t40/failover",
-            "t40-failover",
-            Duration::from_secs(9),
-            Duration::ZERO,
-        )
+        .acquire("t40/failover", Duration::from_secs(9), Duration::ZERO)
         .await
         .expect("acquire")
         .expect("granted");
@@ -155,7 +155,7 @@ async fn t40_client_session_death_fires_the_listener() {
     let sink = Arc::clone(&lost);
     session.on_lock_lost(move |h| sink.lock().expect("lost list").push(h.clone()));
     let handle = session
-        .try_acquire("t40/death", "t40-death", LONG_TTL)
+        .try_acquire("t40/death", LONG_TTL)
         .await
         .expect("try_acquire")
         .expect("granted");
@@ -186,9 +186,7 @@ async fn t40_client_session_death_fires_the_listener() {
         })
     );
     assert!(matches!(
-        session
-            .try_acquire("t40/death", "t40-death", LONG_TTL)
-            .await,
+        session.try_acquire("t40/death", LONG_TTL).await,
         Err(LockError::InvalidArgument { .. })
     ));
     assert_eq!(key_state(&mut cluster, "t40/death").await, Ok(None));
@@ -201,7 +199,7 @@ async fn t40_client_dropped_acquire_leaves_no_waiter_and_no_grant() {
     let client = connect(&cluster.endpoints()).await;
     let holder = client.open_session("t40-holder").await.expect("holder");
     let held = holder
-        .try_acquire("t40/cancel", "t40-holder", LONG_TTL)
+        .try_acquire("t40/cancel", LONG_TTL)
         .await
         .expect("try_acquire")
         .expect("granted");
@@ -211,12 +209,7 @@ async fn t40_client_dropped_acquire_leaves_no_waiter_and_no_grant() {
         let waiter = Arc::clone(&waiter);
         tokio::spawn(async move {
             waiter
-                .acquire(
-                    "t40/cancel",
-                    "t40-waiter",
-                    LONG_TTL,
-                    Duration::from_secs(60),
-                )
+                .acquire("t40/cancel", LONG_TTL, Duration::from_secs(60))
                 .await
         })
     };
@@ -257,4 +250,38 @@ async fn t40_client_dropped_acquire_leaves_no_waiter_and_no_grant() {
         Ok(vec![])
     );
     holder.close().await.expect("close holder");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t40_client_first_program_acquires_checks_and_releases() {
+    let mut cluster = Cluster::start(3).await;
+    let endpoints = cluster.endpoints();
+    let endpoints: Vec<&str> = endpoints.iter().map(String::as_str).collect();
+
+    let token = first_program::first_program(&endpoints)
+        .await
+        .expect("the first program runs")
+        .expect("granted: the key is free");
+    // It released the key before closing its session.
+    assert_eq!(key_state(&mut cluster, first_program::KEY).await, Ok(None));
+
+    // While another owner holds the key, it waits its MAX_WAIT and answers "not mine" — not
+    // an error — and leaves the other grant alone.
+    let client = connect(&cluster.endpoints()).await;
+    let other = client.open_session("t40-other").await.expect("session");
+    let held = other
+        .try_acquire(first_program::KEY, LONG_TTL)
+        .await
+        .expect("try_acquire")
+        .expect("granted: the key is free");
+    assert!(held.fencing_token > token);
+    let started = Instant::now();
+    assert_eq!(first_program::first_program(&endpoints).await, Ok(None));
+    assert!(started.elapsed() >= first_program::MAX_WAIT);
+    assert_eq!(
+        key_state(&mut cluster, first_program::KEY).await,
+        Ok(Some((held.fencing_token, 0)))
+    );
+    assert_eq!(other.release(&held).await, Ok(true));
+    other.close().await.expect("close");
 }
