@@ -9,6 +9,9 @@
 //! is panicking (a failed assertion) it first prints the tail of every node's logs. If the test
 //! process is killed outright (no `Drop`), a per-cluster watchdog kills the nodes. A node that
 //! exited on its own (a crash) fails the test when the cluster drops.
+//!
+//! With [`ClusterConfig::proxied_links`], the cluster also owns a [`LinkNet`] that carries every
+//! node-to-node Raft connection, for partitions ([`Cluster::isolate`], [`Cluster::heal`]).
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -20,6 +23,7 @@ use std::time::Duration;
 use lock_proto::v1::{Role, StatusResponse};
 use tempfile::TempDir;
 
+use crate::links::LinkNet;
 use crate::process::{NodeProcess, NotReady};
 use crate::wait::poll_until;
 use crate::watchdog::Watchdog;
@@ -74,6 +78,8 @@ pub struct Cluster {
     /// Kills the nodes if the test process dies without running `Drop`; `None` if it could
     /// not be started (then only `Drop` protects against orphans).
     watchdog: Option<Watchdog>,
+    /// The proxies of every node-to-node link, if the config asked for them.
+    links: Option<LinkNet>,
 }
 
 impl Cluster {
@@ -119,6 +125,14 @@ impl Cluster {
                 None
             }
         };
+        // Bound before the nodes' ports are chosen, so the OS never hands a proxy's port to a
+        // node; the proxies learn the nodes' addresses once the ports are known.
+        let ids: Vec<u64> = (1u64..).take(config.nodes).collect();
+        let links = if config.proxied_links {
+            Some(LinkNet::start(&ids).await?)
+        } else {
+            None
+        };
         let mut cluster = Self {
             name,
             binary,
@@ -127,6 +141,7 @@ impl Cluster {
             config,
             nodes: BTreeMap::new(),
             watchdog,
+            links,
         };
         let mut attempt = 0;
         loop {
@@ -136,6 +151,9 @@ impl Cluster {
                 .zip(ports)
                 .map(|(id, port)| (id, NodeProcess::new(id, port, &cluster.dir_path)))
                 .collect();
+            if let Some(links) = &cluster.links {
+                links.set_targets(cluster.nodes.values().map(|n| (n.id, n.addr())).collect());
+            }
             match cluster.spawn_all_fresh().await {
                 Ok(()) => break,
                 Err((true, e)) if attempt < SPAWN_ATTEMPTS => {
@@ -203,6 +221,10 @@ impl Cluster {
         // that a node with existing data never re-initialises, which restarts exercise.
         if id == 1 {
             args.push("--bootstrap".into());
+        }
+        if let Some(links) = &self.links {
+            args.push("--raft-dial".into());
+            args.push(links.raft_dial(id).into());
         }
         args.extend(self.config.extra_args.iter().map(OsString::from));
         if let Some(extra) = self.config.node_args.get(&id) {
@@ -611,6 +633,39 @@ impl Cluster {
         if let Err(e) = self.node_mut(id).resume() {
             panic!("{e}");
         }
+    }
+
+    /// Cuts every Raft link between node `id` and the others, both ways, like a DROP rule:
+    /// bytes stop and new connections hang (see [`crate::links`]). Clients still reach every
+    /// node. The process keeps running; [`Cluster::heal`] ends the partition.
+    ///
+    /// # Panics
+    /// If the cluster was not started with [`ClusterConfig::proxied_links`], or `id` is not
+    /// one of its nodes.
+    pub fn isolate(&mut self, id: u64) {
+        self.link_net("isolate").isolate(id);
+    }
+
+    /// Heals every link cut by [`Cluster::isolate`].
+    ///
+    /// # Panics
+    /// If the cluster was not started with [`ClusterConfig::proxied_links`].
+    pub fn heal(&mut self) {
+        self.link_net("heal").heal();
+    }
+
+    /// The links cut now, as ordered pairs `(from, to)`; empty without proxied links.
+    pub fn cut_links(&self) -> Vec<(u64, u64)> {
+        self.links
+            .as_ref()
+            .map(LinkNet::cut_links)
+            .unwrap_or_default()
+    }
+
+    fn link_net(&self, what: &str) -> &LinkNet {
+        self.links.as_ref().unwrap_or_else(|| {
+            panic!("{what}: the cluster was started without ClusterConfig::proxied_links")
+        })
     }
 
     /// Nodes whose process exited without the harness stopping or killing it (a crash),

@@ -69,6 +69,10 @@ pub struct ClusterConfig {
     /// Extra environment variables of every node process (e.g. `RUST_LOG`). Inherited
     /// `LOCKD_*` variables are always removed, so only the harness configures the nodes.
     pub env: Vec<(String, String)>,
+    /// Route every node-to-node Raft connection through a harness proxy ([`crate::links`]),
+    /// so the test can partition nodes with [`crate::Cluster::isolate`] and heal them with
+    /// [`crate::Cluster::heal`]. Off by default: the proxies cost a hop and a task per link.
+    pub proxied_links: bool,
 }
 
 impl Default for ClusterConfig {
@@ -83,6 +87,7 @@ impl Default for ClusterConfig {
             extra_args: Vec::new(),
             node_args: BTreeMap::new(),
             env: Vec::new(),
+            proxied_links: false,
         }
     }
 }

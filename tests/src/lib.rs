@@ -45,6 +45,8 @@
 //!   leader, idempotent retries), both returning `Result<_, LockError>`.
 //! - [`fence`]: [`FencedRegister`], a resource that accepts a write iff its token is newer.
 //! - [`wait`]: [`poll_until`], the bounded condition wait everything uses.
+//! - [`links`]: [`LinkNet`], proxies on node-to-node links, for partitions.
+//! - [`proc_stats`]: [`ProcStats`], a process's CPU time, memory and descriptors from `/proc`.
 //! - [`raw`]: junk for a node's port — raw TCP bytes, HTTP/1, non-protobuf gRPC bodies.
 //! - [`binary`]: where the `lockd` binary is found.
 //! - [`ports`]: free ports.
@@ -61,7 +63,9 @@ pub mod cluster;
 pub mod config;
 pub mod error;
 pub mod fence;
+pub mod links;
 pub mod ports;
+pub mod proc_stats;
 mod process;
 pub mod raw;
 pub mod wait;
@@ -73,6 +77,8 @@ pub use cluster::{Cluster, KEEP_DIR_ENV};
 pub use config::ClusterConfig;
 pub use error::HarnessError;
 pub use fence::{FencedRegister, FencedWrite};
+pub use links::LinkNet;
 pub use lock_api::LockError;
 pub use lock_proto::v1::{Grant, LockInfo, LockOutcome, Role, StatusResponse};
+pub use proc_stats::{ProcGrowth, ProcStats};
 pub use wait::poll_until;
