@@ -64,11 +64,19 @@ pub const ELECTION_TIMEOUT_MIN_MS: u64 = 400;
 /// See [`HEARTBEAT_INTERVAL_MS`].
 pub const ELECTION_TIMEOUT_MAX_MS: u64 = 800;
 
-/// Where libfaketime lives on Debian (package `libfaketime`).
-pub const LIBFAKETIME_PATHS: [&str; 2] = [
+/// Where libfaketime lives: Debian and Ubuntu (package `libfaketime`, per architecture), then
+/// Fedora and Arch.
+pub const LIBFAKETIME_PATHS: [&str; 4] = [
     "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
     "/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1",
+    "/usr/lib64/faketime/libfaketime.so.1",
+    "/usr/lib/faketime/libfaketime.so.1",
 ];
+
+/// What to install for the clock nemesis, in every message that finds libfaketime missing.
+pub const LIBFAKETIME_MISSING: &str = "libfaketime is not installed (no libfaketime.so.1 in \
+     its usual folders); install the libfaketime package (apt-get install libfaketime, or \
+     faketime, which pulls it in)";
 
 /// The first libfaketime found, if any.
 pub fn find_libfaketime() -> Option<PathBuf> {
@@ -396,9 +404,19 @@ impl Cluster {
         if in_netns {
             command.uid(net::node_uid(id)).gid(net::node_uid(id));
         }
-        let mut child = command
-            .spawn()
-            .with_context(|| format!("starting node {id} ({})", lockd.display()))?;
+        let mut child = match command.spawn() {
+            Ok(child) => child,
+            Err(e) if in_netns && e.kind() == std::io::ErrorKind::PermissionDenied => bail!(
+                "starting node {id}: uid {} cannot execute {}: {e}; every folder above it must \
+                 let others in (o+x) and the file must be o+x, and its file system must allow \
+                 execution (not mounted noexec); put lockd in such a place and pass --lockd",
+                net::node_uid(id),
+                lockd.display()
+            ),
+            Err(e) => {
+                return Err(e).with_context(|| format!("starting node {id} ({})", lockd.display()));
+            }
+        };
         let pid = child
             .id()
             .and_then(|p| i32::try_from(p).ok())
@@ -527,7 +545,7 @@ impl Cluster {
     /// the monotonic clock is left alone).
     pub fn set_clock_offset(&self, id: u64, offset_s: i64) -> anyhow::Result<()> {
         if self.config.libfaketime.is_none() {
-            bail!("libfaketime is not installed (apt-get install libfaketime)");
+            bail!("{LIBFAKETIME_MISSING}");
         }
         let node = self.node(id)?;
         write_atomically(&node.clock_file, &format!("{offset_s:+}\n"))

@@ -10,6 +10,7 @@
 //! - [`net`] — the network mode: a namespace with per-node uids, addresses and iptables cuts,
 //!   or the proxies; the [`net::Firewall`] the nemeses cut links through.
 //! - [`proxy`] — the per-link TCP proxies that cut links without root.
+//! - [`lockd_bin`] — the `lockd` binary: found, and copied where the nodes' uids can run it.
 //! - [`cluster`] — the `lockd` processes: start, kill, restart, pause, clock offsets.
 //! - [`workload`] — the clients and the fenced register they write to.
 //! - [`nemesis`] — the faults and their schedule.
@@ -24,6 +25,7 @@ pub mod args;
 pub mod checker;
 pub mod cluster;
 pub mod history;
+pub mod lockd_bin;
 pub mod nemesis;
 pub mod net;
 pub mod proxy;

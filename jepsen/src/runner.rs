@@ -1,12 +1,14 @@
 //! One `lock-jepsen run`: start the cluster, run the workload and the nemeses for the given
 //! time, heal everything, let the workload run a quiet tail, stop, check, report.
 //!
-//! Owns the run's phases, the progress line and cleanup (nodes stopped, rules flushed, work
-//! folder removed — also after an error or Ctrl-C). Must not judge (the checker does) and must
-//! not choose faults (the nemeses do). Any failure of the harness itself returns an error and
-//! no verdict.
+//! Owns the run's phases, its header (what runs how, and why: network mode, clock, binary),
+//! the progress line and cleanup (nodes stopped, rules flushed,
+//! work folder removed — also after an error or Ctrl-C). Must not judge (the checker does) and
+//! must not choose faults (the nemeses do). Any failure of the harness itself returns an error
+//! and no verdict.
 
 use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -22,6 +24,7 @@ use tokio::sync::{Mutex, watch};
 use crate::checker::{self, Analysis, CheckConfig, duration_ns};
 use crate::cluster::{Cluster, ClusterConfig, find_libfaketime, node_addr};
 use crate::history::{self, Recorder};
+use crate::lockd_bin;
 use crate::nemesis::{self, Ctx, Kind};
 use crate::net::{Firewall, NetMode};
 use crate::report::{self, HISTORY_FILE, Results};
@@ -67,7 +70,15 @@ pub struct RunConfig {
     pub recovery_bound: Duration,
     /// How links are cut: inside the harness's namespace (`netns`) or through its proxies.
     pub net: NetMode,
+    /// Why that mode (see [`crate::net::plan`]).
+    pub net_why: String,
+    /// A nemesis left out and why, for the header (see [`nemesis::resolve`]).
+    pub nemesis_note: Option<String>,
 }
+
+/// Mode of the run's work folder (data directories, clock files, a copy of lockd): the node
+/// uids must enter it, whatever the harness's umask.
+const WORK_DIR_MODE: u32 = 0o755;
 
 /// What a finished run hands back.
 #[derive(Debug)]
@@ -87,42 +98,14 @@ pub async fn run(config: RunConfig) -> anyhow::Result<RunOutcome> {
         std::fs::remove_dir_all(&work_dir)
             .with_context(|| format!("clearing {}", work_dir.display()))?;
     }
-    let in_netns = config.net == NetMode::Netns;
-    let libfaketime = if config.nemeses.contains(&Kind::Clock) {
-        find_libfaketime()
-    } else {
-        None
-    };
-    let firewall = Arc::new(match config.net {
-        NetMode::Netns => Firewall::iptables().await?,
-        NetMode::Proxy => {
-            let mut addrs = BTreeMap::new();
-            for id in 1..=config.nodes {
-                addrs.insert(id, node_addr(false, id)?);
-            }
-            Firewall::proxy(&addrs).await?
-        }
-    });
-    let raft_dial = (1..=config.nodes)
-        .filter_map(|id| firewall.raft_dial(id).map(|dial| (id, dial)))
-        .collect();
-    let cluster = Cluster::start(ClusterConfig {
-        lockd: config.lockd.clone(),
-        nodes: config.nodes,
-        work_dir: work_dir.clone(),
-        log_dir: config.out.join("nodes"),
-        in_netns,
-        raft_dial,
-        libfaketime: libfaketime.clone(),
-    })
-    .await;
-    let cluster = match cluster {
-        Ok(c) => Arc::new(Mutex::new(c)),
+    let (cluster, firewall, setup) = match start(&config, &work_dir).await {
+        Ok(started) => started,
         Err(e) => {
             let _ = std::fs::remove_dir_all(&work_dir);
-            return Err(e.context("starting the cluster"));
+            return Err(e);
         }
     };
+    let cluster = Arc::new(Mutex::new(cluster));
     let phases = run_phases(&config, &cluster, &firewall).await;
     // Cleanup, whatever happened.
     let crashes = {
@@ -153,7 +136,11 @@ pub async fn run(config: RunConfig) -> anyhow::Result<RunOutcome> {
         "tail_s": config.tail.as_secs_f64(),
         "net": config.net.name(),
         "network": config.net.describe(),
-        "libfaketime": libfaketime.map(|p| p.display().to_string()),
+        "net_why": config.net_why,
+        "nemesis_note": config.nemesis_note,
+        "libfaketime": setup.libfaketime.map(|p| p.display().to_string()),
+        "lockd": setup.lockd.display().to_string(),
+        "lockd_note": setup.lockd_note,
         "node_crashes": crashes,
     });
     let results = report::results(&ops, &verdict, &check, Some(run_json));
@@ -162,6 +149,102 @@ pub async fn run(config: RunConfig) -> anyhow::Result<RunOutcome> {
         results,
         crashes: crashes.len(),
     })
+}
+
+/// What the run's start found and chose, for the header and `results.json`.
+struct Setup {
+    libfaketime: Option<PathBuf>,
+    lockd: PathBuf,
+    lockd_note: String,
+}
+
+/// Prepares the work folder, the binary and the network, prints the header and starts the
+/// cluster. The caller removes `work_dir` if this fails.
+async fn start(
+    config: &RunConfig,
+    work_dir: &Path,
+) -> anyhow::Result<(Cluster, Arc<Firewall>, Setup)> {
+    let in_netns = config.net == NetMode::Netns;
+    let libfaketime =
+        if config.nemeses.contains(&Kind::Clock) {
+            Some(find_libfaketime().with_context(|| {
+                format!("--nemesis clock: {}", crate::cluster::LIBFAKETIME_MISSING)
+            })?)
+        } else {
+            None
+        };
+    std::fs::create_dir_all(work_dir)
+        .with_context(|| format!("creating {}", work_dir.display()))?;
+    std::fs::set_permissions(work_dir, std::fs::Permissions::from_mode(WORK_DIR_MODE))
+        .with_context(|| format!("chmod {WORK_DIR_MODE:o} {}", work_dir.display()))?;
+    let (lockd, lockd_note) = if in_netns {
+        lockd_bin::for_node_uids(&config.lockd, work_dir)?
+    } else {
+        (config.lockd.clone(), "run in place".to_owned())
+    };
+    print_header(config, libfaketime.as_deref(), &lockd, &lockd_note);
+    let firewall = Arc::new(match config.net {
+        NetMode::Netns => Firewall::iptables().await?,
+        NetMode::Proxy => {
+            let mut addrs = BTreeMap::new();
+            for id in 1..=config.nodes {
+                addrs.insert(id, node_addr(false, id)?);
+            }
+            Firewall::proxy(&addrs).await?
+        }
+    });
+    let raft_dial = (1..=config.nodes)
+        .filter_map(|id| firewall.raft_dial(id).map(|dial| (id, dial)))
+        .collect();
+    let cluster = Cluster::start(ClusterConfig {
+        lockd: lockd.clone(),
+        nodes: config.nodes,
+        work_dir: work_dir.to_path_buf(),
+        log_dir: config.out.join("nodes"),
+        in_netns,
+        raft_dial,
+        libfaketime: libfaketime.clone(),
+    })
+    .await
+    .context("starting the cluster")?;
+    Ok((
+        cluster,
+        firewall,
+        Setup {
+            libfaketime,
+            lockd,
+            lockd_note,
+        },
+    ))
+}
+
+/// Prints the run's header on stdout: what runs, and how and why — the network mode and the
+/// reason it was chosen, the clock faking, the binary the nodes run.
+fn print_header(config: &RunConfig, libfaketime: Option<&Path>, lockd: &Path, lockd_note: &str) {
+    let nemeses: Vec<&str> = config.nemeses.iter().map(|k| k.name()).collect();
+    println!(
+        "lock-jepsen run: {} nodes, {} clients, {} keys, nemeses [{}], {:?} of faults + {:?} \
+         tail, seed {}",
+        config.nodes,
+        config.clients,
+        config.keys,
+        nemeses.join(","),
+        config.time,
+        config.tail,
+        config.seed
+    );
+    println!(
+        "network: {} — {} — {}",
+        config.net.name(),
+        config.net.describe(),
+        config.net_why
+    );
+    match (libfaketime, &config.nemesis_note) {
+        (Some(lib), _) => println!("clock:   faked per node through {}", lib.display()),
+        (None, Some(note)) => println!("clock:   {note}"),
+        (None, None) => println!("clock:   not faked (no clock nemesis)"),
+    }
+    println!("lockd:   {} — {lockd_note}", lockd.display());
 }
 
 /// The workload and nemesis phases; returns the recorder once every client stopped.
@@ -232,7 +315,7 @@ async fn run_phases(
         .nemeses
         .iter()
         .copied()
-        .filter(|k| matches!(k, Kind::Partition | Kind::Kill | Kind::Pause))
+        .filter(|k| k.is_node_fault())
         .collect();
     let mut nemeses = vec![tokio::spawn(nemesis::run_node_faults(
         Arc::clone(&ctx),
@@ -334,26 +417,4 @@ async fn progress_until(
             ctx.active()
         );
     }
-}
-
-/// The lockd binary: `explicit`, else `$LOCKD_BIN`, else `lockd` next to this executable or
-/// one folder up (a test executable lives in `target/<profile>/deps/`).
-pub fn find_lockd(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
-    if let Some(p) = explicit {
-        return Ok(p.to_path_buf());
-    }
-    if let Some(p) = std::env::var_os("LOCKD_BIN") {
-        return Ok(PathBuf::from(p));
-    }
-    let exe = std::env::current_exe().context("finding this executable")?;
-    for dir in exe.ancestors().skip(1).take(2) {
-        let candidate = dir.join("lockd");
-        if candidate.is_file() {
-            return Ok(candidate);
-        }
-    }
-    bail!(
-        "lockd binary not found next to {}; build it with `cargo build -p lockd`, or pass --lockd / set LOCKD_BIN",
-        exe.display()
-    )
 }

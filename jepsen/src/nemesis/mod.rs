@@ -28,7 +28,7 @@ use rand::rngs::StdRng;
 use serde_json::Value;
 use tokio::sync::{Mutex, watch};
 
-use crate::cluster::{Cluster, StatusProbe};
+use crate::cluster::{Cluster, LIBFAKETIME_MISSING, StatusProbe};
 use crate::history::{F, Op, Outcome, Phase, Recorder};
 use crate::net::Firewall;
 use crate::workload::Shared;
@@ -38,6 +38,16 @@ pub const QUIET_MS: (u64, u64) = (1_500, 4_000);
 /// Shortest and longest time a fault is held before it heals: long enough for elections and
 /// lease expiries to happen inside it (leases are a few seconds).
 pub const HOLD_MS: (u64, u64) = (3_000, 8_000);
+
+/// The nemeses of a run when `--nemesis` is not given: every one.
+pub const DEFAULT_NEMESES: [Kind; 6] = [
+    Kind::Partition,
+    Kind::Kill,
+    Kind::Pause,
+    Kind::Clock,
+    Kind::ClientPause,
+    Kind::Revoke,
+];
 
 /// A kind of nemesis, as named on the command line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
@@ -57,22 +67,83 @@ pub enum Kind {
     Revoke,
 }
 
+impl Kind {
+    /// Every kind, in the order the help text lists them.
+    pub const ALL: [Kind; 6] = [
+        Kind::Partition,
+        Kind::Kill,
+        Kind::Pause,
+        Kind::Clock,
+        Kind::ClientPause,
+        Kind::Revoke,
+    ];
+
+    /// The name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Partition => "partition",
+            Self::Kill => "kill",
+            Self::Pause => "pause",
+            Self::Clock => "clock",
+            Self::ClientPause => "client-pause",
+            Self::Revoke => "revoke",
+        }
+    }
+
+    /// Whether it is a node-level fault, run one at a time with the others of its kind.
+    pub fn is_node_fault(self) -> bool {
+        matches!(self, Self::Partition | Self::Kill | Self::Pause)
+    }
+}
+
 impl FromStr for Kind {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, String> {
-        match s.trim() {
-            "partition" => Ok(Self::Partition),
-            "kill" => Ok(Self::Kill),
-            "pause" => Ok(Self::Pause),
-            "clock" => Ok(Self::Clock),
-            "client-pause" => Ok(Self::ClientPause),
-            "revoke" => Ok(Self::Revoke),
-            other => Err(format!(
-                "unknown nemesis {other:?}; known: partition, kill, pause, clock, client-pause, revoke"
-            )),
-        }
+        let s = s.trim();
+        Self::ALL
+            .into_iter()
+            .find(|k| k.name() == s)
+            .ok_or_else(|| {
+                let known: Vec<&str> = Self::ALL.iter().map(|k| k.name()).collect();
+                format!("unknown nemesis {s:?}; known: {}", known.join(", "))
+            })
     }
+}
+
+/// The nemeses of a run: `list` as given to `--nemesis` (`None`: [`DEFAULT_NEMESES`]; `none`:
+/// no nemesis), and a note for the run's header if one was left out.
+///
+/// The clock nemesis needs libfaketime. Asked for by name without it, the run is a harness
+/// failure naming the package (a run that silently skips a requested fault proves less than it
+/// claims); among the defaults it is left out, and the note says so.
+pub fn resolve(
+    list: Option<&str>,
+    have_libfaketime: bool,
+) -> Result<(Vec<Kind>, Option<String>), String> {
+    let Some(list) = list else {
+        let mut kinds = DEFAULT_NEMESES.to_vec();
+        if have_libfaketime {
+            return Ok((kinds, None));
+        }
+        kinds.retain(|k| *k != Kind::Clock);
+        return Ok((
+            kinds,
+            Some(format!(
+                "the clock nemesis is left out: {LIBFAKETIME_MISSING}"
+            )),
+        ));
+    };
+    if list.trim() == "none" {
+        return Ok((Vec::new(), None));
+    }
+    let kinds: Vec<Kind> = list.split(',').map(str::parse).collect::<Result<_, _>>()?;
+    if kinds.contains(&Kind::Clock) && !have_libfaketime {
+        return Err(format!(
+            "--nemesis clock cannot install its faults: {LIBFAKETIME_MISSING}"
+        ));
+    }
+    Ok((kinds, None))
 }
 
 /// Everything a nemesis can touch.
@@ -214,5 +285,29 @@ mod tests {
             assert_eq!(name.parse::<Kind>(), Ok(kind));
         }
         assert!("partitions".parse::<Kind>().is_err());
+    }
+
+    #[test]
+    fn the_clock_nemesis_needs_libfaketime_when_asked_for_and_is_dropped_by_default() {
+        let (all, note) = resolve(None, true).unwrap();
+        assert_eq!(all, DEFAULT_NEMESES.to_vec());
+        assert_eq!(note, None);
+        let (without, note) = resolve(None, false).unwrap();
+        assert!(!without.contains(&Kind::Clock));
+        assert_eq!(without.len(), DEFAULT_NEMESES.len() - 1);
+        let note = note.expect("the header says the clock nemesis is left out");
+        assert!(note.contains("libfaketime package"), "{note}");
+        let err = resolve(Some("partition,clock"), false).unwrap_err();
+        assert!(err.contains("install the libfaketime package"), "{err}");
+        assert_eq!(
+            resolve(Some("partition,clock"), true).unwrap().0,
+            vec![Kind::Partition, Kind::Clock]
+        );
+        assert_eq!(
+            resolve(Some("kill"), false).unwrap(),
+            (vec![Kind::Kill], None)
+        );
+        assert_eq!(resolve(Some("none"), false).unwrap(), (Vec::new(), None));
+        assert!(resolve(Some("kill,bogus"), true).is_err());
     }
 }

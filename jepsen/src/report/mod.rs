@@ -108,12 +108,25 @@ pub fn html(analysis: &Analysis, verdict: &Verdict, results: &Results) -> String
         secs(results.stats.duration_ns)
     );
     if let Some(run) = &results.run {
+        let field = |name: &str| run.get(name).and_then(|n| n.as_str()).unwrap_or("");
         if let Some(net) = run.get("net").and_then(|n| n.as_str()) {
             let _ = write!(
                 out,
-                "<p><b>network:</b> {} ({})</p>",
+                "<p><b>network:</b> {} ({}) — {}</p>",
                 esc(net),
-                esc(run.get("network").and_then(|n| n.as_str()).unwrap_or(""))
+                esc(field("network")),
+                esc(field("net_why"))
+            );
+        }
+        if !field("nemesis_note").is_empty() {
+            let _ = write!(out, "<p><b>nemeses:</b> {}</p>", esc(field("nemesis_note")));
+        }
+        if !field("lockd").is_empty() {
+            let _ = write!(
+                out,
+                "<p><b>lockd:</b> <code>{}</code> ({})</p>",
+                esc(field("lockd")),
+                esc(field("lockd_note"))
             );
         }
         let _ = write!(
