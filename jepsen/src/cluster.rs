@@ -145,6 +145,43 @@ pub struct Cluster {
     started: Instant,
     crashes: Arc<Mutex<Vec<Crash>>>,
     probe: StatusProbe,
+    processes: Processes,
+}
+
+/// Which process each node runs now, and where it logs; cheap to clone and readable without
+/// the cluster's lock (a restart holds that lock until the node is ready, and the resource
+/// sampler must not stall on it).
+#[derive(Clone, Debug)]
+pub struct Processes {
+    pids: Arc<Mutex<BTreeMap<u64, i32>>>,
+    logs: BTreeMap<u64, PathBuf>,
+}
+
+impl Processes {
+    /// Every node with its running process (none while it is down) and its log file.
+    pub fn snapshot(&self) -> Vec<(u64, Option<i32>, &Path)> {
+        let pids = self.pids.lock().unwrap_or_else(|p| p.into_inner());
+        self.logs
+            .iter()
+            .map(|(id, log)| (*id, pids.get(id).copied(), log.as_path()))
+            .collect()
+    }
+
+    fn started(&self, id: u64, pid: i32) {
+        self.pids
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id, pid);
+    }
+
+    /// Forgets node `id`'s process if it is still `pid` (a restart may already have put a
+    /// new one in its place).
+    fn exited(&self, id: u64, pid: i32) {
+        let mut pids = self.pids.lock().unwrap_or_else(|p| p.into_inner());
+        if pids.get(&id) == Some(&pid) {
+            pids.remove(&id);
+        }
+    }
 }
 
 /// Asks nodes for their Raft status; cheap to clone, usable without the cluster's lock.
@@ -277,6 +314,10 @@ impl Cluster {
                 },
             );
         }
+        let processes = Processes {
+            pids: Arc::new(Mutex::new(BTreeMap::new())),
+            logs: nodes.iter().map(|(id, n)| (*id, n.log.clone())).collect(),
+        };
         let mut cluster = Self {
             config,
             peers: peers.join(","),
@@ -284,6 +325,7 @@ impl Cluster {
             started: Instant::now(),
             crashes: Arc::new(Mutex::new(Vec::new())),
             probe: StatusProbe { channels },
+            processes,
         };
         let ids: Vec<u64> = cluster.nodes.keys().copied().collect();
         let mut ready = Vec::new();
@@ -321,6 +363,11 @@ impl Cluster {
         self.probe.clone()
     }
 
+    /// The nodes' processes and logs, readable without holding the cluster.
+    pub fn processes(&self) -> Processes {
+        self.processes.clone()
+    }
+
     /// Node exits nobody asked for, so far.
     pub fn crashes(&self) -> Vec<Crash> {
         self.crashes
@@ -353,6 +400,7 @@ impl Cluster {
         let raft_dial = self.config.raft_dial.get(&id).cloned();
         let started = self.started;
         let crashes = Arc::clone(&self.crashes);
+        let processes = self.processes.clone();
         let node = self.node_mut(id)?;
         if node.process.is_some() {
             bail!("node {id} is already running");
@@ -442,8 +490,10 @@ impl Cluster {
         let expected_exit = Arc::new(AtomicBool::new(false));
         let expected = Arc::clone(&expected_exit);
         let (exit_tx, exit_rx) = oneshot::channel();
+        processes.started(id, pid);
         tokio::spawn(async move {
             let status = child.wait().await;
+            processes.exited(id, pid);
             if !expected.load(Ordering::SeqCst) {
                 let status = match status {
                     Ok(s) => s.to_string(),
@@ -515,6 +565,7 @@ impl Cluster {
         let pid = Pid::from_raw(process.pid).context("a zero pid")?;
         kill_process(pid, Signal::KILL).with_context(|| format!("SIGKILL node {id}"))?;
         node.paused = false;
+        self.processes.exited(id, process.pid);
         if let Some(exited) = process.exited.take() {
             let _ = tokio::time::timeout(NODE_STOP_TIMEOUT, exited).await;
         }

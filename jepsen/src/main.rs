@@ -21,9 +21,10 @@ use clap::{Parser, Subcommand};
 use lock_jepsen::args::parse_duration;
 use lock_jepsen::checker::{self, Analysis, CheckConfig, Status, duration_ns};
 use lock_jepsen::cluster::find_libfaketime;
+use lock_jepsen::nemesis::outage::OUTAGE_HOLD_DEFAULT;
 use lock_jepsen::net::{NetArg, NetPlan};
 use lock_jepsen::runner::{self, RunConfig};
-use lock_jepsen::{history, lockd_bin, nemesis, net, report};
+use lock_jepsen::{history, lockd_bin, nemesis, net, report, resources};
 
 /// Exit code when a property failed.
 const EXIT_VIOLATION: u8 = 1;
@@ -59,11 +60,14 @@ enum Command {
         /// Keys the clients contend on.
         #[arg(long, default_value_t = 4)]
         keys: u32,
-        /// Comma-separated nemeses: partition, kill, pause, clock, client-pause, revoke (or
-        /// `none`). Default: all, clock only if libfaketime is installed (a clock asked for
-        /// by name without it is a harness failure).
+        /// Comma-separated nemeses: partition, kill, pause, clock, client-pause, revoke,
+        /// outage (or `none`). Default: all but outage, and clock only if libfaketime is
+        /// installed (a clock asked for by name without it is a harness failure).
         #[arg(long)]
         nemesis: Option<String>,
+        /// How long the outage nemesis keeps its node out (default 60s).
+        #[arg(long, value_parser = parse_duration)]
+        outage_hold: Option<Duration>,
         /// Seed of every random choice (faults, targets, keys, holds).
         #[arg(long, default_value_t = 1)]
         seed: u64,
@@ -103,6 +107,9 @@ enum Command {
         /// How soon after the last heal every key must be granted again.
         #[arg(long, value_parser = parse_duration, default_value = "20s")]
         recovery_bound: Duration,
+        /// The nodes' resource samples (default: resources.jsonl beside the history, if any).
+        #[arg(long)]
+        resources: Option<PathBuf>,
     },
 }
 
@@ -154,6 +161,7 @@ async fn run(cli: Cli) -> anyhow::Result<Exit> {
             tail,
             recovery_bound,
             net: net_arg,
+            outage_hold,
         } => {
             let (nemeses, nemesis_note) =
                 nemesis::resolve(nemesis.as_deref(), find_libfaketime().is_some())
@@ -193,6 +201,7 @@ async fn run(cli: Cli) -> anyhow::Result<Exit> {
                 net: net_mode,
                 net_why: choice.why,
                 nemesis_note,
+                outage_hold: outage_hold.unwrap_or(OUTAGE_HOLD_DEFAULT),
             };
             eprintln!("lock-jepsen: {}", serde_json::to_string(&config)?);
             let outcome = runner::run(config).await?;
@@ -211,6 +220,7 @@ async fn run(cli: Cli) -> anyhow::Result<Exit> {
             history: path,
             out,
             recovery_bound,
+            resources: resources_path,
         } => {
             let ops = history::read(&path)?;
             let config = CheckConfig {
@@ -220,9 +230,15 @@ async fn run(cli: Cli) -> anyhow::Result<Exit> {
                 .parent()
                 .map(PathBuf::from)
                 .unwrap_or_else(|| PathBuf::from("."));
-            let analysis = Analysis::new(&ops)?;
+            let beside = history_dir.join(resources::RESOURCES_FILE);
+            let samples = match resources_path {
+                Some(p) => resources::read(&p)?,
+                None if beside.is_file() => resources::read(&beside)?,
+                None => Vec::new(),
+            };
+            let analysis = Analysis::new(&ops)?.with_resources(samples);
             let verdict = checker::check_analysis(&analysis, &config);
-            let results = report::results(&ops, &verdict, &config, None);
+            let results = report::results(&ops, &analysis, &verdict, &config, None);
             let dir = out.unwrap_or(history_dir);
             report::write(&dir, &analysis, &verdict, &results)?;
             print_verdict(&results);

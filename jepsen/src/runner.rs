@@ -2,7 +2,7 @@
 //! time, heal everything, let the workload run a quiet tail, stop, check, report.
 //!
 //! Owns the run's phases, its header (what runs how, and why: network mode, clock, binary),
-//! the progress line and cleanup (nodes stopped, rules flushed,
+//! the progress line, the resource sampler's life and cleanup (nodes stopped, rules flushed,
 //! work folder removed — also after an error or Ctrl-C). Must not judge (the checker does) and
 //! must not choose faults (the nemeses do). Any failure of the harness itself returns an error
 //! and no verdict.
@@ -28,6 +28,7 @@ use crate::lockd_bin;
 use crate::nemesis::{self, Ctx, Kind};
 use crate::net::{Firewall, NetMode};
 use crate::report::{self, HISTORY_FILE, Results};
+use crate::resources::{self, RESOURCES_FILE, Sample};
 use crate::workload::{self, ClientPauses, FencedRegister, Shared, WorkloadConfig};
 
 /// How often the progress line is printed.
@@ -74,6 +75,8 @@ pub struct RunConfig {
     pub net_why: String,
     /// A nemesis left out and why, for the header (see [`nemesis::resolve`]).
     pub nemesis_note: Option<String>,
+    /// How long an outage keeps its node out.
+    pub outage_hold: Duration,
 }
 
 /// Mode of the run's work folder (data directories, clock files, a copy of lockd): the node
@@ -115,14 +118,15 @@ pub async fn run(config: RunConfig) -> anyhow::Result<RunOutcome> {
     };
     let _ = firewall.heal().await;
     let _ = std::fs::remove_dir_all(&work_dir);
-    let recorder = phases?;
+    let (recorder, samples) = phases?;
     recorder.finish()?;
+    resources::write(&config.out.join(RESOURCES_FILE), &samples)?;
 
     let ops = history::read(&config.out.join(HISTORY_FILE))?;
     let check = CheckConfig {
         recovery_bound_ns: duration_ns(config.recovery_bound),
     };
-    let analysis = Analysis::new(&ops)?;
+    let analysis = Analysis::new(&ops)?.with_resources(samples);
     let verdict = checker::check_analysis(&analysis, &check);
     let run_json = json!({
         "nodes": config.nodes,
@@ -138,12 +142,13 @@ pub async fn run(config: RunConfig) -> anyhow::Result<RunOutcome> {
         "network": config.net.describe(),
         "net_why": config.net_why,
         "nemesis_note": config.nemesis_note,
+        "outage_hold_s": config.outage_hold.as_secs_f64(),
         "libfaketime": setup.libfaketime.map(|p| p.display().to_string()),
         "lockd": setup.lockd.display().to_string(),
         "lockd_note": setup.lockd_note,
         "node_crashes": crashes,
     });
-    let results = report::results(&ops, &verdict, &check, Some(run_json));
+    let results = report::results(&ops, &analysis, &verdict, &check, Some(run_json));
     report::write(&config.out, &analysis, &verdict, &results)?;
     Ok(RunOutcome {
         results,
@@ -244,23 +249,36 @@ fn print_header(config: &RunConfig, libfaketime: Option<&Path>, lockd: &Path, lo
         (None, Some(note)) => println!("clock:   {note}"),
         (None, None) => println!("clock:   not faked (no clock nemesis)"),
     }
+    if config.nemeses.contains(&Kind::Outage) {
+        println!(
+            "outage:  each holds its node out for {:?}",
+            config.outage_hold
+        );
+    }
     println!("lockd:   {} — {lockd_note}", lockd.display());
 }
 
-/// The workload and nemesis phases; returns the recorder once every client stopped.
+/// The workload and nemesis phases; returns the recorder and the nodes' resource samples once
+/// every client stopped.
 async fn run_phases(
     config: &RunConfig,
     cluster: &Arc<Mutex<Cluster>>,
     firewall: &Arc<Firewall>,
-) -> anyhow::Result<Arc<Recorder>> {
-    let (endpoints, probe, nodes) = {
+) -> anyhow::Result<(Arc<Recorder>, Vec<Sample>)> {
+    let (endpoints, probe, nodes, processes) = {
         let c = cluster.lock().await;
-        (c.endpoints(), c.probe(), c.ids())
+        (c.endpoints(), c.probe(), c.ids(), c.processes())
     };
     let recorder = Arc::new(Recorder::create(
         &config.out.join(HISTORY_FILE),
         Instant::now(),
     )?);
+    let (sampler_stop, sampler_stop_rx) = watch::channel(false);
+    let sampler = tokio::spawn(resources::sample_until(
+        processes,
+        Arc::clone(&recorder),
+        sampler_stop_rx,
+    ));
     let shared = Arc::new(Shared {
         recorder: Arc::clone(&recorder),
         register: FencedRegister::default(),
@@ -307,6 +325,7 @@ async fn run_phases(
         clients: config.clients,
         keys: config.keys,
         ttl: config.ttl,
+        outage_hold: config.outage_hold,
         active: std::sync::Mutex::new(Vec::new()),
     });
     let seed_for =
@@ -382,12 +401,17 @@ async fn run_phases(
             eprintln!("lock-jepsen: a client did not stop within {client_stop_timeout:?}");
         }
     }
+    let _ = sampler_stop.send(true);
+    let samples = sampler
+        .await
+        .map_err(|e| anyhow::anyhow!("the resource sampler panicked: {e}"))?;
     eprintln!(
-        "lock-jepsen: done: {} history lines, {} grants",
+        "lock-jepsen: done: {} history lines, {} grants, {} resource samples",
         recorder.count(),
-        shared.granted.load(Ordering::Relaxed)
+        shared.granted.load(Ordering::Relaxed),
+        samples.len()
     );
-    Ok(recorder)
+    Ok((recorder, samples))
 }
 
 /// Prints a progress line every [`PROGRESS_EVERY`] until `until`; `true` if interrupted by

@@ -1,5 +1,6 @@
 //! CI's fault runs: one short, fixed-seed `lock-jepsen run` per nemesis against real `lockd`
-//! processes. Each must end with exit code 0 (every property of DESIGN.md §5 passes), and its nemesis must actually have installed at least one fault — a run whose
+//! processes. Each must end with exit code 0 (every property of DESIGN.md §5 and D-cost
+//! passes), and its nemesis must actually have installed at least one fault — a run whose
 //! faults were all skipped proves nothing.
 //!
 //! Needs the `lockd` binary (`cargo build -p lockd`, same target dir, or `LOCKD_BIN`). The
@@ -8,7 +9,7 @@
 //! proxy otherwise (the header says which and why); one partition run forces `--net proxy`, so
 //! both ways of cutting links are exercised wherever iptables exists; an explicit `--net
 //! netns` (t16) or `--nemesis clock` (t13) without their packages must be a harness failure
-//! naming the package.
+//! naming the package. t17 holds a node out for 20 s twice and judges the survivors' cost.
 //! The runs are serialised within this binary; nextest's `cluster` group bounds them across
 //! binaries.
 
@@ -26,6 +27,13 @@ const TIME: &str = "20s";
 const TAIL: &str = "8s";
 /// Every run uses this seed, so a failure replays with the same schedule of faults.
 const SEED: &str = "20261130";
+/// Fault time of the outage run: two outages of [`OUTAGE_HOLD`] and the quiet before each
+/// (at most 4 s) fit in it.
+const OUTAGE_TIME: &str = "50s";
+/// How long each outage of the CI run holds its node out: long enough that a survivor's rate
+/// is averaged over 15 s after the settling time, short enough for CI.
+const OUTAGE_HOLD: &str = "20s";
+
 /// One cluster at a time per test binary: two cores do not run more well.
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -271,5 +279,40 @@ fn t16_net_netns_runs_a_private_binary_or_names_the_missing_package() {
         run.stderr.contains("harness failure") && run.stderr.contains(wanted),
         "{}",
         run.stderr
+    );
+}
+
+/// Two outages of 20 s (a kill, then an isolation): while a node is out, every survivor's CPU
+/// and log rate must stay under the D-cost bounds, and both outages must have been judged.
+#[test]
+fn t17_outage() {
+    let summary = short_run_with(
+        "outage",
+        "outage",
+        OUTAGE_TIME,
+        &["--outage-hold", OUTAGE_HOLD],
+    );
+    let cost = summary["properties"]
+        .as_array()
+        .and_then(|ps| ps.iter().find(|p| p["name"] == "outage_cost"))
+        .expect("the outage_cost property is reported")
+        .clone();
+    assert!(
+        cost["checked"].as_u64().unwrap_or(0) >= 4,
+        "two outages with two survivors each must be judged: {cost}"
+    );
+    let outages = summary["resources"]["outages"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let ways: Vec<&str> = outages.iter().filter_map(|o| o["how"].as_str()).collect();
+    assert!(ways.starts_with(&["kill", "isolate"]), "{ways:?}");
+    let minutes = summary["resources"]["per_minute"]
+        .as_array()
+        .map_or(0, Vec::len);
+    assert!(
+        minutes >= 3,
+        "per node, per minute figures: {}",
+        summary["resources"]
     );
 }

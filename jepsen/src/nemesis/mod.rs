@@ -3,9 +3,9 @@
 //!
 //! Owns the schedule (which fault when, for how long, from the run's seed) and the shared
 //! context. Each fault lives in its own module with a `start` and a `heal`. Node-level faults
-//! (partition, kill, pause) run one at a time so that between them a majority is up; the clock,
-//! client-pause and revoke nemeses run alongside. Must not perform client operations other
-//! than force-revoke, and must not judge the history.
+//! (partition, kill, pause, outage) run one at a time so that between them a majority is up;
+//! the clock, client-pause and revoke nemeses run alongside. Must not perform client operations
+//! other than force-revoke, and must not judge the history.
 //!
 //! A step that fails in a way that leaves the cluster in an unknown state the harness cannot
 //! repair (a firewall rule that cannot be removed) is a harness failure: the run aborts with
@@ -14,6 +14,7 @@
 pub mod client_pause;
 pub mod clock;
 pub mod kill;
+pub mod outage;
 pub mod partition;
 pub mod pause;
 pub mod revoke;
@@ -39,7 +40,8 @@ pub const QUIET_MS: (u64, u64) = (1_500, 4_000);
 /// lease expiries to happen inside it (leases are a few seconds).
 pub const HOLD_MS: (u64, u64) = (3_000, 8_000);
 
-/// The nemeses of a run when `--nemesis` is not given: every one.
+/// The nemeses of a run when `--nemesis` is not given: every one but the outage, which holds a
+/// node out for a minute and is asked for by name in long runs.
 pub const DEFAULT_NEMESES: [Kind; 6] = [
     Kind::Partition,
     Kind::Kill,
@@ -65,17 +67,20 @@ pub enum Kind {
     ClientPause,
     /// Force-revokes of random keys.
     Revoke,
+    /// A node killed or cut off for a long time ([`outage`]), for the cost of a fault.
+    Outage,
 }
 
 impl Kind {
     /// Every kind, in the order the help text lists them.
-    pub const ALL: [Kind; 6] = [
+    pub const ALL: [Kind; 7] = [
         Kind::Partition,
         Kind::Kill,
         Kind::Pause,
         Kind::Clock,
         Kind::ClientPause,
         Kind::Revoke,
+        Kind::Outage,
     ];
 
     /// The name on the command line.
@@ -87,12 +92,16 @@ impl Kind {
             Self::Clock => "clock",
             Self::ClientPause => "client-pause",
             Self::Revoke => "revoke",
+            Self::Outage => "outage",
         }
     }
 
     /// Whether it is a node-level fault, run one at a time with the others of its kind.
     pub fn is_node_fault(self) -> bool {
-        matches!(self, Self::Partition | Self::Kill | Self::Pause)
+        matches!(
+            self,
+            Self::Partition | Self::Kill | Self::Pause | Self::Outage
+        )
     }
 }
 
@@ -171,6 +180,8 @@ pub struct Ctx {
     pub keys: u32,
     /// The grants' TTL.
     pub ttl: Duration,
+    /// How long an outage keeps its node out.
+    pub outage_hold: Duration,
     /// Faults in force now (started, not yet healed), for the progress line.
     pub active: std::sync::Mutex<Vec<&'static str>>,
 }
@@ -241,6 +252,7 @@ pub async fn run_node_faults(
     if kinds.is_empty() {
         return Ok(());
     }
+    let mut outages = 0;
     loop {
         if !ctx.sleep(between(&mut rng, QUIET_MS)).await {
             return Ok(());
@@ -263,6 +275,13 @@ pub async fn run_node_faults(
                 ctx.sleep(hold).await;
                 pause::heal(&ctx, paused).await?;
             }
+            Kind::Outage => {
+                let how = outage::How::nth(outages);
+                outages += 1;
+                let out = outage::start(&ctx, &mut rng, how).await;
+                ctx.sleep(ctx.outage_hold).await;
+                outage::heal(&ctx, out).await?;
+            }
             other => anyhow::bail!("{other:?} is not a node-level fault"),
         }
     }
@@ -281,6 +300,7 @@ mod tests {
             ("clock", Kind::Clock),
             ("client-pause", Kind::ClientPause),
             ("revoke", Kind::Revoke),
+            ("outage", Kind::Outage),
         ] {
             assert_eq!(name.parse::<Kind>(), Ok(kind));
         }
