@@ -30,7 +30,7 @@ pub const SURVIVOR_CPU_CORES_MAX: f64 = 0.5;
 /// Most log a survivor may write, in bytes per second, averaged over an outage minute. A node
 /// states the loss of a peer once and then summarises repeats (docs/DESIGN.md D-observe); the
 /// workload's own lines are a few hundred bytes a second. 16 KiB/s is a hundred-odd lines a
-/// second — a line per attempt — and fills a disk by a gigabyte a day.
+/// second — a line per attempt — and more than a gigabyte a day.
 pub const SURVIVOR_LOG_BYTES_PER_S_MAX: f64 = 16.0 * 1024.0;
 
 /// Time after an outage starts that is not judged: the election that replaces a lost leader,
