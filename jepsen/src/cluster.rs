@@ -64,11 +64,19 @@ pub const ELECTION_TIMEOUT_MIN_MS: u64 = 400;
 /// See [`HEARTBEAT_INTERVAL_MS`].
 pub const ELECTION_TIMEOUT_MAX_MS: u64 = 800;
 
-/// Where libfaketime lives on Debian (package `libfaketime`).
-pub const LIBFAKETIME_PATHS: [&str; 2] = [
+/// Where libfaketime lives: Debian and Ubuntu (package `libfaketime`, per architecture), then
+/// Fedora and Arch.
+pub const LIBFAKETIME_PATHS: [&str; 4] = [
     "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
     "/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1",
+    "/usr/lib64/faketime/libfaketime.so.1",
+    "/usr/lib/faketime/libfaketime.so.1",
 ];
+
+/// What to install for the clock nemesis, in every message that finds libfaketime missing.
+pub const LIBFAKETIME_MISSING: &str = "libfaketime is not installed (no libfaketime.so.1 in \
+     its usual folders); install the libfaketime package (apt-get install libfaketime, or \
+     faketime, which pulls it in)";
 
 /// The first libfaketime found, if any.
 pub fn find_libfaketime() -> Option<PathBuf> {
@@ -137,6 +145,43 @@ pub struct Cluster {
     started: Instant,
     crashes: Arc<Mutex<Vec<Crash>>>,
     probe: StatusProbe,
+    processes: Processes,
+}
+
+/// Which process each node runs now, and where it logs; cheap to clone and readable without
+/// the cluster's lock (a restart holds that lock until the node is ready, and the resource
+/// sampler must not stall on it).
+#[derive(Clone, Debug)]
+pub struct Processes {
+    pids: Arc<Mutex<BTreeMap<u64, i32>>>,
+    logs: BTreeMap<u64, PathBuf>,
+}
+
+impl Processes {
+    /// Every node with its running process (none while it is down) and its log file.
+    pub fn snapshot(&self) -> Vec<(u64, Option<i32>, &Path)> {
+        let pids = self.pids.lock().unwrap_or_else(|p| p.into_inner());
+        self.logs
+            .iter()
+            .map(|(id, log)| (*id, pids.get(id).copied(), log.as_path()))
+            .collect()
+    }
+
+    fn started(&self, id: u64, pid: i32) {
+        self.pids
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id, pid);
+    }
+
+    /// Forgets node `id`'s process if it is still `pid` (a restart may already have put a
+    /// new one in its place).
+    fn exited(&self, id: u64, pid: i32) {
+        let mut pids = self.pids.lock().unwrap_or_else(|p| p.into_inner());
+        if pids.get(&id) == Some(&pid) {
+            pids.remove(&id);
+        }
+    }
 }
 
 /// Asks nodes for their Raft status; cheap to clone, usable without the cluster's lock.
@@ -269,6 +314,10 @@ impl Cluster {
                 },
             );
         }
+        let processes = Processes {
+            pids: Arc::new(Mutex::new(BTreeMap::new())),
+            logs: nodes.iter().map(|(id, n)| (*id, n.log.clone())).collect(),
+        };
         let mut cluster = Self {
             config,
             peers: peers.join(","),
@@ -276,6 +325,7 @@ impl Cluster {
             started: Instant::now(),
             crashes: Arc::new(Mutex::new(Vec::new())),
             probe: StatusProbe { channels },
+            processes,
         };
         let ids: Vec<u64> = cluster.nodes.keys().copied().collect();
         let mut ready = Vec::new();
@@ -313,6 +363,11 @@ impl Cluster {
         self.probe.clone()
     }
 
+    /// The nodes' processes and logs, readable without holding the cluster.
+    pub fn processes(&self) -> Processes {
+        self.processes.clone()
+    }
+
     /// Node exits nobody asked for, so far.
     pub fn crashes(&self) -> Vec<Crash> {
         self.crashes
@@ -345,6 +400,7 @@ impl Cluster {
         let raft_dial = self.config.raft_dial.get(&id).cloned();
         let started = self.started;
         let crashes = Arc::clone(&self.crashes);
+        let processes = self.processes.clone();
         let node = self.node_mut(id)?;
         if node.process.is_some() {
             bail!("node {id} is already running");
@@ -396,9 +452,19 @@ impl Cluster {
         if in_netns {
             command.uid(net::node_uid(id)).gid(net::node_uid(id));
         }
-        let mut child = command
-            .spawn()
-            .with_context(|| format!("starting node {id} ({})", lockd.display()))?;
+        let mut child = match command.spawn() {
+            Ok(child) => child,
+            Err(e) if in_netns && e.kind() == std::io::ErrorKind::PermissionDenied => bail!(
+                "starting node {id}: uid {} cannot execute {}: {e}; every folder above it must \
+                 let others in (o+x) and the file must be o+x, and its file system must allow \
+                 execution (not mounted noexec); put lockd in such a place and pass --lockd",
+                net::node_uid(id),
+                lockd.display()
+            ),
+            Err(e) => {
+                return Err(e).with_context(|| format!("starting node {id} ({})", lockd.display()));
+            }
+        };
         let pid = child
             .id()
             .and_then(|p| i32::try_from(p).ok())
@@ -424,8 +490,10 @@ impl Cluster {
         let expected_exit = Arc::new(AtomicBool::new(false));
         let expected = Arc::clone(&expected_exit);
         let (exit_tx, exit_rx) = oneshot::channel();
+        processes.started(id, pid);
         tokio::spawn(async move {
             let status = child.wait().await;
+            processes.exited(id, pid);
             if !expected.load(Ordering::SeqCst) {
                 let status = match status {
                     Ok(s) => s.to_string(),
@@ -497,6 +565,7 @@ impl Cluster {
         let pid = Pid::from_raw(process.pid).context("a zero pid")?;
         kill_process(pid, Signal::KILL).with_context(|| format!("SIGKILL node {id}"))?;
         node.paused = false;
+        self.processes.exited(id, process.pid);
         if let Some(exited) = process.exited.take() {
             let _ = tokio::time::timeout(NODE_STOP_TIMEOUT, exited).await;
         }
@@ -527,7 +596,7 @@ impl Cluster {
     /// the monotonic clock is left alone).
     pub fn set_clock_offset(&self, id: u64, offset_s: i64) -> anyhow::Result<()> {
         if self.config.libfaketime.is_none() {
-            bail!("libfaketime is not installed (apt-get install libfaketime)");
+            bail!("{LIBFAKETIME_MISSING}");
         }
         let node = self.node(id)?;
         write_atomically(&node.clock_file, &format!("{offset_s:+}\n"))

@@ -19,7 +19,8 @@
 //! - `type`: `invoke`, then exactly one of `ok` (it happened), `fail` (it certainly did not
 //!   happen) or `info` (unknown: it may or may not have happened, now or later).
 //! - `f`: `acquire` | `renew` | `release` | `write` | `revoke` for operations on a key, or a
-//!   nemesis op (`partition`, `kill`, `pause`, `clock`, `pause-client`). A nemesis op is one line
+//!   nemesis op (`partition`, `kill`, `pause`, `clock`, `pause-client`, `outage`; an outage's
+//!   `value` names its `node` and `how`: `kill` or `isolate`). A nemesis op is one line
 //!   per `phase` (`start` or `heal`) whose `outcome` is `installed`, `skipped` or `indeterminate`
 //!   (and whose `type` is `ok`, `fail` or `info` to match).
 //! - Per `f`: an acquire `ok` carries `token` and `deadline_ns`; an acquire not granted within its
@@ -126,6 +127,8 @@ pub enum F {
     Clock,
     /// Workload clients sleeping between `check_still_held` and their write.
     PauseClient,
+    /// One node killed or cut off from its peers for a long time, then brought back.
+    Outage,
 }
 
 impl F {
@@ -133,7 +136,12 @@ impl F {
     pub fn is_fault(self) -> bool {
         matches!(
             self,
-            Self::Partition | Self::Kill | Self::Pause | Self::Clock | Self::PauseClient
+            Self::Partition
+                | Self::Kill
+                | Self::Pause
+                | Self::Clock
+                | Self::PauseClient
+                | Self::Outage
         )
     }
 
@@ -150,6 +158,7 @@ impl F {
             Self::Pause => "pause",
             Self::Clock => "clock",
             Self::PauseClient => "pause-client",
+            Self::Outage => "outage",
         }
     }
 }

@@ -10,13 +10,15 @@
 //! - [`net`] — the network mode: a namespace with per-node uids, addresses and iptables cuts,
 //!   or the proxies; the [`net::Firewall`] the nemeses cut links through.
 //! - [`proxy`] — the per-link TCP proxies that cut links without root.
+//! - [`lockd_bin`] — the `lockd` binary: found, and copied where the nodes' uids can run it.
 //! - [`cluster`] — the `lockd` processes: start, kill, restart, pause, clock offsets.
+//! - [`resources`] — each node's CPU, RSS and log bytes, sampled from `/proc` during the run.
 //! - [`workload`] — the clients and the fenced register they write to.
 //! - [`nemesis`] — the faults and their schedule.
 //! - [`runner`] — one `lock-jepsen run`, from start to report.
 //!
 //! The pure part (history, checker, report) never touches a cluster; `lock-jepsen check
-//! --history FILE` re-checks a history from any run.
+//! --history FILE` re-checks a history (and the `resources.jsonl` beside it) from any run.
 
 #![forbid(unsafe_code)]
 
@@ -24,10 +26,12 @@ pub mod args;
 pub mod checker;
 pub mod cluster;
 pub mod history;
+pub mod lockd_bin;
 pub mod nemesis;
 pub mod net;
 pub mod proxy;
 pub mod report;
+pub mod resources;
 pub mod runner;
 pub mod stats;
 pub mod workload;

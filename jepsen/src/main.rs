@@ -1,10 +1,11 @@
 //! `lock-jepsen`: the command line. `run` tests a real cluster under faults and writes its
 //! report; `check` re-checks a recorded history and writes its report.
 //!
-//! `--net auto` (the default) picks the network by privilege: as root, `run` creates a network
-//! namespace, re-executes itself inside it and cuts links with iptables (`--net netns`), and
-//! deletes the namespace afterwards; without root it runs on 127.0.0.1 and cuts links in the
-//! harness's own TCP proxies (`--net proxy`). See `lock_jepsen::net`.
+//! `--net auto` (the default) picks the network by what the machine allows: as root with `ip`
+//! and `iptables` installed, `run` creates a network namespace, re-executes itself inside it
+//! and cuts links with iptables (`--net netns`), and deletes the namespace afterwards;
+//! otherwise it runs on 127.0.0.1 and cuts links in the harness's own TCP proxies
+//! (`--net proxy`). The run's header says which and why. See `lock_jepsen::net`.
 //!
 //! Exit codes: 0 every property passed; 1 a violation; 3 a property could not be decided
 //! (unknown); 2 the harness failed (a malformed history, an unwritable folder) — a harness
@@ -19,10 +20,11 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use lock_jepsen::args::parse_duration;
 use lock_jepsen::checker::{self, Analysis, CheckConfig, Status, duration_ns};
-use lock_jepsen::nemesis::Kind;
-use lock_jepsen::net::{NetArg, NetMode, NetPlan};
+use lock_jepsen::cluster::find_libfaketime;
+use lock_jepsen::nemesis::outage::OUTAGE_HOLD_DEFAULT;
+use lock_jepsen::net::{NetArg, NetPlan};
 use lock_jepsen::runner::{self, RunConfig};
-use lock_jepsen::{history, net, report};
+use lock_jepsen::{history, lockd_bin, nemesis, net, report, resources};
 
 /// Exit code when a property failed.
 const EXIT_VIOLATION: u8 = 1;
@@ -58,10 +60,14 @@ enum Command {
         /// Keys the clients contend on.
         #[arg(long, default_value_t = 4)]
         keys: u32,
-        /// Comma-separated nemeses: partition, kill, pause, clock, client-pause, revoke (or
-        /// `none`).
-        #[arg(long, default_value = "partition,kill,pause,clock,client-pause,revoke")]
-        nemesis: String,
+        /// Comma-separated nemeses: partition, kill, pause, clock, client-pause, revoke,
+        /// outage (or `none`). Default: all but outage, and clock only if libfaketime is
+        /// installed (a clock asked for by name without it is a harness failure).
+        #[arg(long)]
+        nemesis: Option<String>,
+        /// How long the outage nemesis keeps its node out (default 60s).
+        #[arg(long, value_parser = parse_duration)]
+        outage_hold: Option<Duration>,
         /// Seed of every random choice (faults, targets, keys, holds).
         #[arg(long, default_value_t = 1)]
         seed: u64,
@@ -83,9 +89,10 @@ enum Command {
         /// How soon after the last heal every key must be granted again.
         #[arg(long, value_parser = parse_duration, default_value = "20s")]
         recovery_bound: Duration,
-        /// How node-to-node links are cut: `netns` (a network namespace and iptables; root),
-        /// `proxy` (nodes on 127.0.0.1, Raft traffic through the harness's TCP proxies; any
-        /// user), or `auto` (netns as root, proxy otherwise).
+        /// How node-to-node links are cut: `netns` (a network namespace and iptables; root,
+        /// iproute2 and iptables), `proxy` (nodes on 127.0.0.1, Raft traffic through the
+        /// harness's TCP proxies; any user), or `auto` (netns as root when ip and iptables are
+        /// installed, proxy otherwise).
         #[arg(long, value_enum, default_value = "auto")]
         net: NetArg,
     },
@@ -100,6 +107,9 @@ enum Command {
         /// How soon after the last heal every key must be granted again.
         #[arg(long, value_parser = parse_duration, default_value = "20s")]
         recovery_bound: Duration,
+        /// The nodes' resource samples (default: resources.jsonl beside the history, if any).
+        #[arg(long)]
+        resources: Option<PathBuf>,
     },
 }
 
@@ -151,25 +161,20 @@ async fn run(cli: Cli) -> anyhow::Result<Exit> {
             tail,
             recovery_bound,
             net: net_arg,
+            outage_hold,
         } => {
-            let nemeses: Vec<Kind> = if nemesis.trim() == "none" {
-                Vec::new()
-            } else {
-                nemesis
-                    .split(',')
-                    .map(str::parse)
-                    .collect::<Result<_, String>>()
-                    .map_err(|e| anyhow::anyhow!(e))?
-            };
+            let (nemeses, nemesis_note) =
+                nemesis::resolve(nemesis.as_deref(), find_libfaketime().is_some())
+                    .map_err(|e| anyhow::anyhow!(e))?;
             if nodes == 0 || clients == 0 || keys == 0 {
                 anyhow::bail!("--nodes, --clients and --keys must be at least 1");
             }
             lock_api::validate::ttl(ttl).map_err(|e| anyhow::anyhow!("--ttl: {e}"))?;
             lock_api::validate::max_wait(max_wait)
                 .map_err(|e| anyhow::anyhow!("--max-wait: {e}"))?;
-            let lockd = runner::find_lockd(lockd.as_deref())?;
-            let net_mode = match net::plan(net_arg, net::is_root(), net::current_netns().is_some())?
-            {
+            let lockd = lockd_bin::find(lockd.as_deref())?;
+            let choice = net::plan(net_arg, net::Host::probe(), net::current_netns().is_some())?;
+            let net_mode = match choice.plan {
                 NetPlan::EnterNetns => {
                     let name = format!("lockjepsen-{}", std::process::id());
                     net::create_netns(&name).await?;
@@ -180,12 +185,6 @@ async fn run(cli: Cli) -> anyhow::Result<Exit> {
                 }
                 NetPlan::Run(mode) => mode,
             };
-            if net_mode == NetMode::Proxy {
-                eprintln!(
-                    "lock-jepsen: --net proxy: nodes on 127.0.0.1, Raft links through the \
-                     harness's TCP proxies"
-                );
-            }
             let config = RunConfig {
                 nodes,
                 time,
@@ -200,6 +199,9 @@ async fn run(cli: Cli) -> anyhow::Result<Exit> {
                 tail,
                 recovery_bound,
                 net: net_mode,
+                net_why: choice.why,
+                nemesis_note,
+                outage_hold: outage_hold.unwrap_or(OUTAGE_HOLD_DEFAULT),
             };
             eprintln!("lock-jepsen: {}", serde_json::to_string(&config)?);
             let outcome = runner::run(config).await?;
@@ -218,19 +220,26 @@ async fn run(cli: Cli) -> anyhow::Result<Exit> {
             history: path,
             out,
             recovery_bound,
+            resources: resources_path,
         } => {
             let ops = history::read(&path)?;
             let config = CheckConfig {
                 recovery_bound_ns: duration_ns(recovery_bound),
             };
-            let analysis = Analysis::new(&ops)?;
+            let history_dir = path
+                .parent()
+                .map(PathBuf::from)
+                .unwrap_or_else(|| PathBuf::from("."));
+            let beside = history_dir.join(resources::RESOURCES_FILE);
+            let samples = match resources_path {
+                Some(p) => resources::read(&p)?,
+                None if beside.is_file() => resources::read(&beside)?,
+                None => Vec::new(),
+            };
+            let analysis = Analysis::new(&ops)?.with_resources(samples);
             let verdict = checker::check_analysis(&analysis, &config);
-            let results = report::results(&ops, &verdict, &config, None);
-            let dir = out.unwrap_or_else(|| {
-                path.parent()
-                    .map(PathBuf::from)
-                    .unwrap_or_else(|| PathBuf::from("."))
-            });
+            let results = report::results(&ops, &analysis, &verdict, &config, None);
+            let dir = out.unwrap_or(history_dir);
             report::write(&dir, &analysis, &verdict, &results)?;
             print_verdict(&results);
             eprintln!("report: {}", dir.join(report::HTML_FILE).display());

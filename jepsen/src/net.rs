@@ -12,6 +12,14 @@
 //! not know about Raft, nodes' roles or the history; [`crate::nemesis`] decides *which* links
 //! to cut.
 //!
+//! # The choice
+//!
+//! `--net auto` takes the namespace only when it can install its faults there: the harness
+//! runs as root *and* `ip` (package iproute2) and `iptables` (package iptables) are installed
+//! (looked up in `PATH`, then [`SBIN_DIRS`]). Otherwise it takes the proxy, and says why
+//! ([`auto_mode`]). An explicit `--net netns` that cannot install its faults is a harness
+//! failure naming the missing package, before any namespace or node exists.
+//!
 //! # Why a namespace, uids and iptables
 //!
 //! Every packet of the test stays inside a namespace the harness made and deletes, so nothing
@@ -35,6 +43,7 @@
 //! directions and blackholes new connections, as a DROP rule would (see [`crate::proxy`]).
 
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
 use anyhow::{Context, bail};
@@ -55,6 +64,88 @@ pub const NODE_ADDR_BASE: u8 = 10;
 /// The iptables chain holding every cut, jumped to from `OUTPUT`.
 pub const CHAIN: &str = "LOCKJEPSEN";
 
+/// Folders searched for a tool after `PATH`: `ip` and `iptables` live in sbin, which the `PATH`
+/// of a non-login shell, a sudo session or a test runner often lacks.
+pub const SBIN_DIRS: [&str; 2] = ["/usr/sbin", "/sbin"];
+
+/// A program the namespace mode runs, and the Debian/Ubuntu package that provides it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tool {
+    /// The program's name.
+    pub name: &'static str,
+    /// The package to install for it.
+    pub package: &'static str,
+}
+
+/// `ip`: creates, enters and deletes the namespace.
+pub const IP: Tool = Tool {
+    name: "ip",
+    package: "iproute2",
+};
+
+/// `iptables`: the cuts inside the namespace.
+pub const IPTABLES: Tool = Tool {
+    name: "iptables",
+    package: "iptables",
+};
+
+impl Tool {
+    /// The program's path: the first executable file named so in `PATH`, then in
+    /// [`SBIN_DIRS`].
+    pub fn find(self) -> Option<PathBuf> {
+        self.find_in(&std::env::var_os("PATH").unwrap_or_default())
+    }
+
+    /// [`Tool::find`] with `path_var` as the value of `PATH`.
+    pub fn find_in(self, path_var: &std::ffi::OsStr) -> Option<PathBuf> {
+        std::env::split_paths(path_var)
+            .chain(SBIN_DIRS.iter().map(PathBuf::from))
+            .map(|dir| dir.join(self.name))
+            .find(|candidate| is_executable_file(candidate))
+    }
+
+    /// The program's path, or an error naming the package that provides it.
+    pub fn require(self) -> anyhow::Result<PathBuf> {
+        self.find().with_context(|| {
+            format!(
+                "{} is not installed (looked in PATH and {}); install the {} package \
+                 (apt-get install {}) or use --net proxy",
+                self.name,
+                SBIN_DIRS.join(", "),
+                self.package,
+                self.package
+            )
+        })
+    }
+}
+
+fn is_executable_file(path: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+/// What the harness found on this machine that decides the network mode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Host {
+    /// Runs as root (euid 0).
+    pub root: bool,
+    /// `ip` is installed.
+    pub have_ip: bool,
+    /// `iptables` is installed.
+    pub have_iptables: bool,
+}
+
+impl Host {
+    /// Looks at this process and this machine.
+    pub fn probe() -> Self {
+        Self {
+            root: is_root(),
+            have_ip: IP.find().is_some(),
+            have_iptables: IPTABLES.find().is_some(),
+        }
+    }
+}
+
 /// Whether this process runs as root (read from /proc, no unsafe `geteuid`).
 pub fn is_root() -> bool {
     std::fs::read_to_string("/proc/self/status")
@@ -73,16 +164,18 @@ pub fn current_netns() -> Option<String> {
     std::env::var(NETNS_ENV).ok().filter(|n| !n.is_empty())
 }
 
-async fn run(program: &str, args: &[&str]) -> anyhow::Result<()> {
-    let output = Command::new(program)
+async fn run(tool: Tool, args: &[&str]) -> anyhow::Result<()> {
+    let program = tool.require()?;
+    let name = tool.name;
+    let output = Command::new(&program)
         .args(args)
         .stdin(Stdio::null())
         .output()
         .await
-        .with_context(|| format!("running {program} {}", args.join(" ")))?;
+        .with_context(|| format!("running {name} {}", args.join(" ")))?;
     if !output.status.success() {
         bail!(
-            "{program} {} failed ({}): {}",
+            "{name} {} failed ({}): {}",
             args.join(" "),
             output.status,
             String::from_utf8_lossy(&output.stderr).trim()
@@ -93,19 +186,15 @@ async fn run(program: &str, args: &[&str]) -> anyhow::Result<()> {
 
 /// Creates a fresh namespace named `name` with its loopback up.
 pub async fn create_netns(name: &str) -> anyhow::Result<()> {
-    run("ip", &["netns", "add", name]).await?;
-    run(
-        "ip",
-        &["netns", "exec", name, "ip", "link", "set", "lo", "up"],
-    )
-    .await?;
+    run(IP, &["netns", "add", name]).await?;
+    run(IP, &["-n", name, "link", "set", "lo", "up"]).await?;
     Ok(())
 }
 
 /// Kills every process still inside the namespace (processes this run started: the harness
 /// and its nodes), then deletes the namespace and with it every rule.
 pub async fn destroy_netns(name: &str) -> anyhow::Result<()> {
-    let output = Command::new("ip")
+    let output = Command::new(IP.require()?)
         .args(["netns", "pids", name])
         .output()
         .await
@@ -115,7 +204,7 @@ pub async fn destroy_netns(name: &str) -> anyhow::Result<()> {
             let _ = Command::new("kill").args(["-KILL", pid]).output().await;
         }
     }
-    run("ip", &["netns", "del", name]).await
+    run(IP, &["netns", "del", name]).await
 }
 
 /// Runs this same command line inside namespace `name`, waits for it, and returns its exit
@@ -124,7 +213,7 @@ pub async fn destroy_netns(name: &str) -> anyhow::Result<()> {
 pub async fn reexec_in_netns(name: &str) -> anyhow::Result<i32> {
     let exe = std::env::current_exe().context("finding this executable")?;
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let mut child = Command::new("ip")
+    let mut child = Command::new(IP.require()?)
         .args(["netns", "exec", name])
         .arg(&exe)
         .args(&args)
@@ -186,9 +275,9 @@ impl NetMode {
 /// The `--net` choice before it is resolved.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum NetArg {
-    /// `netns` as root, `proxy` otherwise.
+    /// `netns` as root with `ip` and `iptables` installed, `proxy` otherwise.
     Auto,
-    /// Network namespace and iptables (needs root).
+    /// Network namespace and iptables (needs root, iproute2 and iptables).
     Netns,
     /// In-harness TCP proxies (any user).
     Proxy,
@@ -204,20 +293,83 @@ pub enum NetPlan {
     Run(NetMode),
 }
 
-/// Resolves `--net`: inside the harness's namespace the mode is `netns`; `auto` picks `netns`
-/// for root and `proxy` otherwise; `netns` without root is an error naming the way out.
-pub fn plan(arg: NetArg, root: bool, in_netns: bool) -> anyhow::Result<NetPlan> {
-    Ok(match (arg, in_netns) {
-        (_, true) => NetPlan::Run(NetMode::Netns),
-        (NetArg::Proxy, false) => NetPlan::Run(NetMode::Proxy),
-        (NetArg::Auto, false) if !root => NetPlan::Run(NetMode::Proxy),
-        (NetArg::Auto | NetArg::Netns, false) => {
-            if !root {
+/// A resolved `--net`: what to do, and why, in words for the run's header and report.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NetChoice {
+    /// What to do.
+    pub plan: NetPlan,
+    /// Why this mode, e.g. `--net auto: root, but iptables is not installed (package iptables)`.
+    pub why: String,
+}
+
+/// The mode `--net auto` picks on a host, and why: the namespace only when it can install its
+/// faults there (root, `ip` and `iptables`), else the proxy, which needs none of them.
+pub fn auto_mode(root: bool, have_ip: bool, have_iptables: bool) -> (NetMode, String) {
+    if !root {
+        return (
+            NetMode::Proxy,
+            "--net auto: not root, and a network namespace needs root".to_owned(),
+        );
+    }
+    let missing: Vec<Tool> = [(IP, have_ip), (IPTABLES, have_iptables)]
+        .into_iter()
+        .filter(|(_, have)| !have)
+        .map(|(tool, _)| tool)
+        .collect();
+    if missing.is_empty() {
+        return (
+            NetMode::Netns,
+            "--net auto: root, and ip and iptables are installed".to_owned(),
+        );
+    }
+    let names: Vec<&str> = missing.iter().map(|t| t.name).collect();
+    let packages: Vec<&str> = missing.iter().map(|t| t.package).collect();
+    let verb = if missing.len() == 1 { "is" } else { "are" };
+    (
+        NetMode::Proxy,
+        format!(
+            "--net auto: root, but {} {verb} not installed (looked in PATH and {}; package {}); \
+             the namespace mode needs them",
+            names.join(" and "),
+            SBIN_DIRS.join(", "),
+            packages.join(", "),
+        ),
+    )
+}
+
+/// Resolves `--net` on `host`: inside the harness's namespace the mode is `netns`; `auto` is
+/// [`auto_mode`]; an explicit `netns` without root or without `ip` / `iptables` is an error
+/// naming what to install (or `--net proxy`), so it fails before any namespace or node exists.
+pub fn plan(arg: NetArg, host: Host, in_netns: bool) -> anyhow::Result<NetChoice> {
+    let (mode, why) = match arg {
+        NetArg::Proxy => (NetMode::Proxy, "--net proxy (asked for)".to_owned()),
+        NetArg::Auto => auto_mode(host.root, host.have_ip, host.have_iptables),
+        NetArg::Netns => {
+            if !host.root {
                 bail!("--net netns needs root (a network namespace and iptables); use --net proxy");
             }
-            NetPlan::EnterNetns
+            for (tool, have) in [(IP, host.have_ip), (IPTABLES, host.have_iptables)] {
+                if !have {
+                    bail!(
+                        "--net netns cannot install its faults: {} is not installed (looked \
+                         in PATH and {}); install the {} package (apt-get install {}) or use \
+                         --net proxy",
+                        tool.name,
+                        SBIN_DIRS.join(", "),
+                        tool.package,
+                        tool.package
+                    );
+                }
+            }
+            (NetMode::Netns, "--net netns (asked for)".to_owned())
         }
-    })
+    };
+    let plan = match (mode, in_netns) {
+        (_, true) => NetPlan::Run(NetMode::Netns),
+        (NetMode::Netns, false) => NetPlan::EnterNetns,
+        (NetMode::Proxy, false) => NetPlan::Run(NetMode::Proxy),
+    };
+    Ok(NetChoice { plan, why })
 }
 
 /// Cuts and heals links between nodes, by iptables rules or by proxies; the nemeses use only
@@ -241,8 +393,8 @@ impl Firewall {
         if current_netns().is_none() {
             bail!("iptables cuts only run inside the harness's network namespace");
         }
-        run("iptables", &["-w", "-N", CHAIN]).await?;
-        run("iptables", &["-w", "-A", "OUTPUT", "-j", CHAIN]).await?;
+        run(IPTABLES, &["-w", "-N", CHAIN]).await?;
+        run(IPTABLES, &["-w", "-A", "OUTPUT", "-j", CHAIN]).await?;
         Ok(Self {
             backend: Backend::Iptables,
         })
@@ -281,7 +433,7 @@ impl Firewall {
                         let uid = node_uid(from).to_string();
                         let dest = node_ip(to);
                         run(
-                            "iptables",
+                            IPTABLES,
                             &[
                                 "-w",
                                 "-A",
@@ -311,7 +463,7 @@ impl Firewall {
                 net.heal();
                 Ok(())
             }
-            Backend::Iptables => run("iptables", &["-w", "-F", CHAIN]).await,
+            Backend::Iptables => run(IPTABLES, &["-w", "-F", CHAIN]).await,
         }
     }
 }
@@ -333,32 +485,139 @@ pub fn node_ip(id: u64) -> String {
 mod tests {
     use super::*;
 
+    fn host(root: bool, have_ip: bool, have_iptables: bool) -> Host {
+        Host {
+            root,
+            have_ip,
+            have_iptables,
+        }
+    }
+
     #[test]
-    fn net_auto_is_netns_for_root_and_proxy_otherwise() {
+    fn net_auto_takes_the_namespace_only_for_root_with_ip_and_iptables() {
+        for root in [false, true] {
+            for have_ip in [false, true] {
+                for have_iptables in [false, true] {
+                    let (mode, why) = auto_mode(root, have_ip, have_iptables);
+                    let expected = if root && have_ip && have_iptables {
+                        NetMode::Netns
+                    } else {
+                        NetMode::Proxy
+                    };
+                    assert_eq!(
+                        mode, expected,
+                        "root={root} ip={have_ip} iptables={have_iptables}"
+                    );
+                    assert!(why.starts_with("--net auto: "), "{why}");
+                    if root && !have_iptables {
+                        assert!(why.contains("package") && why.contains("iptables"), "{why}");
+                    }
+                    if root && !have_ip {
+                        assert!(why.contains("iproute2"), "{why}");
+                    }
+                    if !root {
+                        assert!(why.contains("not root"), "{why}");
+                    }
+                }
+            }
+        }
         assert_eq!(
-            plan(NetArg::Auto, true, false).unwrap(),
+            auto_mode(true, true, false).1,
+            "--net auto: root, but iptables is not installed (looked in PATH and /usr/sbin, \
+             /sbin; package iptables); the namespace mode needs them"
+        );
+        assert!(
+            auto_mode(true, false, false)
+                .1
+                .contains("ip and iptables are not installed"),
+            "{}",
+            auto_mode(true, false, false).1
+        );
+        assert!(
+            auto_mode(true, false, false)
+                .1
+                .contains("package iproute2, iptables"),
+            "{}",
+            auto_mode(true, false, false).1
+        );
+    }
+
+    #[test]
+    fn net_plan_enters_the_namespace_or_names_what_is_missing() {
+        let all = host(true, true, true);
+        assert_eq!(
+            plan(NetArg::Auto, all, false).unwrap().plan,
             NetPlan::EnterNetns
         );
         assert_eq!(
-            plan(NetArg::Auto, false, false).unwrap(),
+            plan(NetArg::Auto, host(true, true, false), false)
+                .unwrap()
+                .plan,
             NetPlan::Run(NetMode::Proxy)
         );
         assert_eq!(
-            plan(NetArg::Proxy, true, false).unwrap(),
+            plan(NetArg::Auto, host(false, true, true), false)
+                .unwrap()
+                .plan,
             NetPlan::Run(NetMode::Proxy)
         );
         assert_eq!(
-            plan(NetArg::Netns, true, false).unwrap(),
+            plan(NetArg::Proxy, all, false).unwrap().plan,
+            NetPlan::Run(NetMode::Proxy)
+        );
+        assert_eq!(
+            plan(NetArg::Netns, all, false).unwrap().plan,
             NetPlan::EnterNetns
         );
-        let err = plan(NetArg::Netns, false, false).unwrap_err();
+        let err = plan(NetArg::Netns, host(false, true, true), false).unwrap_err();
         assert!(err.to_string().contains("--net proxy"), "{err}");
-        for arg in [NetArg::Auto, NetArg::Netns, NetArg::Proxy] {
+        let err = plan(NetArg::Netns, host(true, true, false), false).unwrap_err();
+        assert!(
+            err.to_string().contains("install the iptables package"),
+            "{err}"
+        );
+        let err = plan(NetArg::Netns, host(true, false, true), false).unwrap_err();
+        assert!(
+            err.to_string().contains("install the iproute2 package"),
+            "{err}"
+        );
+        for arg in [NetArg::Auto, NetArg::Netns] {
+            let inside = plan(arg, all, true).unwrap();
             assert_eq!(
-                plan(arg, true, true).unwrap(),
+                inside.plan,
                 NetPlan::Run(NetMode::Netns),
                 "inside the namespace"
             );
+            // The re-executed harness states the same reason the outer one chose by.
+            assert_eq!(inside.why, plan(arg, all, false).unwrap().why);
         }
+    }
+
+    #[test]
+    fn tools_are_found_in_path_and_in_sbin() {
+        let dir = tempfile::tempdir().unwrap();
+        let tool = Tool {
+            name: "lock-jepsen-test-tool",
+            package: "lock-jepsen-test-package",
+        };
+        assert!(tool.find_in(dir.path().as_os_str()).is_none());
+        let err = tool.require().unwrap_err().to_string();
+        assert!(
+            err.contains("install the lock-jepsen-test-package package"),
+            "{err}"
+        );
+        let program = dir.path().join(tool.name);
+        std::fs::write(&program, "#!/bin/sh\n").unwrap();
+        // Not executable: not a tool.
+        assert!(tool.find_in(dir.path().as_os_str()).is_none());
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert_eq!(tool.find_in(dir.path().as_os_str()), Some(program));
+        // With an empty PATH, sbin is still searched: `ip` is found wherever iproute2 put it.
+        let ip_in_sbin = SBIN_DIRS
+            .iter()
+            .map(|d| Path::new(d).join("ip"))
+            .find(|p| is_executable_file(p));
+        assert_eq!(IP.find_in(std::ffi::OsStr::new("")), ip_in_sbin);
     }
 }

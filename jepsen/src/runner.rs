@@ -1,12 +1,14 @@
 //! One `lock-jepsen run`: start the cluster, run the workload and the nemeses for the given
 //! time, heal everything, let the workload run a quiet tail, stop, check, report.
 //!
-//! Owns the run's phases, the progress line and cleanup (nodes stopped, rules flushed, work
-//! folder removed — also after an error or Ctrl-C). Must not judge (the checker does) and must
-//! not choose faults (the nemeses do). Any failure of the harness itself returns an error and
-//! no verdict.
+//! Owns the run's phases, its header (what runs how, and why: network mode, clock, binary),
+//! the progress line, the resource sampler's life and cleanup (nodes stopped, rules flushed,
+//! work folder removed — also after an error or Ctrl-C). Must not judge (the checker does) and
+//! must not choose faults (the nemeses do). Any failure of the harness itself returns an error
+//! and no verdict.
 
 use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -22,9 +24,11 @@ use tokio::sync::{Mutex, watch};
 use crate::checker::{self, Analysis, CheckConfig, duration_ns};
 use crate::cluster::{Cluster, ClusterConfig, find_libfaketime, node_addr};
 use crate::history::{self, Recorder};
+use crate::lockd_bin;
 use crate::nemesis::{self, Ctx, Kind};
 use crate::net::{Firewall, NetMode};
 use crate::report::{self, HISTORY_FILE, Results};
+use crate::resources::{self, RESOURCES_FILE, Sample};
 use crate::workload::{self, ClientPauses, FencedRegister, Shared, WorkloadConfig};
 
 /// How often the progress line is printed.
@@ -67,7 +71,17 @@ pub struct RunConfig {
     pub recovery_bound: Duration,
     /// How links are cut: inside the harness's namespace (`netns`) or through its proxies.
     pub net: NetMode,
+    /// Why that mode (see [`crate::net::plan`]).
+    pub net_why: String,
+    /// A nemesis left out and why, for the header (see [`nemesis::resolve`]).
+    pub nemesis_note: Option<String>,
+    /// How long an outage keeps its node out.
+    pub outage_hold: Duration,
 }
+
+/// Mode of the run's work folder (data directories, clock files, a copy of lockd): the node
+/// uids must enter it, whatever the harness's umask.
+const WORK_DIR_MODE: u32 = 0o755;
 
 /// What a finished run hands back.
 #[derive(Debug)]
@@ -87,12 +101,93 @@ pub async fn run(config: RunConfig) -> anyhow::Result<RunOutcome> {
         std::fs::remove_dir_all(&work_dir)
             .with_context(|| format!("clearing {}", work_dir.display()))?;
     }
-    let in_netns = config.net == NetMode::Netns;
-    let libfaketime = if config.nemeses.contains(&Kind::Clock) {
-        find_libfaketime()
-    } else {
-        None
+    let (cluster, firewall, setup) = match start(&config, &work_dir).await {
+        Ok(started) => started,
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&work_dir);
+            return Err(e);
+        }
     };
+    let cluster = Arc::new(Mutex::new(cluster));
+    let phases = run_phases(&config, &cluster, &firewall).await;
+    // Cleanup, whatever happened.
+    let crashes = {
+        let mut c = cluster.lock().await;
+        c.stop().await;
+        c.crashes()
+    };
+    let _ = firewall.heal().await;
+    let _ = std::fs::remove_dir_all(&work_dir);
+    let (recorder, samples) = phases?;
+    recorder.finish()?;
+    resources::write(&config.out.join(RESOURCES_FILE), &samples)?;
+
+    let ops = history::read(&config.out.join(HISTORY_FILE))?;
+    let check = CheckConfig {
+        recovery_bound_ns: duration_ns(config.recovery_bound),
+    };
+    let analysis = Analysis::new(&ops)?.with_resources(samples);
+    let verdict = checker::check_analysis(&analysis, &check);
+    let run_json = json!({
+        "nodes": config.nodes,
+        "time_s": config.time.as_secs_f64(),
+        "clients": config.clients,
+        "keys": config.keys,
+        "nemeses": config.nemeses,
+        "seed": config.seed,
+        "ttl_ms": config.ttl.as_millis() as u64,
+        "max_wait_ms": config.max_wait.as_millis() as u64,
+        "tail_s": config.tail.as_secs_f64(),
+        "net": config.net.name(),
+        "network": config.net.describe(),
+        "net_why": config.net_why,
+        "nemesis_note": config.nemesis_note,
+        "outage_hold_s": config.outage_hold.as_secs_f64(),
+        "libfaketime": setup.libfaketime.map(|p| p.display().to_string()),
+        "lockd": setup.lockd.display().to_string(),
+        "lockd_note": setup.lockd_note,
+        "node_crashes": crashes,
+    });
+    let results = report::results(&ops, &analysis, &verdict, &check, Some(run_json));
+    report::write(&config.out, &analysis, &verdict, &results)?;
+    Ok(RunOutcome {
+        results,
+        crashes: crashes.len(),
+    })
+}
+
+/// What the run's start found and chose, for the header and `results.json`.
+struct Setup {
+    libfaketime: Option<PathBuf>,
+    lockd: PathBuf,
+    lockd_note: String,
+}
+
+/// Prepares the work folder, the binary and the network, prints the header and starts the
+/// cluster. The caller removes `work_dir` if this fails.
+async fn start(
+    config: &RunConfig,
+    work_dir: &Path,
+) -> anyhow::Result<(Cluster, Arc<Firewall>, Setup)> {
+    let in_netns = config.net == NetMode::Netns;
+    let libfaketime =
+        if config.nemeses.contains(&Kind::Clock) {
+            Some(find_libfaketime().with_context(|| {
+                format!("--nemesis clock: {}", crate::cluster::LIBFAKETIME_MISSING)
+            })?)
+        } else {
+            None
+        };
+    std::fs::create_dir_all(work_dir)
+        .with_context(|| format!("creating {}", work_dir.display()))?;
+    std::fs::set_permissions(work_dir, std::fs::Permissions::from_mode(WORK_DIR_MODE))
+        .with_context(|| format!("chmod {WORK_DIR_MODE:o} {}", work_dir.display()))?;
+    let (lockd, lockd_note) = if in_netns {
+        lockd_bin::for_node_uids(&config.lockd, work_dir)?
+    } else {
+        (config.lockd.clone(), "run in place".to_owned())
+    };
+    print_header(config, libfaketime.as_deref(), &lockd, &lockd_note);
     let firewall = Arc::new(match config.net {
         NetMode::Netns => Firewall::iptables().await?,
         NetMode::Proxy => {
@@ -107,77 +202,83 @@ pub async fn run(config: RunConfig) -> anyhow::Result<RunOutcome> {
         .filter_map(|id| firewall.raft_dial(id).map(|dial| (id, dial)))
         .collect();
     let cluster = Cluster::start(ClusterConfig {
-        lockd: config.lockd.clone(),
+        lockd: lockd.clone(),
         nodes: config.nodes,
-        work_dir: work_dir.clone(),
+        work_dir: work_dir.to_path_buf(),
         log_dir: config.out.join("nodes"),
         in_netns,
         raft_dial,
         libfaketime: libfaketime.clone(),
     })
-    .await;
-    let cluster = match cluster {
-        Ok(c) => Arc::new(Mutex::new(c)),
-        Err(e) => {
-            let _ = std::fs::remove_dir_all(&work_dir);
-            return Err(e.context("starting the cluster"));
-        }
-    };
-    let phases = run_phases(&config, &cluster, &firewall).await;
-    // Cleanup, whatever happened.
-    let crashes = {
-        let mut c = cluster.lock().await;
-        c.stop().await;
-        c.crashes()
-    };
-    let _ = firewall.heal().await;
-    let _ = std::fs::remove_dir_all(&work_dir);
-    let recorder = phases?;
-    recorder.finish()?;
-
-    let ops = history::read(&config.out.join(HISTORY_FILE))?;
-    let check = CheckConfig {
-        recovery_bound_ns: duration_ns(config.recovery_bound),
-    };
-    let analysis = Analysis::new(&ops)?;
-    let verdict = checker::check_analysis(&analysis, &check);
-    let run_json = json!({
-        "nodes": config.nodes,
-        "time_s": config.time.as_secs_f64(),
-        "clients": config.clients,
-        "keys": config.keys,
-        "nemeses": config.nemeses,
-        "seed": config.seed,
-        "ttl_ms": config.ttl.as_millis() as u64,
-        "max_wait_ms": config.max_wait.as_millis() as u64,
-        "tail_s": config.tail.as_secs_f64(),
-        "net": config.net.name(),
-        "network": config.net.describe(),
-        "libfaketime": libfaketime.map(|p| p.display().to_string()),
-        "node_crashes": crashes,
-    });
-    let results = report::results(&ops, &verdict, &check, Some(run_json));
-    report::write(&config.out, &analysis, &verdict, &results)?;
-    Ok(RunOutcome {
-        results,
-        crashes: crashes.len(),
-    })
+    .await
+    .context("starting the cluster")?;
+    Ok((
+        cluster,
+        firewall,
+        Setup {
+            libfaketime,
+            lockd,
+            lockd_note,
+        },
+    ))
 }
 
-/// The workload and nemesis phases; returns the recorder once every client stopped.
+/// Prints the run's header on stdout: what runs, and how and why — the network mode and the
+/// reason it was chosen, the clock faking, the binary the nodes run.
+fn print_header(config: &RunConfig, libfaketime: Option<&Path>, lockd: &Path, lockd_note: &str) {
+    let nemeses: Vec<&str> = config.nemeses.iter().map(|k| k.name()).collect();
+    println!(
+        "lock-jepsen run: {} nodes, {} clients, {} keys, nemeses [{}], {:?} of faults + {:?} \
+         tail, seed {}",
+        config.nodes,
+        config.clients,
+        config.keys,
+        nemeses.join(","),
+        config.time,
+        config.tail,
+        config.seed
+    );
+    println!(
+        "network: {} — {} — {}",
+        config.net.name(),
+        config.net.describe(),
+        config.net_why
+    );
+    match (libfaketime, &config.nemesis_note) {
+        (Some(lib), _) => println!("clock:   faked per node through {}", lib.display()),
+        (None, Some(note)) => println!("clock:   {note}"),
+        (None, None) => println!("clock:   not faked (no clock nemesis)"),
+    }
+    if config.nemeses.contains(&Kind::Outage) {
+        println!(
+            "outage:  each holds its node out for {:?}",
+            config.outage_hold
+        );
+    }
+    println!("lockd:   {} — {lockd_note}", lockd.display());
+}
+
+/// The workload and nemesis phases; returns the recorder and the nodes' resource samples once
+/// every client stopped.
 async fn run_phases(
     config: &RunConfig,
     cluster: &Arc<Mutex<Cluster>>,
     firewall: &Arc<Firewall>,
-) -> anyhow::Result<Arc<Recorder>> {
-    let (endpoints, probe, nodes) = {
+) -> anyhow::Result<(Arc<Recorder>, Vec<Sample>)> {
+    let (endpoints, probe, nodes, processes) = {
         let c = cluster.lock().await;
-        (c.endpoints(), c.probe(), c.ids())
+        (c.endpoints(), c.probe(), c.ids(), c.processes())
     };
     let recorder = Arc::new(Recorder::create(
         &config.out.join(HISTORY_FILE),
         Instant::now(),
     )?);
+    let (sampler_stop, sampler_stop_rx) = watch::channel(false);
+    let sampler = tokio::spawn(resources::sample_until(
+        processes,
+        Arc::clone(&recorder),
+        sampler_stop_rx,
+    ));
     let shared = Arc::new(Shared {
         recorder: Arc::clone(&recorder),
         register: FencedRegister::default(),
@@ -224,6 +325,7 @@ async fn run_phases(
         clients: config.clients,
         keys: config.keys,
         ttl: config.ttl,
+        outage_hold: config.outage_hold,
         active: std::sync::Mutex::new(Vec::new()),
     });
     let seed_for =
@@ -232,7 +334,7 @@ async fn run_phases(
         .nemeses
         .iter()
         .copied()
-        .filter(|k| matches!(k, Kind::Partition | Kind::Kill | Kind::Pause))
+        .filter(|k| k.is_node_fault())
         .collect();
     let mut nemeses = vec![tokio::spawn(nemesis::run_node_faults(
         Arc::clone(&ctx),
@@ -299,12 +401,17 @@ async fn run_phases(
             eprintln!("lock-jepsen: a client did not stop within {client_stop_timeout:?}");
         }
     }
+    let _ = sampler_stop.send(true);
+    let samples = sampler
+        .await
+        .map_err(|e| anyhow::anyhow!("the resource sampler panicked: {e}"))?;
     eprintln!(
-        "lock-jepsen: done: {} history lines, {} grants",
+        "lock-jepsen: done: {} history lines, {} grants, {} resource samples",
         recorder.count(),
-        shared.granted.load(Ordering::Relaxed)
+        shared.granted.load(Ordering::Relaxed),
+        samples.len()
     );
-    Ok(recorder)
+    Ok((recorder, samples))
 }
 
 /// Prints a progress line every [`PROGRESS_EVERY`] until `until`; `true` if interrupted by
@@ -334,26 +441,4 @@ async fn progress_until(
             ctx.active()
         );
     }
-}
-
-/// The lockd binary: `explicit`, else `$LOCKD_BIN`, else `lockd` next to this executable or
-/// one folder up (a test executable lives in `target/<profile>/deps/`).
-pub fn find_lockd(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
-    if let Some(p) = explicit {
-        return Ok(p.to_path_buf());
-    }
-    if let Some(p) = std::env::var_os("LOCKD_BIN") {
-        return Ok(PathBuf::from(p));
-    }
-    let exe = std::env::current_exe().context("finding this executable")?;
-    for dir in exe.ancestors().skip(1).take(2) {
-        let candidate = dir.join("lockd");
-        if candidate.is_file() {
-            return Ok(candidate);
-        }
-    }
-    bail!(
-        "lockd binary not found next to {}; build it with `cargo build -p lockd`, or pass --lockd / set LOCKD_BIN",
-        exe.display()
-    )
 }

@@ -1,21 +1,27 @@
 //! The checker's self-test: a good hand-made history passes every property, and for each
 //! property a bad history (the good one with one thing changed) fails that property and only
 //! that one. Shows the checker can fail — a checker that always passes proves nothing.
+//!
+//! The D-cost property reads resource samples as well: an outage with a spinning survivor (or
+//! one that floods its log) fails it, quiet survivors pass it (t26–t29).
 
-use lock_jepsen::checker::{self, CheckConfig, Status, Verdict};
+use lock_jepsen::checker::outage_cost::{SURVIVOR_CPU_CORES_MAX, SURVIVOR_LOG_BYTES_PER_S_MAX};
+use lock_jepsen::checker::{self, Analysis, CheckConfig, Status, Verdict};
 use lock_jepsen::history::{
     ERROR_CONTENDED, ERROR_FENCED, ERROR_LOST, F, Op, OpType, Outcome, Phase, Process,
 };
+use lock_jepsen::resources::Sample;
 use serde_json::json;
 
 const MS: u64 = 1_000_000;
-const PROPERTIES: [&str; 6] = [
+const PROPERTIES: [&str; 7] = [
     "unique_tokens",
     "token_order",
     "no_overlap",
     "fenced_writes",
     "no_lost_grants",
     "recovery",
+    "outage_cost",
 ];
 
 /// The pieces of the good history that the bad ones change.
@@ -276,12 +282,18 @@ fn t10_good_history_passes_every_property() {
     let v = verdict(&Knobs::default());
     for p in &v.properties {
         assert_eq!(p.status, Status::Pass, "{}: {:#?}", p.name, p.violations);
-        assert!(p.checked > 0, "{} checked nothing", p.name);
         assert!(
-            p.design_ref.starts_with("DESIGN.md §5."),
+            p.design_ref.starts_with("DESIGN.md §5.") || p.design_ref == "DESIGN.md D-cost",
             "{}",
             p.design_ref
         );
+        if p.name == "outage_cost" {
+            // This history has no outage: nothing to check, and the note says so.
+            assert_eq!(p.checked, 0);
+            assert_eq!(p.note.as_deref(), Some("no outage in this run"));
+        } else {
+            assert!(p.checked > 0, "{} checked nothing", p.name);
+        }
     }
     assert_eq!(v.status, Status::Pass);
     // The paused client's window is cut at its pause, and that is visible as an excuse.
@@ -357,6 +369,181 @@ fn t25_no_grant_after_the_heal_fails_recovery() {
     assert_eq!(cut.status, Status::Unknown);
 }
 
+/// How the survivors behave in the outage history.
+#[derive(Clone, Copy)]
+struct Survivors {
+    /// CPU seconds n1 uses per second while n2 is out.
+    n1_cpu_per_s: f64,
+    /// Log bytes n3 writes per second while n2 is out.
+    n3_log_per_s: u64,
+    /// CPU seconds the node that is out uses per second (it runs only when isolated).
+    out_cpu_per_s: f64,
+}
+
+const QUIET: Survivors = Survivors {
+    n1_cpu_per_s: 0.05,
+    n3_log_per_s: 300,
+    out_cpu_per_s: 0.05,
+};
+
+/// A 30 s outage of n2 (1 s → 31 s, `how` = kill or isolate), a grant before and after it, and
+/// a resource sample of each node every second.
+fn outage_run(how: &str, survivors: Survivors) -> (Vec<Op>, Vec<Sample>) {
+    let mut ops: Vec<(u64, Op)> = vec![
+        (100, client(0, OpType::Invoke, F::Acquire, "k1")),
+        (
+            200,
+            client(0, OpType::Ok, F::Acquire, "k1")
+                .token(1)
+                .deadline(2_200 * MS),
+        ),
+        (300, client(0, OpType::Invoke, F::Release, "k1").token(1)),
+        (400, {
+            let mut op = client(0, OpType::Ok, F::Release, "k1");
+            op.released = Some(true);
+            op
+        }),
+        (
+            1_000,
+            Op::nemesis(
+                F::Outage,
+                Phase::Start,
+                Outcome::Installed,
+                json!({"node": 2, "how": how, "leader": false, "hold_s": 30.0}),
+            ),
+        ),
+        (
+            31_000,
+            Op::nemesis(
+                F::Outage,
+                Phase::Heal,
+                Outcome::Installed,
+                json!({"node": 2, "how": how}),
+            ),
+        ),
+        (32_000, client(0, OpType::Invoke, F::Acquire, "k1")),
+        (
+            32_100,
+            client(0, OpType::Ok, F::Acquire, "k1")
+                .token(2)
+                .deadline(34_100 * MS),
+        ),
+        (32_200, client(0, OpType::Invoke, F::Release, "k1").token(2)),
+        (32_300, {
+            let mut op = client(0, OpType::Ok, F::Release, "k1");
+            op.released = Some(true);
+            op
+        }),
+        (33_000, client(1, OpType::Invoke, F::Acquire, "k1")),
+    ];
+    ops.sort_by_key(|(ms, _)| *ms);
+    let ops = ops.into_iter().map(|(ms, op)| op.at(ms * MS)).collect();
+
+    let mut samples = Vec::new();
+    let mut cpu = [0.0f64; 4];
+    let mut log = [0u64; 4];
+    for t in 0..=33u64 {
+        let during = (2..=31).contains(&t);
+        for node in 1..=3u64 {
+            let i = node as usize;
+            let killed = node == 2 && how == "kill" && (2..=31).contains(&t);
+            let restarted = node == 2 && how == "kill" && t > 31;
+            let (cpu_per_s, log_per_s) = match (node, during) {
+                (1, true) => (survivors.n1_cpu_per_s, 300),
+                (3, true) => (0.05, survivors.n3_log_per_s),
+                (2, true) => (survivors.out_cpu_per_s, 300),
+                _ => (0.05, 300),
+            };
+            if t > 0 {
+                cpu[i] += cpu_per_s;
+                log[i] += log_per_s;
+            }
+            samples.push(Sample {
+                t_ns: t * 1_000 * MS,
+                node,
+                pid: (!killed).then_some(100 + node as i32 + if restarted { 10 } else { 0 }),
+                cpu_s: (!killed).then_some(cpu[i]),
+                rss_bytes: (!killed).then_some(50 << 20),
+                log_bytes: log[i],
+            });
+        }
+    }
+    (ops, samples)
+}
+
+fn outage_verdict(how: &str, survivors: Survivors, with_samples: bool) -> Verdict {
+    let (ops, samples) = outage_run(how, survivors);
+    let analysis = Analysis::new(&ops)
+        .expect("the outage history pairs up")
+        .with_resources(if with_samples { samples } else { Vec::new() });
+    checker::check_analysis(&analysis, &CheckConfig::default())
+}
+
+#[test]
+fn t26_quiet_survivors_pass_outage_cost() {
+    for how in ["kill", "isolate"] {
+        let v = outage_verdict(how, QUIET, true);
+        assert_only(&v, "", Status::Pass);
+        let p = v.property("outage_cost").unwrap();
+        assert_eq!(p.checked, 2, "n1 and n3 over one window: {p:?}");
+        assert!(
+            p.note.as_deref().unwrap().contains("5 % of a core"),
+            "{p:?}"
+        );
+    }
+}
+
+#[test]
+fn t27_spinning_survivor_fails_outage_cost() {
+    let spinning = Survivors {
+        n1_cpu_per_s: 0.97,
+        ..QUIET
+    };
+    assert!(spinning.n1_cpu_per_s > SURVIVOR_CPU_CORES_MAX);
+    let v = outage_verdict("kill", spinning, true);
+    assert_only(&v, "outage_cost", Status::Fail);
+    let p = v.property("outage_cost").unwrap();
+    assert_eq!(p.violation_count, 1, "{:#?}", p.violations);
+    let message = &p.violations[0].message;
+    assert!(
+        message.contains("survivor n1") && message.contains("97 % of a core"),
+        "{message}"
+    );
+}
+
+#[test]
+fn t28_survivor_flooding_its_log_fails_outage_cost() {
+    let flooding = Survivors {
+        n3_log_per_s: 40 * 1024,
+        ..QUIET
+    };
+    assert!(flooding.n3_log_per_s as f64 > SURVIVOR_LOG_BYTES_PER_S_MAX);
+    let v = outage_verdict("isolate", flooding, true);
+    assert_only(&v, "outage_cost", Status::Fail);
+    let message = &v.property("outage_cost").unwrap().violations[0].message;
+    assert!(
+        message.contains("survivor n3") && message.contains("40.0 KiB/s"),
+        "{message}"
+    );
+}
+
+#[test]
+fn t29_outage_cost_judges_only_survivors_and_needs_samples() {
+    // The isolated node itself may spin electing itself: it is not a survivor.
+    let out_spins = Survivors {
+        out_cpu_per_s: 1.0,
+        ..QUIET
+    };
+    assert_only(
+        &outage_verdict("isolate", out_spins, true),
+        "",
+        Status::Pass,
+    );
+    // An outage with no samples to judge it by is undecided, not passed.
+    let v = outage_verdict("kill", QUIET, false);
+    assert_only(&v, "outage_cost", Status::Unknown);
+}
+
 #[test]
 fn t30_malformed_histories_are_errors_not_verdicts() {
     let orphan = vec![client(0, OpType::Ok, F::Write, "k1").token(1).at(5)];
@@ -397,7 +584,7 @@ fn t50_report_has_results_and_pictures() {
     let config = CheckConfig::default();
     let analysis = checker::Analysis::new(&ops).unwrap();
     let v = checker::check_analysis(&analysis, &config);
-    let results = lock_jepsen::report::results(&ops, &v, &config, None);
+    let results = lock_jepsen::report::results(&ops, &analysis, &v, &config, None);
     lock_jepsen::report::write(dir.path(), &analysis, &v, &results).unwrap();
     let json: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.path().join("results.json")).unwrap()).unwrap();

@@ -1,9 +1,10 @@
-//! The checker: reads a history and decides, per promise of docs/DESIGN.md §5, pass / fail /
-//! unknown.
+//! The checker: reads a history and decides, per promise of docs/DESIGN.md §5 (and D-cost),
+//! pass / fail / unknown.
 //!
 //! Owns the pairing of invocations with their completions ([`Analysis`]), the validity window
 //! of a grant ([`Analysis::window`]), the verdict types, and [`check`], which runs one module per
-//! property. It reads nothing but the history: no clock, no cluster, no harness state. A history
+//! property. It reads nothing but the history and the nodes' resource samples recorded beside
+//! it ([`Analysis::with_resources`]): no clock, no cluster, no harness state. A history
 //! that does not pair up (a completion with no invocation, two invocations in flight on one
 //! client) is a harness failure and comes back as an error, never as a verdict.
 //!
@@ -15,10 +16,13 @@
 //! - [`fenced_writes`] — §5.1/§5.4: accepted writes' tokens strictly increase and were granted.
 //! - [`no_lost_grants`] — §5.3: an acknowledged grant is not lost while it is valid.
 //! - [`recovery`] — §5.5: after the last fault heals, acquires succeed within a bound.
+//! - [`outage_cost`] — D-cost: while a node is out, the survivors' CPU and log rates stay
+//!   bounded.
 
 pub mod fenced_writes;
 pub mod no_lost_grants;
 pub mod no_overlap;
+pub mod outage_cost;
 pub mod recovery;
 pub mod token_order;
 pub mod unique_tokens;
@@ -30,6 +34,7 @@ use anyhow::{Context, bail};
 use serde::Serialize;
 
 use crate::history::{ERROR_FENCED, ERROR_LOST, F, Op, OpType, Outcome, Phase, Process};
+use crate::resources::Sample;
 
 /// How long after the last fault heals every key must see a granted acquire (docs/DESIGN.md §5.5:
 /// "a new leader is in place within a few election timeouts"). 20 s covers an election (well
@@ -151,7 +156,7 @@ impl PropertyResult {
 pub struct Verdict {
     /// fail if any property failed, else unknown if any is unknown, else pass.
     pub status: Status,
-    /// One result per property, in the order of docs/DESIGN.md §5.
+    /// One result per property, in the order of docs/DESIGN.md §5, then D-cost.
     pub properties: Vec<PropertyResult>,
 }
 
@@ -177,6 +182,7 @@ pub fn check_analysis(analysis: &Analysis, config: &CheckConfig) -> Verdict {
         fenced_writes::check(analysis),
         no_lost_grants::check(analysis),
         recovery::check(analysis, config),
+        outage_cost::check(analysis),
     ];
     let status = if properties.iter().any(|p| p.status == Status::Fail) {
         Status::Fail
@@ -343,9 +349,19 @@ pub struct Analysis {
     pub end_t: u64,
     /// How many lines the history has.
     pub line_count: usize,
+    /// The nodes' resource samples, on the history's clock (empty unless added by
+    /// [`Analysis::with_resources`]).
+    pub resources: Vec<Sample>,
 }
 
 impl Analysis {
+    /// Adds the nodes' resource samples, which the D-cost property and the cost charts read.
+    pub fn with_resources(mut self, mut samples: Vec<Sample>) -> Self {
+        samples.sort_by_key(|s| (s.t_ns, s.node));
+        self.resources = samples;
+        self
+    }
+
     /// Pairs invocations with completions. Errors name the offending line.
     pub fn new(ops: &[Op]) -> anyhow::Result<Self> {
         let mut client_ops: Vec<ClientOp> = Vec::new();
@@ -561,6 +577,7 @@ impl Analysis {
             faults,
             end_t,
             line_count: ops.len(),
+            resources: Vec::new(),
         })
     }
 

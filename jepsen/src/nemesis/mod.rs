@@ -3,9 +3,9 @@
 //!
 //! Owns the schedule (which fault when, for how long, from the run's seed) and the shared
 //! context. Each fault lives in its own module with a `start` and a `heal`. Node-level faults
-//! (partition, kill, pause) run one at a time so that between them a majority is up; the clock,
-//! client-pause and revoke nemeses run alongside. Must not perform client operations other
-//! than force-revoke, and must not judge the history.
+//! (partition, kill, pause, outage) run one at a time so that between them a majority is up;
+//! the clock, client-pause and revoke nemeses run alongside. Must not perform client operations
+//! other than force-revoke, and must not judge the history.
 //!
 //! A step that fails in a way that leaves the cluster in an unknown state the harness cannot
 //! repair (a firewall rule that cannot be removed) is a harness failure: the run aborts with
@@ -14,6 +14,7 @@
 pub mod client_pause;
 pub mod clock;
 pub mod kill;
+pub mod outage;
 pub mod partition;
 pub mod pause;
 pub mod revoke;
@@ -28,7 +29,7 @@ use rand::rngs::StdRng;
 use serde_json::Value;
 use tokio::sync::{Mutex, watch};
 
-use crate::cluster::{Cluster, StatusProbe};
+use crate::cluster::{Cluster, LIBFAKETIME_MISSING, StatusProbe};
 use crate::history::{F, Op, Outcome, Phase, Recorder};
 use crate::net::Firewall;
 use crate::workload::Shared;
@@ -38,6 +39,17 @@ pub const QUIET_MS: (u64, u64) = (1_500, 4_000);
 /// Shortest and longest time a fault is held before it heals: long enough for elections and
 /// lease expiries to happen inside it (leases are a few seconds).
 pub const HOLD_MS: (u64, u64) = (3_000, 8_000);
+
+/// The nemeses of a run when `--nemesis` is not given: every one but the outage, which holds a
+/// node out for a minute and is asked for by name in long runs.
+pub const DEFAULT_NEMESES: [Kind; 6] = [
+    Kind::Partition,
+    Kind::Kill,
+    Kind::Pause,
+    Kind::Clock,
+    Kind::ClientPause,
+    Kind::Revoke,
+];
 
 /// A kind of nemesis, as named on the command line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
@@ -55,24 +67,92 @@ pub enum Kind {
     ClientPause,
     /// Force-revokes of random keys.
     Revoke,
+    /// A node killed or cut off for a long time ([`outage`]), for the cost of a fault.
+    Outage,
+}
+
+impl Kind {
+    /// Every kind, in the order the help text lists them.
+    pub const ALL: [Kind; 7] = [
+        Kind::Partition,
+        Kind::Kill,
+        Kind::Pause,
+        Kind::Clock,
+        Kind::ClientPause,
+        Kind::Revoke,
+        Kind::Outage,
+    ];
+
+    /// The name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Partition => "partition",
+            Self::Kill => "kill",
+            Self::Pause => "pause",
+            Self::Clock => "clock",
+            Self::ClientPause => "client-pause",
+            Self::Revoke => "revoke",
+            Self::Outage => "outage",
+        }
+    }
+
+    /// Whether it is a node-level fault, run one at a time with the others of its kind.
+    pub fn is_node_fault(self) -> bool {
+        matches!(
+            self,
+            Self::Partition | Self::Kill | Self::Pause | Self::Outage
+        )
+    }
 }
 
 impl FromStr for Kind {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, String> {
-        match s.trim() {
-            "partition" => Ok(Self::Partition),
-            "kill" => Ok(Self::Kill),
-            "pause" => Ok(Self::Pause),
-            "clock" => Ok(Self::Clock),
-            "client-pause" => Ok(Self::ClientPause),
-            "revoke" => Ok(Self::Revoke),
-            other => Err(format!(
-                "unknown nemesis {other:?}; known: partition, kill, pause, clock, client-pause, revoke"
-            )),
-        }
+        let s = s.trim();
+        Self::ALL
+            .into_iter()
+            .find(|k| k.name() == s)
+            .ok_or_else(|| {
+                let known: Vec<&str> = Self::ALL.iter().map(|k| k.name()).collect();
+                format!("unknown nemesis {s:?}; known: {}", known.join(", "))
+            })
     }
+}
+
+/// The nemeses of a run: `list` as given to `--nemesis` (`None`: [`DEFAULT_NEMESES`]; `none`:
+/// no nemesis), and a note for the run's header if one was left out.
+///
+/// The clock nemesis needs libfaketime. Asked for by name without it, the run is a harness
+/// failure naming the package (a run that silently skips a requested fault proves less than it
+/// claims); among the defaults it is left out, and the note says so.
+pub fn resolve(
+    list: Option<&str>,
+    have_libfaketime: bool,
+) -> Result<(Vec<Kind>, Option<String>), String> {
+    let Some(list) = list else {
+        let mut kinds = DEFAULT_NEMESES.to_vec();
+        if have_libfaketime {
+            return Ok((kinds, None));
+        }
+        kinds.retain(|k| *k != Kind::Clock);
+        return Ok((
+            kinds,
+            Some(format!(
+                "the clock nemesis is left out: {LIBFAKETIME_MISSING}"
+            )),
+        ));
+    };
+    if list.trim() == "none" {
+        return Ok((Vec::new(), None));
+    }
+    let kinds: Vec<Kind> = list.split(',').map(str::parse).collect::<Result<_, _>>()?;
+    if kinds.contains(&Kind::Clock) && !have_libfaketime {
+        return Err(format!(
+            "--nemesis clock cannot install its faults: {LIBFAKETIME_MISSING}"
+        ));
+    }
+    Ok((kinds, None))
 }
 
 /// Everything a nemesis can touch.
@@ -100,6 +180,8 @@ pub struct Ctx {
     pub keys: u32,
     /// The grants' TTL.
     pub ttl: Duration,
+    /// How long an outage keeps its node out.
+    pub outage_hold: Duration,
     /// Faults in force now (started, not yet healed), for the progress line.
     pub active: std::sync::Mutex<Vec<&'static str>>,
 }
@@ -170,6 +252,7 @@ pub async fn run_node_faults(
     if kinds.is_empty() {
         return Ok(());
     }
+    let mut outages = 0;
     loop {
         if !ctx.sleep(between(&mut rng, QUIET_MS)).await {
             return Ok(());
@@ -192,6 +275,13 @@ pub async fn run_node_faults(
                 ctx.sleep(hold).await;
                 pause::heal(&ctx, paused).await?;
             }
+            Kind::Outage => {
+                let how = outage::How::nth(outages);
+                outages += 1;
+                let out = outage::start(&ctx, &mut rng, how).await;
+                ctx.sleep(ctx.outage_hold).await;
+                outage::heal(&ctx, out).await?;
+            }
             other => anyhow::bail!("{other:?} is not a node-level fault"),
         }
     }
@@ -210,9 +300,34 @@ mod tests {
             ("clock", Kind::Clock),
             ("client-pause", Kind::ClientPause),
             ("revoke", Kind::Revoke),
+            ("outage", Kind::Outage),
         ] {
             assert_eq!(name.parse::<Kind>(), Ok(kind));
         }
         assert!("partitions".parse::<Kind>().is_err());
+    }
+
+    #[test]
+    fn the_clock_nemesis_needs_libfaketime_when_asked_for_and_is_dropped_by_default() {
+        let (all, note) = resolve(None, true).unwrap();
+        assert_eq!(all, DEFAULT_NEMESES.to_vec());
+        assert_eq!(note, None);
+        let (without, note) = resolve(None, false).unwrap();
+        assert!(!without.contains(&Kind::Clock));
+        assert_eq!(without.len(), DEFAULT_NEMESES.len() - 1);
+        let note = note.expect("the header says the clock nemesis is left out");
+        assert!(note.contains("libfaketime package"), "{note}");
+        let err = resolve(Some("partition,clock"), false).unwrap_err();
+        assert!(err.contains("install the libfaketime package"), "{err}");
+        assert_eq!(
+            resolve(Some("partition,clock"), true).unwrap().0,
+            vec![Kind::Partition, Kind::Clock]
+        );
+        assert_eq!(
+            resolve(Some("kill"), false).unwrap(),
+            (vec![Kind::Kill], None)
+        );
+        assert_eq!(resolve(Some("none"), false).unwrap(), (Vec::new(), None));
+        assert!(resolve(Some("kill,bogus"), true).is_err());
     }
 }

@@ -1,5 +1,6 @@
-//! The report's three pictures: a timeline per key (grants as bars, faults as shaded bands),
-//! operation latency over time, and throughput over time.
+//! The report's three pictures of the history: a timeline per key (grants as bars, faults as
+//! shaded bands), operation latency over time, and throughput over time. (The nodes' cost is
+//! drawn by [`super::cost`], on the same time axis.)
 //!
 //! Owns what each chart shows and how it is laid out. Reads the paired history and the
 //! verdict; must not decide anything (the checker does) and must not read files.
@@ -11,14 +12,24 @@ use crate::checker::{Analysis, Verdict, WindowEnd, secs};
 use crate::history::{ERROR_FENCED, F, OpType};
 
 /// Width of every chart, in pixels.
-const WIDTH: f64 = 1200.0;
+pub(super) const WIDTH: f64 = 1200.0;
 /// Left margin (lane labels), in pixels.
-const LEFT: f64 = 120.0;
+pub(super) const LEFT: f64 = 120.0;
 /// Right margin, in pixels.
-const RIGHT: f64 = 20.0;
+pub(super) const RIGHT: f64 = 20.0;
 /// Most points drawn per series in the latency chart; beyond it every n-th is drawn, so a long
 /// run's page stays small enough for a browser.
 const POINTS_PER_SERIES_MAX: usize = 6000;
+
+/// Every fault kind, in the order of the timeline's lanes and the legend.
+const FAULTS: [F; 6] = [
+    F::Partition,
+    F::Kill,
+    F::Pause,
+    F::Clock,
+    F::PauseClient,
+    F::Outage,
+];
 
 /// The colour of a fault kind's band.
 fn fault_colour(f: F) -> &'static str {
@@ -28,6 +39,7 @@ fn fault_colour(f: F) -> &'static str {
         F::Pause => "#ff7f0e",
         F::Clock => "#1f77b4",
         F::PauseClient => "#2ca02c",
+        F::Outage => "#8c564b",
         _ => "#888888",
     }
 }
@@ -43,7 +55,7 @@ fn op_colour(f: F) -> &'static str {
     }
 }
 
-fn axis(analysis: &Analysis) -> TimeAxis {
+pub(super) fn axis(analysis: &Analysis) -> TimeAxis {
     TimeAxis {
         left: LEFT,
         width: WIDTH - LEFT - RIGHT,
@@ -52,7 +64,13 @@ fn axis(analysis: &Analysis) -> TimeAxis {
 }
 
 /// Shaded bands for every fault that took effect, between `top` and `bottom`.
-fn fault_bands(svg: &mut Svg, analysis: &Analysis, axis: &TimeAxis, top: f64, bottom: f64) {
+pub(super) fn fault_bands(
+    svg: &mut Svg,
+    analysis: &Analysis,
+    axis: &TimeAxis,
+    top: f64,
+    bottom: f64,
+) {
     for fault in analysis.faults.iter().filter(|f| f.took_effect()) {
         let x0 = axis.x(fault.start_t);
         let x1 = axis.x(fault.heal_t.unwrap_or(analysis.end_t));
@@ -79,7 +97,7 @@ fn fault_bands(svg: &mut Svg, analysis: &Analysis, axis: &TimeAxis, top: f64, bo
 /// validity window as a bar coloured by client, writes as ticks (fenced ones red), revokes as
 /// purple dots, violations as red lines.
 pub fn timeline(analysis: &Analysis, verdict: &Verdict) -> String {
-    let kinds: Vec<F> = [F::Partition, F::Kill, F::Pause, F::Clock, F::PauseClient]
+    let kinds: Vec<F> = FAULTS
         .into_iter()
         .filter(|k| analysis.faults.iter().any(|f| f.f == *k))
         .collect();
@@ -343,7 +361,7 @@ pub fn legend() -> String {
     out.push_str(
         "<span style=\"color:#999\">■</span> acquire not granted &nbsp; | &nbsp; faults: ",
     );
-    for f in [F::Partition, F::Kill, F::Pause, F::Clock, F::PauseClient] {
+    for f in FAULTS {
         out.push_str(&format!(
             "<span style=\"color:{}\">■</span> {} ",
             fault_colour(f),

@@ -1,10 +1,12 @@
-//! The report in the run's folder: `results.json` (verdict, figures, every property's result)
-//! and `index.html` (the verdict first, then the timeline per key, latency and throughput).
+//! The report in the run's folder: `results.json` (verdict, figures, every property's result,
+//! the nodes' cost) and `index.html` (the verdict first, then the timeline per key, the nodes'
+//! cost under it, latency and throughput).
 //!
 //! Owns the results' shape and the page. Reads the history and the verdict; must not decide
 //! anything and must not run anything.
 
 pub mod charts;
+pub mod cost;
 pub mod svg;
 
 use std::fmt::Write as _;
@@ -42,11 +44,15 @@ pub struct Results {
     pub violations: u64,
     /// One result per property.
     pub properties: Vec<crate::checker::PropertyResult>,
+    /// What each node used (absent when the run has no resource samples).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub resources: Option<cost::Cost>,
 }
 
-/// Builds the results of a checked history.
+/// Builds the results of a checked history (`analysis` is `ops` paired, with its samples).
 pub fn results(
     ops: &[Op],
+    analysis: &Analysis,
     verdict: &Verdict,
     check: &CheckConfig,
     run: Option<serde_json::Value>,
@@ -58,6 +64,7 @@ pub fn results(
         stats: Stats::of(ops),
         violations: verdict.properties.iter().map(|p| p.violation_count).sum(),
         properties: verdict.properties.clone(),
+        resources: cost::figures(analysis),
     }
 }
 
@@ -108,12 +115,25 @@ pub fn html(analysis: &Analysis, verdict: &Verdict, results: &Results) -> String
         secs(results.stats.duration_ns)
     );
     if let Some(run) = &results.run {
+        let field = |name: &str| run.get(name).and_then(|n| n.as_str()).unwrap_or("");
         if let Some(net) = run.get("net").and_then(|n| n.as_str()) {
             let _ = write!(
                 out,
-                "<p><b>network:</b> {} ({})</p>",
+                "<p><b>network:</b> {} ({}) — {}</p>",
                 esc(net),
-                esc(run.get("network").and_then(|n| n.as_str()).unwrap_or(""))
+                esc(field("network")),
+                esc(field("net_why"))
+            );
+        }
+        if !field("nemesis_note").is_empty() {
+            let _ = write!(out, "<p><b>nemeses:</b> {}</p>", esc(field("nemesis_note")));
+        }
+        if !field("lockd").is_empty() {
+            let _ = write!(
+                out,
+                "<p><b>lockd:</b> <code>{}</code> ({})</p>",
+                esc(field("lockd")),
+                esc(field("lockd_note"))
             );
         }
         let _ = write!(
@@ -134,7 +154,10 @@ pub fn html(analysis: &Analysis, verdict: &Verdict, results: &Results) -> String
     out.push_str(&charts::legend());
     out.push_str(&charts::timeline(analysis, verdict));
 
-    out.push_str("<h2>Properties (DESIGN.md §5)</h2><table><tr><th>property</th><th>promise</th><th>verdict</th><th>checked</th><th>excused</th><th>violations</th><th>note</th></tr>");
+    out.push_str("<h2>Cost per node</h2>");
+    out.push_str(&cost::charts(analysis));
+
+    out.push_str("<h2>Properties (DESIGN.md §5, D-cost)</h2><table><tr><th>property</th><th>promise</th><th>verdict</th><th>checked</th><th>excused</th><th>violations</th><th>note</th></tr>");
     for p in &verdict.properties {
         let _ = write!(
             out,
@@ -196,6 +219,10 @@ pub fn html(analysis: &Analysis, verdict: &Verdict, results: &Results) -> String
         "</table><p>Writes fenced out: {}. Revokes that displaced a grant: {}.</p>",
         results.stats.writes_fenced, results.stats.revokes_displacing
     );
+    if let Some(c) = &results.resources {
+        out.push_str("<h3>Cost: outages and minutes</h3>");
+        out.push_str(&cost::tables(c));
+    }
     out.push_str("</body></html>\n");
     out
 }

@@ -74,6 +74,14 @@ impl Svg {
         );
     }
 
+    /// A dashed straight line (a bound or a threshold).
+    pub fn dashed_line(&mut self, x1: f64, y1: f64, x2: f64, y2: f64, stroke: &str, width: f64) {
+        let _ = write!(
+            self.body,
+            r#"<line x1="{x1:.1}" y1="{y1:.1}" x2="{x2:.1}" y2="{y2:.1}" stroke="{stroke}" stroke-width="{width:.1}" stroke-dasharray="6 4"/>"#
+        );
+    }
+
     /// A small circle, with an optional tooltip.
     pub fn dot(&mut self, cx: f64, cy: f64, r: f64, fill: &str, title: Option<&str>) {
         let _ = write!(
