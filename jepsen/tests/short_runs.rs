@@ -3,13 +3,14 @@
 //! passes), and its nemesis must actually have installed at least one fault — a run whose
 //! faults were all skipped proves nothing.
 //!
-//! Needs the `lockd` binary (`cargo build -p lockd`, same target dir, or `LOCKD_BIN`). The
-//! tests pass with or without the optional packages, and check what the harness does without
-//! them: `--net auto` takes the namespace as root with iproute2 and iptables installed and the
-//! proxy otherwise (the header says which and why); one partition run forces `--net proxy`, so
-//! both ways of cutting links are exercised wherever iptables exists; an explicit `--net
-//! netns` (t16) or `--nemesis clock` (t13) without their packages must be a harness failure
-//! naming the package. t17 holds a node out for 20 s twice and judges the survivors' cost.
+//! Needs the `lockd` binary (`cargo build -p lockd`, same target dir, or `LOCKD_BIN`), and the
+//! packages README's test command (`scripts/test`) installs: libfaketime for the clock
+//! nemesis, and as root iproute2 and iptables. A missing one fails its test, naming them:
+//! nothing passes untested. `--net auto` takes the namespace as root with iproute2 and iptables
+//! installed and the proxy otherwise (the header says which and why); one partition run forces
+//! `--net proxy`, so both ways of cutting links are exercised; t16 runs `--net netns` with a
+//! lockd binary the node users cannot reach. t17 holds a node out for 20 s twice and judges
+//! the survivors' cost.
 //! The runs are serialised within this binary; nextest's `cluster` group bounds them across
 //! binaries.
 
