@@ -12,9 +12,31 @@ use tracing_subscriber::EnvFilter;
 use crate::config::{Config, LogFormat, RunArgs};
 use crate::dev::{DevArgs, Signals};
 
-/// The default log filter when `RUST_LOG` is not set: lockd at info, openraft's chattier
-/// modules at warn (it logs every vote and membership step at info).
-const LOG_FILTER_DEFAULT: &str = "info,openraft=warn";
+/// The default log filter when `RUST_LOG` is not set: lockd at info, openraft at warn (it logs
+/// every vote and membership step at info), and at error the openraft modules whose warnings
+/// come once per retry or per message (issue 17: 800 000 lines in 20 s with one follower down):
+///
+/// - `openraft::replication`: "ReplicationCore recv RPCError … sending error to RaftCore", per
+///   failed stream (its submodules with warnings worth a line stay at warn);
+/// - `openraft::engine::handler::replication_handler`: "update progress error", the same
+///   failure as seen by RaftCore;
+/// - `openraft::core::heartbeat`: "failed to send a heartbeat", per heartbeat interval;
+/// - `openraft::core::raft_core`: "while requesting vote/pre-vote, error", per peer per
+///   election round, and "a message will be ignored", per stale message.
+///
+/// lockd says the same once per change instead: `raft::peer_health` logs a peer becoming
+/// unreachable and reachable again and summarises the attempts in between. Setting `RUST_LOG`
+/// replaces this filter whole, so `RUST_LOG=info,openraft=warn` brings every line back.
+const LOG_FILTER_DEFAULT: &str = concat!(
+    "info,openraft=warn,",
+    "openraft::replication=error,",
+    "openraft::replication::stream_state=warn,",
+    "openraft::replication::replication_handle=warn,",
+    "openraft::replication::snapshot_transmitter=warn,",
+    "openraft::engine::handler::replication_handler=error,",
+    "openraft::core::heartbeat=error,",
+    "openraft::core::raft_core=error",
+);
 
 /// lockd: a Raft-replicated lock service.
 #[derive(Parser, Debug)]
@@ -34,9 +56,17 @@ pub enum CliCommand {
     Dev(DevArgs),
 }
 
+/// The log filter: `rust_log` (the `RUST_LOG` variable) when it is set and parses, else
+/// [`LOG_FILTER_DEFAULT`].
+fn log_filter(rust_log: Option<&str>) -> EnvFilter {
+    rust_log
+        .and_then(|directives| EnvFilter::try_new(directives).ok())
+        .unwrap_or_else(|| EnvFilter::new(LOG_FILTER_DEFAULT))
+}
+
 fn init_logging(format: LogFormat) {
-    let filter =
-        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(LOG_FILTER_DEFAULT));
+    let rust_log = std::env::var(EnvFilter::DEFAULT_ENV).ok();
+    let filter = log_filter(rust_log.as_deref());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -109,5 +139,64 @@ pub fn main() -> ExitCode {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use tracing_subscriber::layer::SubscriberExt;
+
+    use super::*;
+
+    /// Counts the events a filter lets through.
+    struct Count(Arc<AtomicUsize>);
+
+    impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Count {
+        fn on_event(&self, _: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// How many of the events `emit` makes pass `filter`.
+    fn passed(filter: EnvFilter, emit: impl FnOnce()) -> usize {
+        let count = Arc::new(AtomicUsize::new(0));
+        let subscriber = tracing_subscriber::registry()
+            .with(filter)
+            .with(Count(count.clone()));
+        tracing::subscriber::with_default(subscriber, emit);
+        count.load(Ordering::SeqCst)
+    }
+
+    fn retry_warnings() {
+        tracing::warn!(target: "openraft::replication", "ReplicationCore recv RPCError");
+        tracing::warn!(target: "openraft::engine::handler::replication_handler", "update progress error");
+        tracing::warn!(target: "openraft::core::heartbeat::worker", "failed to send a heartbeat");
+        tracing::warn!(target: "openraft::core::raft_core", "while requesting vote, error");
+    }
+
+    #[test]
+    fn the_default_filter_drops_openrafts_per_retry_warnings_and_keeps_the_rest() {
+        assert_eq!(passed(log_filter(None), retry_warnings), 0);
+        let kept = passed(log_filter(None), || {
+            tracing::info!(target: "lockd::raft::peer_health", "raft peer reachable again");
+            tracing::warn!(target: "openraft::storage", "a storage warning");
+            tracing::warn!(target: "openraft::replication::stream_state", "a stream warning");
+            tracing::error!(target: "openraft::replication", "an error");
+            tracing::info!(target: "openraft::core::raft_core", "a vote at info");
+        });
+        assert_eq!(kept, 4, "only openraft's info line is below the default");
+    }
+
+    #[test]
+    fn rust_log_replaces_the_default_and_brings_them_back() {
+        assert_eq!(
+            passed(log_filter(Some("info,openraft=warn")), retry_warnings),
+            4
+        );
+        // A RUST_LOG that does not parse leaves the default in place.
+        assert_eq!(passed(log_filter(Some("openraft=loud")), retry_warnings), 0);
     }
 }

@@ -22,6 +22,7 @@ use openraft::ServerState;
 use openraft::async_runtime::WatchReceiver;
 
 use crate::clock::Clock;
+use crate::log_limit::{LogLimit, Note};
 use crate::proposer::Proposer;
 use crate::waiters::WaiterRegistry;
 
@@ -395,6 +396,8 @@ pub async fn run_promoter(
     // entry for nothing once the term is promoted.
     let mut server = raft.server_metrics();
     let mut data = raft.data_metrics();
+    // A leader without a quorum fails its promote on every retry: one line, then one a minute.
+    let mut failing = LogLimit::default();
     loop {
         let (state, term) = {
             let m = server.borrow_and_update();
@@ -417,6 +420,13 @@ pub async fn run_promoter(
             proposer.raise_stamp_floor(reader.read(|table| table.last_stamp_ms()));
             match proposer.propose(Command::Promote).await {
                 Ok(Response::Promoted { grants, sessions }) => {
+                    if let Some(ended) = failing.succeeded(keeper.clock.now()) {
+                        tracing::info!(
+                            failing_ms = ended.lasted.as_millis() as u64,
+                            failed_attempts = ended.total,
+                            "promote applied after failing"
+                        );
+                    }
                     let (grant_list, session_list) = reader.read(|table| {
                         (
                             table.grants().cloned().collect::<Vec<_>>(),
@@ -435,10 +445,12 @@ pub async fn run_promoter(
                     continue;
                 }
                 Ok(other) => {
-                    tracing::warn!(?other, "promote answered unexpectedly; retrying");
+                    let error = format!("promote answered unexpectedly: {other:?}");
+                    note_promote_failure(&mut failing, keeper.clock.now(), &error, true);
                 }
                 Err(err) => {
-                    tracing::info!(%err, "promote not applied; retrying while leader");
+                    let error = format!("promote not applied: {err}");
+                    note_promote_failure(&mut failing, keeper.clock.now(), &error, false);
                 }
             }
         }
@@ -459,6 +471,25 @@ pub async fn run_promoter(
             keeper.clear_promoted();
             return;
         }
+    }
+}
+
+/// Logs a failed promote as `failing` says: the first of a run, then a summary a minute. The
+/// first line is a WARN if the answer was `unexpected` (a bug), else INFO: a promote that
+/// loses a race with an election is routine.
+fn note_promote_failure(failing: &mut LogLimit, now: Instant, error: &str, unexpected: bool) {
+    match failing.failed(now, &error) {
+        None => {}
+        Some(Note::Began) if unexpected => {
+            tracing::warn!(error, "promote failed; retrying while leader")
+        }
+        Some(Note::Began) => tracing::info!(error, "promote failed; retrying while leader"),
+        Some(Note::Summary(s)) => tracing::info!(
+            failing_s = s.lasted.as_secs(),
+            failed_attempts = s.count,
+            last_error = %s.last_error,
+            "promote still failing; retrying while leader"
+        ),
     }
 }
 

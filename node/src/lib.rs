@@ -5,7 +5,8 @@
 //!
 //! - [`config`]: flags, `LOCKD_*` env and TOML merged and validated; [`identity`]: the data
 //!   dir's owner.
-//! - [`clock`]: the injected wall and monotonic clocks.
+//! - [`clock`]: the injected wall and monotonic clocks; [`log_limit`]: a repeating failure
+//!   logged as a change of state with a summary a minute.
 //! - [`raft`]: the Raft transport over gRPC (client [`raft::network`], server
 //!   [`raft::service`]).
 //! - [`proposer`]: stamping and group commit of commands (D-time, D-batch).
@@ -28,6 +29,7 @@ pub mod dev;
 pub mod grpc;
 pub mod identity;
 pub mod leases;
+pub mod log_limit;
 pub mod proposer;
 pub mod raft;
 pub mod server;

@@ -30,6 +30,7 @@ use crate::grpc::lock::LockApi;
 use crate::grpc::session::SessionApi;
 use crate::identity::{self, Identity, STORAGE_SUBDIR};
 use crate::leases::{LeaseKeeper, Observer, run_promoter, run_reaper};
+use crate::log_limit::{LogLimit, Note};
 use crate::proposer::{BATCH_COMMANDS_MAX, ENTRIES_IN_FLIGHT_MAX, Proposer, RaftWriter};
 use crate::raft::network::{NetworkFactory, RAFT_MESSAGE_BYTES_MAX};
 use crate::raft::service::RaftRpc;
@@ -267,6 +268,8 @@ async fn bootstrap(raft: Raft, peers: BTreeMap<u64, String>) {
         .into_iter()
         .map(|(id, addr)| (id, BasicNode { addr }))
         .collect();
+    // One line when bootstrapping starts failing, then one a minute, however often it retries.
+    let mut failing = LogLimit::default();
     loop {
         match raft.is_initialized().await {
             Ok(true) => {
@@ -291,7 +294,16 @@ async fn bootstrap(raft: Raft, peers: BTreeMap<u64, String>) {
                 return;
             }
             Err(e) => {
-                tracing::warn!(error = %e, "bootstrap failed; retrying");
+                match failing.failed(tokio::time::Instant::now().into_std(), &e) {
+                    None => {}
+                    Some(Note::Began) => tracing::warn!(error = %e, "bootstrap failed; retrying"),
+                    Some(Note::Summary(s)) => tracing::warn!(
+                        failing_s = s.lasted.as_secs(),
+                        failed_attempts = s.count,
+                        last_error = %s.last_error,
+                        "bootstrap still failing; retrying"
+                    ),
+                }
                 tokio::time::sleep(INIT_RETRY).await;
             }
         }

@@ -26,6 +26,7 @@ use tonic::{Request, Response, Status};
 
 use crate::config::{Backend, Config};
 use crate::grpc::CLIENT_MESSAGE_BYTES_MAX;
+use crate::log_limit::{LogLimit, Note};
 use crate::server::accepted_without_nagle;
 
 /// How often a waiting acquire retries `try_insert` while the key is held.
@@ -442,12 +443,36 @@ where
     let reaper = tokio::spawn(async move {
         let mut tick = tokio::time::interval(REAP_INTERVAL);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // A backend that is down fails every tick: say so once, then once a minute.
+        let mut failing = LogLimit::default();
         loop {
             tick.tick().await;
+            let now = tokio::time::Instant::now().into_std();
             match store.reap_expired(SystemTime::now()).await {
-                Ok(0) => {}
-                Ok(n) => tracing::debug!(reaped = n, "reaped expired grants"),
-                Err(e) => tracing::warn!(error = %e, "reap_expired failed; retrying next tick"),
+                Ok(n) => {
+                    if let Some(ended) = failing.succeeded(now) {
+                        tracing::info!(
+                            failing_ms = ended.lasted.as_millis() as u64,
+                            failed_ticks = ended.total,
+                            "reap_expired works again"
+                        );
+                    }
+                    if n > 0 {
+                        tracing::debug!(reaped = n, "reaped expired grants");
+                    }
+                }
+                Err(e) => match failing.failed(now, &e) {
+                    None => {}
+                    Some(Note::Began) => {
+                        tracing::warn!(error = %e, "reap_expired failed; retrying every tick")
+                    }
+                    Some(Note::Summary(s)) => tracing::warn!(
+                        failing_s = s.lasted.as_secs(),
+                        failed_ticks = s.count,
+                        last_error = %s.last_error,
+                        "reap_expired still failing"
+                    ),
+                },
             }
         }
     });

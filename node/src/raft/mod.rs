@@ -1,9 +1,12 @@
 //! The Raft transport between nodes over gRPC: [`network`] dials peers for openraft,
-//! [`service`] receives their RPCs. Payloads are postcard-encoded openraft types; the few
+//! [`service`] receives their RPCs, [`peer_health`] paces attempts to a peer that cannot be
+//! reached by the policy in [`backoff`]. Payloads are postcard-encoded openraft types; the few
 //! messages of lockd's own (an append stream's answer, a snapshot's header) are defined here,
 //! where both sides see them.
 
+pub mod backoff;
 pub mod network;
+pub mod peer_health;
 pub mod service;
 
 use lock_raft_store::{SnapshotMeta, TypeConfig, Vote};

@@ -18,14 +18,21 @@
 //! or a hot key changes hands. Votes and pre-votes are unary; a snapshot is one client stream
 //! (a header, then the bytes in chunks).
 //!
+//! A peer that cannot be reached is retried with capped exponential backoff on every path
+//! (`raft::peer_health`, `raft::backoff`): replication streams, unary appends and snapshots wait
+//! for the peer's next turn before dialling, heartbeats (which also carry openraft's leadership
+//! confirmation for linearizable reads) and votes fail at once until it comes; one success on
+//! any path opens the gate for all. The peer's changes of state are logged once each.
+//!
 //! A peer is dialled at its address in the replicated membership unless the node was started
 //! with a dial override for it (`--raft-dial ID=ADDR`, see `config::RunArgs::raft_dial`): then
 //! at ADDR. The override changes only where this node connects; it never changes the
 //! membership, so the leader address handed to clients stays the membership's.
 
 use std::collections::BTreeMap;
+use std::fmt;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
@@ -48,6 +55,8 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tonic::transport::{Channel, Endpoint};
 
+use super::backoff::BACKOFF_INITIAL;
+use super::peer_health::{NotYet, PeerHealth};
 use super::{SNAPSHOT_CHUNK_BYTES, SnapshotHeader, StreamAnswer};
 
 /// Largest Raft message, in bytes, either way. An append carries at most
@@ -75,10 +84,12 @@ const APPEND_ANSWER_TIMEOUT_MIN: Duration = Duration::from_secs(2);
 /// How long dialing a peer may take before the RPC is treated as unreachable.
 const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 
-/// How long openraft waits before retrying a peer that was unreachable. openraft's default is
-/// 500 ms; a restarted follower then waits up to that long for its first heartbeat, so a
-/// shorter pause is kinder to failover tests while still not spinning on a dead peer.
-const UNREACHABLE_BACKOFF: Duration = Duration::from_millis(200);
+/// The pause openraft's own replication backoff makes (see [`PeerClient::backoff`]). lockd's
+/// per-peer backoff ([`PeerHealth`]) is what paces attempts to an unreachable peer; openraft's
+/// applies only inside a stream that is already open (the first request after errors waits
+/// this long), so it is kept short: it delays a returning follower's first append by this
+/// much, and remains a floor should an error path ever escape the per-peer gate.
+const OPENRAFT_STREAM_BACKOFF: Duration = BACKOFF_INITIAL;
 
 type RpcError = RPCError<TypeConfig>;
 
@@ -247,6 +258,9 @@ struct Answers {
     sent_rx: mpsc::UnboundedReceiver<Sent>,
     /// Answers known but not yet handed to openraft.
     owed: Option<Owed>,
+    /// The peer's health and address, told when the stream fails.
+    health: Arc<PeerHealth>,
+    addr: String,
 }
 
 /// A follower's answer to a sent append, still to be handed out for the requests it carried and
@@ -281,13 +295,16 @@ impl Owed {
 }
 
 /// Makes one [`PeerClient`] per peer and purpose (replication, heartbeats, snapshots) for
-/// openraft.
+/// openraft; the clients of one peer share its [`PeerHealth`].
 #[derive(Clone, Debug)]
 pub struct NetworkFactory {
     /// This node's id, for openraft's timeout errors.
     self_id: NodeId,
     /// Peer id → `host:port` to dial instead of the membership's address.
     dial: Arc<BTreeMap<NodeId, String>>,
+    /// Peer id → its reachability, made on the first client to it. A peer removed from the
+    /// membership keeps its entry: a few words, and nothing dials it any more.
+    health: Arc<Mutex<BTreeMap<NodeId, Arc<PeerHealth>>>>,
 }
 
 impl NetworkFactory {
@@ -296,6 +313,7 @@ impl NetworkFactory {
         Self {
             self_id,
             dial: Arc::default(),
+            health: Arc::default(),
         }
     }
 
@@ -313,12 +331,17 @@ impl NetworkFactory {
             .cloned()
             .unwrap_or_else(|| node.addr.clone())
     }
-}
 
-impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
-    type Network = PeerClient;
+    /// The shared reachability of peer `target`.
+    fn health(&self, target: NodeId) -> Arc<PeerHealth> {
+        let mut health = self.health.lock().unwrap_or_else(|e| e.into_inner());
+        health
+            .entry(target)
+            .or_insert_with(|| Arc::new(PeerHealth::new(self.self_id, target)))
+            .clone()
+    }
 
-    async fn new_client(&mut self, target: NodeId, node: &Node) -> PeerClient {
+    fn client(&self, target: NodeId, node: &Node, purpose: Purpose) -> PeerClient {
         let addr = self.dial_addr(target, node);
         if addr != node.addr {
             tracing::debug!(
@@ -333,8 +356,44 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
             target,
             addr,
             client: None,
+            purpose,
+            health: self.health(target),
         }
     }
+}
+
+impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
+    type Network = PeerClient;
+
+    /// The client openraft replicates with, and sends votes and pre-votes on.
+    async fn new_client(&mut self, target: NodeId, node: &Node) -> PeerClient {
+        self.client(target, node, Purpose::Replication)
+    }
+
+    /// The client of heartbeats and of the leadership confirmation behind linearizable reads
+    /// (openraft sends both on it): it fails at once while the peer is not due for an attempt.
+    async fn new_heartbeat_client(&mut self, target: NodeId, node: &Node) -> PeerClient {
+        self.client(target, node, Purpose::Heartbeat)
+    }
+
+    async fn new_snapshot_client(&mut self, target: NodeId, node: &Node) -> PeerClient {
+        self.client(target, node, Purpose::Snapshot)
+    }
+}
+
+/// What openraft made a [`PeerClient`] for, which decides what an append stream does while
+/// its peer is unreachable and not yet due for another attempt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Purpose {
+    /// Entries: the stream waits for the peer's turn. openraft retries a failed stream at once
+    /// (see [`PeerClient::stream_append`]), so the wait is what paces it.
+    Replication,
+    /// Heartbeats and leadership confirmation: fail at once. openraft sends them on its own
+    /// schedule under a deadline of one heartbeat interval, so a wait would only be cut short,
+    /// and a confirmation round must not wait for a dead peer when the live ones are a quorum.
+    Heartbeat,
+    /// Snapshots: wait, as replication does.
+    Snapshot,
 }
 
 /// The Raft transport to one peer.
@@ -346,6 +405,9 @@ pub struct PeerClient {
     addr: String,
     /// Made on first use; the channel reconnects by itself after a peer restart.
     client: Option<RaftServiceClient<Channel>>,
+    purpose: Purpose,
+    /// Shared with every other client to `target`.
+    health: Arc<PeerHealth>,
 }
 
 /// Why one call failed, before it is phrased as an openraft error.
@@ -358,6 +420,62 @@ enum CallError {
     Decode(String),
     /// The peer's Raft could not take the request at all (it stopped, or hit a fatal error).
     Remote(String),
+    /// Not attempted: the peer is unreachable and not yet due for another attempt.
+    NotYet(NotYet),
+}
+
+impl CallError {
+    /// Whether this failure says the peer cannot be reached, and so pushes its next attempt
+    /// away ([`PeerHealth::failed`]). A timeout does only where `timeout_counts`: on a
+    /// stream, whose deadline is seconds, it means the peer is cut off; on a heartbeat or a
+    /// vote, whose deadline is one interval, a busy machine alone can cause it, and a peer
+    /// put into backoff for that would flap in the log.
+    fn counts_against_peer(&self, timeout_counts: bool) -> bool {
+        match self {
+            CallError::Timeout(_) => timeout_counts,
+            CallError::NotYet(_) => false,
+            CallError::Unreachable(_)
+            | CallError::BadAddress(_)
+            | CallError::Network(_)
+            | CallError::Decode(_)
+            | CallError::Remote(_) => true,
+        }
+    }
+}
+
+impl fmt::Display for CallError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CallError::Timeout(ttl) => write!(f, "no answer within {ttl:?}"),
+            CallError::Unreachable(status) | CallError::Network(status) => {
+                f.write_str(&status_text(status))
+            }
+            CallError::BadAddress(msg) | CallError::Decode(msg) | CallError::Remote(msg) => {
+                f.write_str(msg)
+            }
+            CallError::NotYet(not_yet) => write!(
+                f,
+                "peer unreachable; next attempt in {} ms",
+                not_yet.retry_in.as_millis()
+            ),
+        }
+    }
+}
+
+/// A status's message and the chain of errors under it, each once: for a refused connection,
+/// `transport error: tcp connect error: Connection refused (os error 111)`.
+fn status_text(status: &tonic::Status) -> String {
+    let mut text = status.message().to_owned();
+    let mut source = std::error::Error::source(status);
+    while let Some(err) = source {
+        let part = err.to_string();
+        if !text.contains(&part) {
+            text.push_str(": ");
+            text.push_str(&part);
+        }
+        source = err.source();
+    }
+    text
 }
 
 /// A plain error to wrap into openraft's `NetworkError` / `Unreachable`.
@@ -403,8 +521,22 @@ fn rpc_error(self_id: NodeId, target: NodeId, kind: RPCTypes, err: CallError) ->
         CallError::BadAddress(msg) | CallError::Remote(msg) => {
             RPCError::Unreachable(Unreachable::new(&TransportError(msg)))
         }
+        err @ CallError::NotYet(_) => {
+            RPCError::Unreachable(Unreachable::new(&TransportError(err.to_string())))
+        }
         CallError::Network(status) => RPCError::Network(NetworkError::new(&status)),
         CallError::Decode(msg) => RPCError::Network(NetworkError::new(&TransportError(msg))),
+    }
+}
+
+/// [`PeerClient::observe`], for the answer side of a stream, which outlives the client's borrow.
+fn observe(health: &PeerHealth, addr: &str, outcome: Result<(), &CallError>, timeout_counts: bool) {
+    match outcome {
+        Ok(()) => health.succeeded(Instant::now()),
+        Err(err) if err.counts_against_peer(timeout_counts) => {
+            health.failed(Instant::now(), addr, err);
+        }
+        Err(_) => {}
     }
 }
 
@@ -449,6 +581,22 @@ impl PeerClient {
         rpc_error(self.self_id, self.target, kind, err)
     }
 
+    /// Before an attempt: waits for the peer's turn if `wait`, else fails at once with
+    /// [`CallError::NotYet`] when its turn has not come (see [`Purpose`]).
+    async fn gate(&self, wait: bool) -> Result<(), CallError> {
+        if wait {
+            self.health.wait_turn().await;
+            return Ok(());
+        }
+        self.health.turn(Instant::now()).map_err(CallError::NotYet)
+    }
+
+    /// Tells the peer's health how an attempt went (see [`CallError::counts_against_peer`]).
+    fn observe<T>(&self, result: &Result<T, CallError>, timeout_counts: bool) {
+        let outcome = result.as_ref().map(|_| ());
+        observe(&self.health, &self.addr, outcome, timeout_counts);
+    }
+
     /// Sends `req` as the unary `rpc`, bounded by `ttl`, and decodes the answer
     /// `Result<Resp, RaftError>`.
     async fn unary<Req, Resp>(
@@ -461,6 +609,12 @@ impl PeerClient {
         Req: Serialize,
         Resp: DeserializeOwned,
     {
+        // Votes fail at once while the peer is not due: openraft sends them again at the next
+        // election timeout anyway, and an election needs only the peers that are up. A unary
+        // append waits, as a replication stream does.
+        if let Err(err) = self.gate(matches!(rpc, Unary::Append)).await {
+            return Err(self.error(rpc.kind(), err));
+        }
         let call = async {
             let mut client = self.client()?;
             let mut request = tonic::Request::new(encode("request", req)?);
@@ -475,10 +629,12 @@ impl PeerClient {
                 decode("answer", self.target, response.get_ref())?;
             answer.map_err(|remote| CallError::Remote(remote.to_string()))
         };
-        match tokio::time::timeout(ttl, call).await {
-            Err(_) => Err(self.error(rpc.kind(), CallError::Timeout(ttl))),
-            Ok(result) => result.map_err(|err| self.error(rpc.kind(), err)),
-        }
+        let result = match tokio::time::timeout(ttl, call).await {
+            Err(_) => Err(CallError::Timeout(ttl)),
+            Ok(result) => result,
+        };
+        self.observe(&result, false);
+        result.map_err(|err| self.error(rpc.kind(), err))
     }
 
     /// Opens an `AppendStream` carrying `input`, and returns its answers, each bounded by `ttl`
@@ -516,16 +672,21 @@ impl PeerClient {
                     }
                 }
             });
-        let answers = match tokio::time::timeout(ttl, client.append_stream(requests)).await {
-            Err(_) => return Err(self.error(kind, CallError::Timeout(ttl))),
-            Ok(Err(status)) => return Err(self.error(kind, classify(status))),
-            Ok(Ok(response)) => response.into_inner(),
+        let opened = match tokio::time::timeout(ttl, client.append_stream(requests)).await {
+            Err(_) => Err(CallError::Timeout(ttl)),
+            Ok(Err(status)) => Err(classify(status)),
+            Ok(Ok(response)) => Ok(response.into_inner()),
         };
+        // A stream's deadline is seconds: a timeout here is a peer cut off, not a busy one.
+        self.observe(&opened, true);
+        let answers = opened.map_err(|err| self.error(kind, err))?;
         Ok(futures::stream::unfold(
             Some(Answers {
                 answers,
                 sent_rx,
                 owed: None,
+                health: self.health.clone(),
+                addr: self.addr.clone(),
             }),
             move |state| async move {
                 let mut state = state?;
@@ -570,7 +731,9 @@ impl PeerClient {
                                 result,
                             },
                             // A failure is the first owed request's; the stream ends with it.
+                            // The peer went away or is cut off: its next stream waits its turn.
                             Err(err) => {
+                                observe(&state.health, &state.addr, Err(&err), true);
                                 return Some((Err(rpc_error(self_id, target, kind, err)), None));
                             }
                         }
@@ -609,6 +772,19 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
         S: Stream<Item = AppendEntriesRequest<TypeConfig>> + OptionalSend + Unpin + 'static,
     {
         Box::pin(async move {
+            // The backoff has to be here, before the dial, and not left to openraft (issue 17).
+            // openraft's `ReplicationCore::run_stream_session` (openraft 0.10.0-alpha.37,
+            // src/replication/mod.rs) treats an error from this call by counting it and
+            // returning to its main loop, which asks RaftCore for the payload again and calls
+            // this at once; openraft's backoff sleeps only inside the request stream
+            // (`StreamState::next_request`, src/replication/stream_state.rs), which tonic polls
+            // only once the connection is up. Against a refused connection that loop spun at a
+            // core's worth of CPU and two WARN lines per turn. Waiting for the peer's turn here
+            // paces it; a heartbeat that gets through ends the wait early.
+            let wait = self.purpose != Purpose::Heartbeat;
+            if let Err(err) = self.gate(wait).await {
+                return Err(self.error(RPCTypes::AppendEntries, err));
+            }
             let ttl = option.hard_ttl().max(APPEND_ANSWER_TIMEOUT_MIN);
             let answers = self.open_append_stream(input, ttl).await?;
             Ok(Box::pin(answers) as BoxStream<'s, _>)
@@ -643,6 +819,14 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
         option: RPCOption,
     ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
         let kind = RPCTypes::InstallSnapshot;
+        let mut cancel = std::pin::pin!(cancel);
+        // Wait for an unreachable peer's turn, as a replication stream does: openraft's
+        // snapshot transmitter retries a failed transfer after its own backoff, which this
+        // makes the floor, not the pace.
+        tokio::select! {
+            closed = &mut cancel => return Err(StreamingError::Closed(closed)),
+            _ = self.health.wait_turn() => {}
+        }
         let data_len = snapshot.snapshot.get_ref().len();
         let to_streaming = |err: RpcError| match err {
             RPCError::Timeout(e) => StreamingError::Timeout(e),
@@ -686,17 +870,22 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
             )?
             .map_err(CallError::Remote)
         };
-        tokio::select! {
-            closed = cancel => Err(StreamingError::Closed(closed)),
+        let answer = tokio::select! {
+            closed = cancel => return Err(StreamingError::Closed(closed)),
             answer = tokio::time::timeout(ttl, call) => match answer {
-                Err(_) => Err(to_streaming(self.error(kind, CallError::Timeout(ttl)))),
-                Ok(answer) => answer.map_err(|e| to_streaming(self.error(kind, e))),
+                Err(_) => Err(CallError::Timeout(ttl)),
+                Ok(answer) => answer,
             },
-        }
+        };
+        self.observe(&answer, true);
+        answer.map_err(|e| to_streaming(self.error(kind, e)))
     }
 
+    /// openraft's own backoff, which it applies inside an open stream after errors and
+    /// between snapshot retries: short, because the per-peer gate already paced the attempt
+    /// (see `OPENRAFT_STREAM_BACKOFF`).
     fn backoff(&self) -> Option<Backoff> {
-        Some(Backoff::new(std::iter::repeat(UNREACHABLE_BACKOFF)))
+        Some(Backoff::new(std::iter::repeat(OPENRAFT_STREAM_BACKOFF)))
     }
 }
 
@@ -707,6 +896,8 @@ mod tests {
     use super::*;
     use lock_raft_store::{LeaderId, LogId};
     use tokio::net::TcpListener;
+
+    use crate::raft::backoff::BACKOFF_INITIAL;
 
     const ACCEPT_WAIT: Duration = Duration::from_secs(5);
 
@@ -819,10 +1010,8 @@ mod tests {
         }
     }
 
-    /// Serves `peer` on a free loopback port and returns a client of it.
-    async fn client_of(peer: FakePeer) -> PeerClient {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let node = Node::new(listener.local_addr().unwrap().to_string());
+    /// Serves `peer` on `listener`.
+    fn serve(listener: TcpListener, peer: FakePeer) {
         tokio::spawn(
             tonic::transport::Server::builder()
                 .add_service(lock_proto::v1::raft_service_server::RaftServiceServer::new(
@@ -830,7 +1019,72 @@ mod tests {
                 ))
                 .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
         );
+    }
+
+    /// Serves `peer` on a free loopback port and returns a client of it.
+    async fn client_of(peer: FakePeer) -> PeerClient {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let node = Node::new(listener.local_addr().unwrap().to_string());
+        serve(listener, peer);
         NetworkFactory::new(1).new_client(2, &node).await
+    }
+
+    /// Opens and drops a heartbeat-like stream on `client`: how the open went.
+    async fn try_open(client: &mut PeerClient) -> Result<(), RpcError> {
+        let input = futures::stream::empty::<AppendEntriesRequest<TypeConfig>>();
+        client
+            .stream_append(input, RPCOption::new(TTL))
+            .await
+            .map(drop)
+    }
+
+    #[tokio::test]
+    async fn a_refused_peer_is_retried_after_a_backoff_and_reached_again_when_it_listens() {
+        // A port nobody listens on: connections are refused at once.
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        drop(listener);
+        let node = Node::new(addr.to_string());
+        let mut factory = NetworkFactory::new(1);
+        let mut replication = factory.new_client(2, &node).await;
+        let mut heartbeat = factory.new_heartbeat_client(2, &node).await;
+
+        let refused = try_open(&mut replication).await;
+        let first_failure = Instant::now();
+        assert!(
+            matches!(&refused, Err(RPCError::Unreachable(e)) if e.to_string().contains("refused")),
+            "{refused:?}"
+        );
+        assert!(!replication.health.is_reachable());
+        // The heartbeat client shares the peer's schedule: it is not due, so it fails without
+        // dialling.
+        let not_due = try_open(&mut heartbeat).await;
+        assert!(
+            matches!(&not_due, Err(RPCError::Unreachable(e)) if e.to_string().contains("next attempt in")),
+            "{not_due:?}"
+        );
+        // openraft calls again at once; the call waits out the first delay before dialling.
+        let again = try_open(&mut replication).await;
+        assert!(matches!(again, Err(RPCError::Unreachable(_))), "{again:?}");
+        assert!(
+            first_failure.elapsed() >= BACKOFF_INITIAL / 2,
+            "retried after {:?}",
+            first_failure.elapsed()
+        );
+
+        // The peer comes back on the same address. Heartbeats probe when due; once one gets
+        // through, the replication stream opens without waiting out its delay.
+        serve(TcpListener::bind(addr).await.unwrap(), FakePeer::default());
+        let deadline = Instant::now() + ACCEPT_WAIT;
+        while try_open(&mut heartbeat).await.is_err() {
+            assert!(Instant::now() < deadline, "the heartbeat never got through");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(replication.health.is_reachable());
+        assert_eq!(replication.health.turn(Instant::now()), Ok(()));
+        try_open(&mut replication)
+            .await
+            .expect("the replication stream opens");
     }
 
     fn append_request(term: u64) -> AppendEntriesRequest<TypeConfig> {

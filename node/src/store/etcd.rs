@@ -29,6 +29,7 @@
 //! node's wall clock; etcd leases are whole seconds and belong to sessions.
 
 use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use lock_api::{
@@ -36,6 +37,8 @@ use lock_api::{
 };
 use serde::{Deserialize, Serialize};
 use tonic::transport::{Channel, Endpoint};
+
+use crate::log_limit::{LogLimit, Note};
 
 /// The etcd stubs: package `etcdserverpb` of the etcd API subset generated in `lock-proto`
 /// (`proto/proto/etcd/`, its feature `etcd`).
@@ -99,6 +102,9 @@ pub struct EtcdLockStore {
     kv: KvClient<Channel>,
     lease: LeaseClient<Channel>,
     prefix: String,
+    /// Scans that hit [`SCAN_KEYS_MAX`]: every reaper tick does while the table is that big,
+    /// so it is logged when it starts and then once a minute.
+    scans_cut: Arc<Mutex<LogLimit>>,
 }
 
 fn contention(what: &str, e: impl std::fmt::Display) -> LockError {
@@ -240,6 +246,7 @@ impl EtcdLockStore {
             kv: KvClient::new(channel.clone()),
             lease: LeaseClient::new(channel),
             prefix: prefix.to_owned(),
+            scans_cut: Arc::default(),
         })
     }
 
@@ -291,12 +298,30 @@ impl EtcdLockStore {
             .await
             .map_err(|s| status(what, s))?
             .into_inner();
+        let now = tokio::time::Instant::now().into_std();
+        let mut scans_cut = self.scans_cut.lock().unwrap_or_else(|e| e.into_inner());
         if resp.more {
-            tracing::warn!(
-                limit = SCAN_KEYS_MAX,
-                "etcd {what}: more grants than one scan reads"
+            match scans_cut.failed(now, &what) {
+                None => {}
+                Some(Note::Began) => tracing::warn!(
+                    limit = SCAN_KEYS_MAX,
+                    "etcd {what}: more grants than one scan reads"
+                ),
+                Some(Note::Summary(s)) => tracing::warn!(
+                    limit = SCAN_KEYS_MAX,
+                    scans = s.count,
+                    for_s = s.lasted.as_secs(),
+                    "etcd scans still read only part of the grants"
+                ),
+            }
+        } else if let Some(ended) = scans_cut.succeeded(now) {
+            tracing::info!(
+                scans = ended.total,
+                for_ms = ended.lasted.as_millis() as u64,
+                "etcd scans read every grant again"
             );
         }
+        drop(scans_cut);
         resp.kvs
             .into_iter()
             .map(|kv| {

@@ -26,6 +26,7 @@ use openraft::error::{LinearizableReadError, RaftError};
 use crate::clock::Clock;
 use crate::confirm::Confirmer;
 use crate::leases::{LeaseKeeper, REAP_PER_TICK_MAX, RenewCheck, reap_once};
+use crate::log_limit::{LogLimit, Note};
 use crate::proposer::{Proposer, not_leader};
 use crate::waiters::{WaitOutcome, WaiterRegistry};
 
@@ -78,6 +79,9 @@ struct Inner {
     clock: Arc<dyn Clock>,
     stop: tokio::sync::watch::Receiver<bool>,
     confirmer: Confirmer,
+    /// Abandoned acquires whose cancel failed: one per client that walks away while the
+    /// cluster cannot commit, so logged as a change of state with a summary a minute.
+    cancel_failures: std::sync::Mutex<LogLimit>,
     /// Request ids for the trait methods, which carry none: a per-process counter seeded from
     /// the clock in microseconds, so ids keep growing across restarts of this process too.
     next_request_id: AtomicU64,
@@ -151,6 +155,54 @@ async fn ensure_leader(raft: &Raft) -> Result<(), LockError> {
     }
 }
 
+/// One confirmation round, its failures logged as `failing` says: a leader that cannot confirm
+/// its leadership fails every renewal and heartbeat round after round, and says so once when
+/// that starts, once a minute while it lasts and once when it ends.
+async fn confirm_round(
+    raft: &Raft,
+    clock: &dyn Clock,
+    failing: &std::sync::Mutex<LogLimit>,
+) -> Result<(), LockError> {
+    let result = ensure_leader(raft).await;
+    let now = clock.now();
+    let mut failing = failing.lock().unwrap_or_else(|e| e.into_inner());
+    match &result {
+        Ok(()) => {
+            if let Some(ended) = failing.succeeded(now) {
+                tracing::info!(
+                    failing_ms = ended.lasted.as_millis() as u64,
+                    failed_rounds = ended.total,
+                    "leadership confirmed again"
+                );
+            }
+        }
+        // Not a failure to confirm: this node no longer leads, and clients are sent on.
+        Err(LockError::NotLeader { .. }) => {
+            if let Some(ended) = failing.succeeded(now) {
+                tracing::info!(
+                    failing_ms = ended.lasted.as_millis() as u64,
+                    failed_rounds = ended.total,
+                    "leadership no longer confirmed: this node is not the leader"
+                );
+            }
+        }
+        Err(err) => match failing.failed(now, err) {
+            None => {}
+            Some(Note::Began) => tracing::warn!(
+                error = %err,
+                "leadership not confirmed; renewals and heartbeats fail until a quorum answers"
+            ),
+            Some(Note::Summary(s)) => tracing::warn!(
+                failing_s = s.lasted.as_secs(),
+                failed_rounds = s.count,
+                last_error = %s.last_error,
+                "leadership still not confirmed"
+            ),
+        },
+    }
+    result
+}
+
 /// Longest a proposal may take to commit and apply before the call answers "unknown outcome".
 ///
 /// A leader cut off from its majority keeps its role until it hears of a newer term, and its
@@ -169,9 +221,11 @@ impl RaftLockStore {
         let seed = parts.clock.wall_ms().saturating_mul(1_000);
         let confirmer = Confirmer::new({
             let raft = parts.raft.clone();
+            let clock = parts.clock.clone();
+            let failing = Arc::new(std::sync::Mutex::new(LogLimit::default()));
             Arc::new(move || {
-                let raft = raft.clone();
-                Box::pin(async move { ensure_leader(&raft).await })
+                let (raft, clock, failing) = (raft.clone(), clock.clone(), failing.clone());
+                Box::pin(async move { confirm_round(&raft, &*clock, &failing).await })
             })
         });
         Self {
@@ -185,6 +239,7 @@ impl RaftLockStore {
                 clock: parts.clock,
                 stop: parts.stop,
                 confirmer,
+                cancel_failures: std::sync::Mutex::new(LogLimit::default()),
                 next_request_id: AtomicU64::new(seed.max(1)),
             }),
         }
@@ -766,9 +821,37 @@ impl Drop for CancelOnDrop {
             release_if_granted: true,
         };
         runtime.spawn(async move {
-            match store.propose(command).await {
-                Ok(answer) => tracing::debug!(?answer, "abandoned acquire cancelled"),
-                Err(err) => tracing::info!(%err, "could not cancel an abandoned acquire; its wait deadline will drop it"),
+            let result = store.propose(command).await;
+            let now = store.inner.clock.now();
+            let mut failing = store
+                .inner
+                .cancel_failures
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            match result {
+                Ok(answer) => {
+                    tracing::debug!(?answer, "abandoned acquire cancelled");
+                    if let Some(ended) = failing.succeeded(now) {
+                        tracing::info!(
+                            failing_ms = ended.lasted.as_millis() as u64,
+                            failed_cancels = ended.total,
+                            "abandoned acquires are cancelled again"
+                        );
+                    }
+                }
+                Err(err) => match failing.failed(now, &err) {
+                    None => {}
+                    Some(Note::Began) => tracing::info!(
+                        %err,
+                        "could not cancel an abandoned acquire; its wait deadline will drop it"
+                    ),
+                    Some(Note::Summary(s)) => tracing::info!(
+                        failing_s = s.lasted.as_secs(),
+                        failed_cancels = s.count,
+                        last_error = %s.last_error,
+                        "abandoned acquires still not cancelled; their wait deadlines drop them"
+                    ),
+                },
             }
         });
     }
