@@ -5,7 +5,8 @@
 //!
 //! - [`command`]: what the log carries and what applying it answers. Types only.
 //! - [`table`]: [`LockTable`], the pure state machine that applies commands.
-//! - [`limits`]: the bounds the state machine puts on the replicated state.
+//! - [`limits`]: the bounds the state machine puts on the replicated state, as this release's
+//!   constants; `apply` enforces the copy the table carries ([`ApplyLimits`]).
 //! - [`storage`]: the durable openraft storage: log and vote in a write-ahead log (or sled),
 //!   snapshots as files.
 //! - [`TypeConfig`]: the openraft type configuration of the lock cluster.
@@ -19,7 +20,7 @@ pub mod table;
 
 pub use command::{Command, Event, FreeCause, Grant, Rejection, Request, Response, Revocation};
 pub use storage::{ApplyObserver, LogStore, StateMachineStore, StateReader, StorageError};
-pub use table::{InvariantViolation, LockTable, Session, Waiter};
+pub use table::{ApplyLimits, InvalidLimits, InvariantViolation, LockTable, Session, Waiter};
 
 /// A node's id in the cluster.
 pub type NodeId = u64;

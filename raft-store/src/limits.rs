@@ -5,6 +5,11 @@
 //! here is an unbounded cost on every node. Argument bounds (key and owner length, TTL and wait
 //! bounds) are `lock_api::limits` and are checked with `lock_api::validate`; this module holds
 //! only the bounds the state machine itself adds. It owns constants only, no logic.
+//!
+//! `apply` does not read these constants: it enforces the limits the table carries
+//! ([`ApplyLimits`](crate::ApplyLimits)), which are `ApplyLimits::V1`, a frozen copy of the
+//! values below, so that a release that edits a value here cannot make its replicas replay an
+//! old log differently from their peers (issue 18).
 
 /// Most waiters queued on one key.
 ///

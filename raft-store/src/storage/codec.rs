@@ -10,7 +10,8 @@
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-/// The format version this build writes and the only one it reads.
+/// The format version this build writes for every record, and the only one it reads, except
+/// snapshot data, which may also be a later version (see [`encode_as`]).
 pub const FORMAT_VERSION: u8 = 1;
 
 /// Bytes before the payload: version byte and checksum.
@@ -27,7 +28,7 @@ pub enum CodecError {
         len: usize,
     },
     /// Written by a format this build does not read.
-    #[error("format version {found}, this build reads only version {FORMAT_VERSION}")]
+    #[error("format version {found}, which this build does not read for this record")]
     Version {
         /// The version byte found.
         found: u8,
@@ -53,13 +54,34 @@ pub fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, postcard::Err
     Ok(out)
 }
 
+/// Frames `value` as a record of format `version`: for a record type whose payload changed
+/// (snapshot data carrying its apply limits), so that a reader can tell the layouts apart and an
+/// older build refuses the new one by its version instead of misreading it.
+pub fn encode_as<T: Serialize + ?Sized>(
+    version: u8,
+    value: &T,
+) -> Result<Vec<u8>, postcard::Error> {
+    let mut out = encode(value)?;
+    out[0] = version;
+    Ok(out)
+}
+
 /// Checks a record's version and checksum and returns its payload.
 pub fn verify(record: &[u8]) -> Result<&[u8], CodecError> {
+    verify_versions(record, &[FORMAT_VERSION]).map(|(_, payload)| payload)
+}
+
+/// Checks a record's checksum and that its version is one of `accepted`, and returns the
+/// version and the payload.
+pub fn verify_versions<'r>(
+    record: &'r [u8],
+    accepted: &[u8],
+) -> Result<(u8, &'r [u8]), CodecError> {
     let Some((header, payload)) = record.split_first_chunk::<HEADER_LEN>() else {
         return Err(CodecError::Truncated { len: record.len() });
     };
     let [version, crc @ ..] = *header;
-    if version != FORMAT_VERSION {
+    if !accepted.contains(&version) {
         return Err(CodecError::Version { found: version });
     }
     let stored = u32::from_le_bytes(crc);
@@ -67,13 +89,17 @@ pub fn verify(record: &[u8]) -> Result<&[u8], CodecError> {
     if stored != computed {
         return Err(CodecError::Checksum { stored, computed });
     }
-    Ok(payload)
+    Ok((version, payload))
 }
 
 /// Verifies a record and decodes its payload as a `T`. Trailing bytes after the value are an
 /// error: a record holds exactly one value.
 pub fn decode<T: DeserializeOwned>(record: &[u8]) -> Result<T, CodecError> {
-    let payload = verify(record)?;
+    decode_payload(verify(record)?)
+}
+
+/// Decodes a verified payload as exactly one `T` (trailing bytes are an error).
+pub fn decode_payload<T: DeserializeOwned>(payload: &[u8]) -> Result<T, CodecError> {
     let (value, rest) = postcard::take_from_bytes(payload).map_err(CodecError::Payload)?;
     if !rest.is_empty() {
         return Err(CodecError::Payload(postcard::Error::DeserializeBadEncoding));

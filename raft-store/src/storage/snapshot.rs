@@ -6,7 +6,14 @@
 //! either the old snapshot or the new one, never half of one; only then are older files removed.
 //! A file is one codec record (version + checksum) holding the snapshot's openraft metadata and
 //! its data; the data is itself a codec record of the [`LockTable`], because it also travels to
-//! followers on its own. On open, leftover `.tmp` files are removed, every `.snap` file is
+//! followers on its own.
+//!
+//! The data record has two layouts, told apart by its format version byte: version 1 is the
+//! table alone, applied under [`ApplyLimits::V1`] (every snapshot lockd wrote before apply
+//! limits were replicated); version 2 is the table's [`ApplyLimits`] followed by the table. A
+//! table under `V1` is still written as version 1, byte for byte what earlier releases wrote,
+//! so they keep reading it; only a table under other limits needs version 2, which an older
+//! build refuses by its version rather than applying the log under the wrong limits. On open, leftover `.tmp` files are removed, every `.snap` file is
 //! verified (a corrupt one refuses to start, naming the file) and the newest one is current.
 //!
 //! This module stores and loads bytes; it does not decide when to snapshot (openraft does) and
@@ -22,13 +29,20 @@ use serde::{Deserialize, Serialize};
 use super::StorageError;
 use super::codec;
 use super::engine::sync_dir;
-use crate::table::LockTable;
+use crate::table::{ApplyLimits, LockTable};
 use crate::{LogId, SnapshotMeta};
 
 /// The largest snapshot file or snapshot data accepted. Snapshots are read whole into memory;
 /// 1 GiB is far above any table the limits allow on a node with a few GiB of memory, so a
 /// larger one is corruption or a misbehaving peer, not a state to load.
 pub const SNAPSHOT_BYTES_MAX: usize = 1 << 30;
+
+/// Snapshot data version 1: the lock table alone, under [`ApplyLimits::V1`].
+const DATA_TABLE_ONLY: u8 = codec::FORMAT_VERSION;
+/// Snapshot data version 2: the table's apply limits, then the table.
+const DATA_WITH_LIMITS: u8 = 2;
+/// The snapshot data versions this build reads.
+const DATA_VERSIONS: [u8; 2] = [DATA_TABLE_ONLY, DATA_WITH_LIMITS];
 
 /// Extension of a complete snapshot file.
 const SNAPSHOT_EXT: &str = "snap";
@@ -48,9 +62,15 @@ pub struct SnapshotFile {
     pub data: Vec<u8>,
 }
 
-/// Encodes the lock table as snapshot data.
+/// Encodes the lock table and its apply limits as snapshot data: version 1 (the table alone)
+/// when the limits are `V1`, else version 2.
 pub fn encode_table(table: &LockTable) -> Result<Vec<u8>, StorageError> {
-    codec::encode(table).map_err(|source| StorageError::Encode {
+    let encoded = if *table.limits() == ApplyLimits::V1 {
+        codec::encode_as(DATA_TABLE_ONLY, table)
+    } else {
+        codec::encode_as(DATA_WITH_LIMITS, &(table.limits(), table))
+    };
+    encoded.map_err(|source| StorageError::Encode {
         record: "snapshot data".to_string(),
         source,
     })
@@ -67,11 +87,27 @@ pub fn decode_table(data: &[u8], origin: &Path) -> Result<LockTable, StorageErro
             max: SNAPSHOT_BYTES_MAX,
         });
     }
-    let table: LockTable = codec::decode(data).map_err(|source| StorageError::Corrupt {
+    let corrupt = |source| StorageError::Corrupt {
         record: "snapshot data".to_string(),
         path: origin.to_path_buf(),
         source,
-    })?;
+    };
+    let (version, payload) = codec::verify_versions(data, &DATA_VERSIONS).map_err(corrupt)?;
+    let table = if version == DATA_WITH_LIMITS {
+        let (limits, mut table): (ApplyLimits, LockTable) =
+            codec::decode_payload(payload).map_err(corrupt)?;
+        table
+            .set_limits(limits)
+            .map_err(|invalid| StorageError::Layout {
+                path: origin.to_path_buf(),
+                message: format!("snapshot data: {invalid}"),
+            })?;
+        table
+    } else {
+        // Version 1 recorded no limits: it was applied under V1, whatever this build's
+        // constants say.
+        codec::decode_payload::<LockTable>(payload).map_err(corrupt)?
+    };
     table
         .check_invariants()
         .map_err(|violation| StorageError::Layout {
@@ -286,7 +322,7 @@ fn read_file(path: &Path) -> Result<SnapshotFile, StorageError> {
         path: path.to_path_buf(),
         source,
     })?;
-    codec::verify(&file.data).map_err(|source| StorageError::Corrupt {
+    codec::verify_versions(&file.data, &DATA_VERSIONS).map_err(|source| StorageError::Corrupt {
         record: "snapshot data".to_string(),
         path: path.to_path_buf(),
         source,
@@ -297,6 +333,192 @@ fn read_file(path: &Path) -> Result<SnapshotFile, StorageError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::command::{Command, Response};
+
+    /// Limits far tighter than V1 on every bound, so a log applied under them answers
+    /// differently from one applied under V1 almost everywhere.
+    const TIGHT: ApplyLimits = ApplyLimits {
+        ttl_min_ms: 1_000,
+        ttl_max_ms: 10_000,
+        max_wait_max_ms: 90_000,
+        key_len_max: 8,
+        owner_id_len_max: 8,
+        session_id_len_max: 8,
+        operator_len_max: 8,
+        reason_len_max: 16,
+        waiters_per_key_max: 1,
+        locks_per_session_max: 2,
+        waits_per_session_max: 1,
+        sessions_max: 3,
+        audit_log_max: 2,
+        request_window: 4,
+        batch_max: 3,
+        revoke_retry_window_ms: 1_000,
+    };
+
+    fn open(session: &str) -> Command {
+        Command::OpenSession {
+            session_id: session.into(),
+            owner_id: format!("o-{session}"),
+            ttl_ms: 5_000,
+        }
+    }
+
+    fn acquire(session: &str, request_id: u64, key: &str, ttl_ms: u64, wait_ms: u64) -> Command {
+        Command::Acquire {
+            session_id: session.into(),
+            request_id,
+            key: key.into(),
+            ttl_ms,
+            wait_ms,
+        }
+    }
+
+    fn revoke(key: &str, request_id: u64) -> Command {
+        Command::ForceRevoke {
+            key: key.into(),
+            operator: "op".into(),
+            reason: "drill".into(),
+            request_id,
+        }
+    }
+
+    /// A log that runs into every bound of [`TIGHT`]: `(stamp, command)` in log order.
+    fn log() -> Vec<(u64, Command)> {
+        let mut log = vec![
+            open("s1"),
+            open("s2"),
+            open("s3"),
+            open("s4"),
+            acquire("s1", 1, "longer-than-8", 5_000, 0),
+            acquire("s1", 2, "a", 20_000, 0),
+            acquire("s1", 3, "a", 5_000, 0),
+            acquire("s2", 1, "a", 5_000, 60_000),
+            acquire("s3", 1, "a", 5_000, 60_000),
+            acquire("s2", 2, "b", 5_000, 60_000),
+            acquire("s1", 4, "b", 5_000, 0),
+            acquire("s1", 5, "c", 5_000, 0),
+            Command::Batch((0..4).map(|i| revoke("d", 100 + i)).collect()),
+            revoke("a", 7),
+            revoke("b", 8),
+            revoke("c", 9),
+        ];
+        for request_id in 10..16 {
+            log.push(Command::Release {
+                session_id: "s3".into(),
+                request_id,
+                key: "zz".into(),
+                token: 99,
+            });
+        }
+        log.push(Command::Release {
+            session_id: "s3".into(),
+            request_id: 11,
+            key: "zz".into(),
+            token: 99,
+        });
+        log.push(revoke("c", 9));
+        // Stamps 500 ms apart: the last revoke comes after TIGHT's retry window, not V1's.
+        log.into_iter()
+            .enumerate()
+            .map(|(i, c)| (1_000 + 500 * i as u64, c))
+            .collect()
+    }
+
+    fn replay(table: &mut LockTable, entries: &[(u64, Command)]) -> Vec<Response> {
+        let mut events = Vec::new();
+        entries
+            .iter()
+            .map(|(stamp, c)| table.apply(*stamp, c.clone(), &mut events))
+            .collect()
+    }
+
+    /// Issue 18: a log applied under one set of limits, replayed by a replica that restored the
+    /// snapshot taken half-way, or that replays the whole log into a table with the same
+    /// recorded limits, ends in the identical table with identical answers — although this
+    /// binary's own constants (and so `LockTable::new()`) are V1, which answers the same log
+    /// differently.
+    #[test]
+    fn a_log_replays_alike_under_its_recorded_limits_whatever_the_binary_defaults() {
+        let log = log();
+        let (first, rest) = log.split_at(12);
+
+        let mut original = LockTable::with_limits(TIGHT).expect("consistent limits");
+        let mut answers = replay(&mut original, first);
+        let snapshot = encode_table(&original).expect("encodes");
+        answers.extend(replay(&mut original, rest));
+
+        let mut restored = decode_table(&snapshot, Path::new("test")).expect("decodes");
+        assert_eq!(*restored.limits(), TIGHT, "the snapshot carries its limits");
+        let mut restored_answers = replay(&mut LockTable::with_limits(TIGHT).expect("ok"), first);
+        restored_answers.extend(replay(&mut restored, rest));
+        assert_eq!(restored, original);
+        assert_eq!(restored_answers, answers);
+
+        let mut from_scratch = LockTable::with_limits(TIGHT).expect("consistent limits");
+        assert_eq!(replay(&mut from_scratch, &log), answers);
+        assert_eq!(from_scratch, original);
+
+        // The same log under this binary's defaults is a different history: were `apply` to
+        // read the binary's constants, replicas on different releases would diverge like this.
+        let mut under_v1 = LockTable::new();
+        let v1_answers = replay(&mut under_v1, &log);
+        assert_eq!(*under_v1.limits(), ApplyLimits::V1);
+        let differing = answers
+            .iter()
+            .zip(&v1_answers)
+            .filter(|(a, b)| a != b)
+            .count();
+        assert!(
+            differing >= 8,
+            "only {differing} answers differ: {answers:?}"
+        );
+        assert_ne!(under_v1.session_count(), original.session_count());
+    }
+
+    /// A table under V1 is written as format version 1 with exactly the payload earlier
+    /// releases wrote (the table alone; seven zero bytes for an empty table), and snapshot data
+    /// of that version decodes under V1.
+    #[test]
+    fn v1_tables_keep_the_version_1_snapshot_format() {
+        let empty = encode_table(&LockTable::new()).expect("encodes");
+        assert_eq!(empty[0], 1);
+        assert_eq!(&empty[codec::HEADER_LEN..], &[0u8; 7]);
+        assert_eq!(
+            empty,
+            codec::encode(&LockTable::new()).expect("encodes as before")
+        );
+
+        let mut table = LockTable::new();
+        replay(&mut table, &log());
+        let old_format = codec::encode(&table).expect("encodes as before");
+        assert_eq!(encode_table(&table).expect("encodes"), old_format);
+        let back = decode_table(&old_format, Path::new("test")).expect("decodes");
+        assert_eq!(*back.limits(), ApplyLimits::V1);
+        assert_eq!(back, table);
+    }
+
+    #[test]
+    fn other_limits_are_written_as_version_2_and_bad_ones_refused() {
+        let table = LockTable::with_limits(TIGHT).expect("consistent limits");
+        let data = encode_table(&table).expect("encodes");
+        assert_eq!(data[0], DATA_WITH_LIMITS);
+        assert_eq!(
+            decode_table(&data, Path::new("t"))
+                .expect("decodes")
+                .limits(),
+            &TIGHT
+        );
+
+        let mut bad = TIGHT;
+        bad.request_window = 1;
+        let data = codec::encode_as(DATA_WITH_LIMITS, &(&bad, &LockTable::new())).expect("ok");
+        let refused = decode_table(&data, Path::new("t")).expect_err("inconsistent limits");
+        assert!(refused.to_string().contains("request_window"), "{refused}");
+
+        let future = codec::encode_as(3, &LockTable::new()).expect("ok");
+        assert!(decode_table(&future, Path::new("t")).is_err());
+    }
 
     #[test]
     fn file_names_are_the_log_position() {

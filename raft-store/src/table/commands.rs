@@ -1,19 +1,15 @@
 //! What each command does to the lock table. Owns the command semantics (validation, limits,
 //! idempotent replay, hand-off); must not do IO or read a clock — every time comes from the
-//! stamp passed in.
+//! stamp passed in — and must not read a limit from the binary's constants: every bound comes
+//! from the table's replicated [`ApplyLimits`](super::ApplyLimits) (issue 18).
 
 use std::collections::VecDeque;
-use std::time::Duration;
 
 use lock_api::{LockError, validate};
 
 use super::session::{Session, WindowCheck};
 use super::{LockTable, Waiter};
 use crate::command::{Command, Event, FreeCause, Grant, Rejection, Response, Revocation};
-use crate::limits::{
-    AUDIT_LOG_MAX, BATCH_MAX, LOCKS_PER_SESSION_MAX, REVOKE_RETRY_WINDOW_MS, SESSIONS_MAX,
-    WAITERS_PER_KEY_MAX, WAITS_PER_SESSION_MAX,
-};
 
 /// A short name of a command for assertion messages (a batch's contents may be huge).
 #[cfg(debug_assertions)]
@@ -60,14 +56,6 @@ macro_rules! check {
     };
 }
 
-fn lease_ms(ttl_ms: u64) -> Result<u64, LockError> {
-    validate::ttl(Duration::from_millis(ttl_ms))
-}
-
-fn wait_ms_ok(wait_ms: u64) -> Result<u64, LockError> {
-    validate::max_wait(Duration::from_millis(wait_ms))
-}
-
 impl LockTable {
     /// A batch: each command in order with the batch's stamp (D-batch).
     pub(super) fn apply_batch(
@@ -76,12 +64,13 @@ impl LockTable {
         commands: Vec<Command>,
         events: &mut Vec<Event>,
     ) -> Response {
-        if commands.len() > BATCH_MAX {
+        let batch_max = self.limits.batch_max;
+        if commands.len() > batch_max as usize {
             // Refusing the whole batch (rather than applying a prefix) keeps "a batch changes
             // the state exactly as its commands proposed one by one would" true: a proposer bug
             // is answered on every element and nothing happens.
             let message = format!(
-                "a batch holds {} commands; the limit BATCH_MAX is {BATCH_MAX}",
+                "a batch holds {} commands; the limit BATCH_MAX is {batch_max}",
                 commands.len()
             );
             return Response::Batch(vec![limit(message); commands.len()]);
@@ -178,10 +167,11 @@ impl LockTable {
         ttl_ms: u64,
         events: &mut Vec<Event>,
     ) -> Response {
+        let limits = self.limits;
         check!(
-            validate::session_id(&session_id),
-            validate::owner_id(&owner_id),
-            lease_ms(ttl_ms)
+            limits.session_id(&session_id),
+            limits.owner_id(&owner_id),
+            limits.ttl(ttl_ms)
         );
         if let Some(existing) = self.sessions.get(&session_id) {
             // A retried open (the leader re-proposing after a lost answer) gets the same
@@ -196,9 +186,10 @@ impl LockTable {
                 ttl_ms: existing.ttl_ms,
             };
         }
-        if self.sessions.len() >= SESSIONS_MAX {
+        let sessions_max = limits.sessions_max;
+        if self.sessions.len() >= sessions_max as usize {
             return limit(format!(
-                "{} sessions are open; the limit SESSIONS_MAX is {SESSIONS_MAX}",
+                "{} sessions are open; the limit SESSIONS_MAX is {sessions_max}",
                 self.sessions.len()
             ));
         }
@@ -253,11 +244,17 @@ impl LockTable {
         wait_ms: u64,
         events: &mut Vec<Event>,
     ) -> Response {
-        check!(validate::key(&key), lease_ms(ttl_ms), wait_ms_ok(wait_ms));
+        let limits = self.limits;
+        let window = limits.request_window as usize;
+        check!(
+            limits.key(&key),
+            limits.ttl(ttl_ms),
+            limits.max_wait(wait_ms)
+        );
         let Some(session) = self.sessions.get(session_id) else {
             return unknown_session(session_id);
         };
-        match session.check_window(request_id) {
+        match session.check_window(request_id, window) {
             WindowCheck::Seen(r) => {
                 // A retry. A queued acquire is answered with its position now, which is what
                 // the retrying client wants to know; granted or dropped ones were settled.
@@ -284,10 +281,11 @@ impl LockTable {
         let answer = match held_by_self {
             Some(true) => Response::NotGranted,
             Some(false) if wait_ms == 0 => Response::NotGranted,
-            _ if slots_used >= LOCKS_PER_SESSION_MAX => {
+            _ if slots_used >= limits.locks_per_session_max as usize => {
                 return limit(format!(
                     "session {session_id} holds or waits for {slots_used} locks; the limit \
-                     LOCKS_PER_SESSION_MAX is {LOCKS_PER_SESSION_MAX}"
+                     LOCKS_PER_SESSION_MAX is {}",
+                    limits.locks_per_session_max
                 ));
             }
             None => {
@@ -297,17 +295,19 @@ impl LockTable {
                 Response::Granted(grant)
             }
             Some(false) => {
-                if waits >= WAITS_PER_SESSION_MAX {
+                if waits >= limits.waits_per_session_max as usize {
                     return limit(format!(
                         "session {session_id} waits on {waits} keys; the limit \
-                         WAITS_PER_SESSION_MAX is {WAITS_PER_SESSION_MAX}"
+                         WAITS_PER_SESSION_MAX is {}",
+                        limits.waits_per_session_max
                     ));
                 }
                 let queued = self.waiter_count(&key) as usize;
-                if queued >= WAITERS_PER_KEY_MAX {
+                if queued >= limits.waiters_per_key_max as usize {
                     return limit(format!(
                         "key {key} has {queued} waiters; the limit WAITERS_PER_KEY_MAX is \
-                         {WAITERS_PER_KEY_MAX}"
+                         {}",
+                        limits.waiters_per_key_max
                     ));
                 }
                 let deadline_ms = stamp_ms.saturating_add(wait_ms);
@@ -342,7 +342,7 @@ impl LockTable {
         token: u64,
         events: &mut Vec<Event>,
     ) -> Response {
-        check!(validate::key(key), validate::fencing_token(token));
+        check!(self.limits.key(key), validate::fencing_token(token));
         if let Some(early) = self.replay(session_id, request_id) {
             return early;
         }
@@ -367,9 +367,9 @@ impl LockTable {
         ttl_ms: u64,
     ) -> Response {
         check!(
-            validate::key(key),
+            self.limits.key(key),
             validate::fencing_token(token),
-            lease_ms(ttl_ms)
+            self.limits.ttl(ttl_ms)
         );
         if let Some(early) = self.replay(session_id, request_id) {
             return early;
@@ -403,7 +403,8 @@ impl LockTable {
         release_if_granted: bool,
         events: &mut Vec<Event>,
     ) -> Response {
-        check!(validate::key(key));
+        check!(self.limits.key(key));
+        let window = self.limits.request_window as usize;
         let Some(session) = self.sessions.get(session_id) else {
             return unknown_session(session_id);
         };
@@ -474,7 +475,7 @@ impl LockTable {
                 grant: None,
                 released: false,
             };
-            match session.check_window(request_id) {
+            match session.check_window(request_id, window) {
                 // The acquire already ended (its grant is gone, or it was never granted).
                 WindowCheck::Seen(r) => (r.answer.clone(), nothing),
                 WindowCheck::Stale => return stale(session_id, request_id),
@@ -482,7 +483,7 @@ impl LockTable {
             }
         };
         if let Some(s) = self.sessions.get_mut(session_id) {
-            s.remember_cancel(request_id, acquire_answer, answer.clone());
+            s.remember_cancel(request_id, acquire_answer, answer.clone(), window);
         }
         answer
     }
@@ -496,10 +497,11 @@ impl LockTable {
         request_id: u64,
         events: &mut Vec<Event>,
     ) -> Response {
+        let limits = self.limits;
         check!(
-            validate::key(&key),
-            validate::operator(&operator),
-            validate::reason(&reason)
+            limits.key(&key),
+            limits.operator(&operator),
+            limits.reason(&reason)
         );
         // A retry of a revoke already applied answers the first outcome and changes nothing.
         // The audit log is the memory: newest first, stopping at the retry window's edge.
@@ -508,7 +510,7 @@ impl LockTable {
                 .revocations
                 .iter()
                 .rev()
-                .take_while(|r| r.at_ms.saturating_add(REVOKE_RETRY_WINDOW_MS) >= stamp_ms)
+                .take_while(|r| r.at_ms.saturating_add(limits.revoke_retry_window_ms) >= stamp_ms)
                 .find(|r| r.request_id == request_id && r.key == key && r.operator == operator)
         {
             return Response::Revoked(first.clone());
@@ -535,7 +537,7 @@ impl LockTable {
             request_id,
         };
         self.revocations.push_back(revocation.clone());
-        while self.revocations.len() > AUDIT_LOG_MAX {
+        while self.revocations.len() > limits.audit_log_max as usize {
             self.revocations.pop_front();
         }
         self.hand_off(stamp_ms, &key, events);
@@ -564,7 +566,7 @@ impl LockTable {
         let Some(session) = self.sessions.get(session_id) else {
             return Some(unknown_session(session_id));
         };
-        match session.check_window(request_id) {
+        match session.check_window(request_id, self.limits.request_window as usize) {
             WindowCheck::Seen(r) => Some(r.answer.clone()),
             WindowCheck::Stale => Some(stale(session_id, request_id)),
             WindowCheck::New => None,
@@ -573,7 +575,7 @@ impl LockTable {
 
     fn remember(&mut self, session_id: &str, request_id: u64, answer: Response) {
         if let Some(s) = self.sessions.get_mut(session_id) {
-            s.remember(request_id, answer);
+            s.remember(request_id, answer, self.limits.request_window as usize);
         }
     }
 

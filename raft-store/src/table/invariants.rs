@@ -6,10 +6,6 @@ use std::collections::BTreeSet;
 use std::fmt;
 
 use super::LockTable;
-use crate::limits::{
-    AUDIT_LOG_MAX, LOCKS_PER_SESSION_MAX, REQUEST_WINDOW, SESSIONS_MAX, WAITERS_PER_KEY_MAX,
-    WAITS_PER_SESSION_MAX,
-};
 
 /// A broken lock-table invariant: which rule, and the key or session that breaks it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -55,12 +51,15 @@ impl LockTable {
     ///   the queued waiters;
     /// - every token is at most `last_token` and no two grants share one; the audit log's
     ///   floors increase and are at most `last_token`;
-    /// - every limit of `crate::limits` holds.
+    /// - every bound of the table's own limits (`ApplyLimits`, not the binary's constants)
+    ///   holds.
     ///
     /// Costs `O(state · log state)`; `apply` runs it after every command in debug builds.
     pub fn check_invariants(&self) -> Result<(), InvariantViolation> {
+        let limits = &self.limits;
+        let count = |n: u32| n as usize;
         ensure!(
-            self.sessions.len() <= SESSIONS_MAX,
+            self.sessions.len() <= count(limits.sessions_max),
             "sessions within SESSIONS_MAX",
             "{} sessions",
             self.sessions.len()
@@ -122,7 +121,7 @@ impl LockTable {
                 );
             };
             ensure!(
-                queue.len() <= WAITERS_PER_KEY_MAX,
+                queue.len() <= count(limits.waiters_per_key_max),
                 "waiters per key within WAITERS_PER_KEY_MAX",
                 "key {key} has {} waiters",
                 queue.len()
@@ -207,20 +206,20 @@ impl LockTable {
                 );
             }
             ensure!(
-                session.locks.len() + session.waits.len() <= LOCKS_PER_SESSION_MAX,
+                session.locks.len() + session.waits.len() <= count(limits.locks_per_session_max),
                 "locks per session within LOCKS_PER_SESSION_MAX",
                 "session {id} holds {} and waits for {}",
                 session.locks.len(),
                 session.waits.len()
             );
             ensure!(
-                session.waits.len() <= WAITS_PER_SESSION_MAX,
+                session.waits.len() <= count(limits.waits_per_session_max),
                 "waits per session within WAITS_PER_SESSION_MAX",
                 "session {id} waits on {} keys",
                 session.waits.len()
             );
             ensure!(
-                session.answers.len() <= REQUEST_WINDOW,
+                session.answers.len() <= count(limits.request_window),
                 "request window within REQUEST_WINDOW",
                 "session {id} remembers {} answers",
                 session.answers.len()
@@ -228,7 +227,7 @@ impl LockTable {
         }
 
         ensure!(
-            self.revocations.len() <= AUDIT_LOG_MAX,
+            self.revocations.len() <= count(limits.audit_log_max),
             "audit log within AUDIT_LOG_MAX",
             "{} revocations",
             self.revocations.len()

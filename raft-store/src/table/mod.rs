@@ -28,6 +28,7 @@
 //! - **Rejections are not remembered.** A `Rejected` answer changed nothing, so a retry with the
 //!   same request id is simply tried again.
 
+mod apply_limits;
 mod commands;
 mod invariants;
 mod session;
@@ -38,6 +39,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::command::{Command, Event, Grant, Response, Revocation};
 
+pub use apply_limits::{ApplyLimits, InvalidLimits};
 pub use invariants::InvariantViolation;
 pub use session::Session;
 
@@ -71,7 +73,7 @@ pub struct LockTable {
     wait_deadlines: BTreeSet<(u64, String, String)>,
     /// Live sessions by id.
     sessions: BTreeMap<String, Session>,
-    /// The force-revoke audit log, oldest first, at most `AUDIT_LOG_MAX`.
+    /// The force-revoke audit log, oldest first, at most `limits.audit_log_max`.
     revocations: VecDeque<Revocation>,
     /// Highest token ever issued or burned. The next grant takes `last_token + 1`.
     last_token: u64,
@@ -79,12 +81,44 @@ pub struct LockTable {
     /// stamps never go backwards across a leader change even when the new leader's wall clock
     /// is behind (D-time).
     last_stamp_ms: u64,
+    /// The bounds `apply` enforces: replicated state, never the binary's constants, so every
+    /// binary replaying the same log answers alike (issue 18; `apply_limits`). Not part of the
+    /// table's own encoding, which stays the one every earlier snapshot used: the snapshot data
+    /// carries the limits beside the table (`storage::snapshot`), and a table decoded without
+    /// them holds [`ApplyLimits::V1`].
+    #[serde(skip)]
+    limits: ApplyLimits,
 }
 
 impl LockTable {
     /// An empty table: no grants, no sessions, no token issued yet (the first grant gets 1).
+    ///
+    /// Its limits are [`ApplyLimits::V1`], not whatever this binary's constants say: a new
+    /// replica replaying a cluster's log from the start must apply it under the limits the
+    /// cluster's first replica did.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty table that applies under `limits` (refused if they are inconsistent).
+    pub fn with_limits(limits: ApplyLimits) -> Result<Self, InvalidLimits> {
+        limits.check()?;
+        Ok(LockTable {
+            limits,
+            ..Self::default()
+        })
+    }
+
+    /// The bounds this table's `apply` enforces.
+    pub fn limits(&self) -> &ApplyLimits {
+        &self.limits
+    }
+
+    /// Replaces the limits of a table decoded from a snapshot with the ones recorded beside it.
+    pub(crate) fn set_limits(&mut self, limits: ApplyLimits) -> Result<(), InvalidLimits> {
+        limits.check()?;
+        self.limits = limits;
+        Ok(())
     }
 
     /// Applies one command stamped `stamp_ms` and returns its answer.
@@ -163,8 +197,8 @@ impl LockTable {
             .unwrap_or_default()
     }
 
-    /// The force-revoke audit log, oldest first; at most `AUDIT_LOG_MAX` records (older ones
-    /// are evicted).
+    /// The force-revoke audit log, oldest first; at most the limits' `audit_log_max` records
+    /// (older ones are evicted).
     pub fn revocations(&self) -> impl Iterator<Item = &Revocation> {
         self.revocations.iter()
     }

@@ -7,7 +7,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 use crate::command::Response;
-use crate::limits::REQUEST_WINDOW;
 
 /// One live session.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -26,7 +25,8 @@ pub struct Session {
     /// Keys this session has a waiter queued on, with the request id of the `Acquire` that
     /// queued it. A session waits at most once per key.
     pub(crate) waits: BTreeMap<String, u64>,
-    /// Remembered answers by request id; at most [`REQUEST_WINDOW`], smallest id evicted first.
+    /// Remembered answers by request id; at most the table's `request_window`, smallest id evicted
+    /// first.
     pub(crate) answers: BTreeMap<u64, Remembered>,
 }
 
@@ -93,14 +93,13 @@ impl Session {
         self.answers.keys().copied()
     }
 
-    pub(crate) fn check_window(&self, request_id: u64) -> WindowCheck<'_> {
+    /// Where `request_id` stands in a window of `window` answers (the table's limit).
+    pub(crate) fn check_window(&self, request_id: u64, window: usize) -> WindowCheck<'_> {
         if let Some(r) = self.answers.get(&request_id) {
             return WindowCheck::Seen(r);
         }
         match self.answers.first_key_value() {
-            Some((&smallest, _))
-                if self.answers.len() >= REQUEST_WINDOW && request_id < smallest =>
-            {
+            Some((&smallest, _)) if self.answers.len() >= window && request_id < smallest => {
                 WindowCheck::Stale
             }
             _ => WindowCheck::New,
@@ -108,8 +107,8 @@ impl Session {
     }
 
     /// Remembers `answer` for `request_id` (keeping a cancel answer already recorded), evicting
-    /// the smallest id when the window overflows.
-    pub(crate) fn remember(&mut self, request_id: u64, answer: Response) {
+    /// the smallest id when the window of `window` answers overflows.
+    pub(crate) fn remember(&mut self, request_id: u64, answer: Response, window: usize) {
         match self.answers.get_mut(&request_id) {
             Some(r) => r.answer = answer,
             None => {
@@ -120,7 +119,7 @@ impl Session {
                         cancel: None,
                     },
                 );
-                while self.answers.len() > REQUEST_WINDOW {
+                while self.answers.len() > window {
                     self.answers.pop_first();
                 }
             }
@@ -128,8 +127,14 @@ impl Session {
     }
 
     /// Records the answer of a `CancelWait` for `request_id` next to the acquire's answer.
-    pub(crate) fn remember_cancel(&mut self, request_id: u64, answer: Response, cancel: Response) {
-        self.remember(request_id, answer);
+    pub(crate) fn remember_cancel(
+        &mut self,
+        request_id: u64,
+        answer: Response,
+        cancel: Response,
+        window: usize,
+    ) {
+        self.remember(request_id, answer, window);
         if let Some(r) = self.answers.get_mut(&request_id) {
             r.cancel = Some(cancel);
         }
