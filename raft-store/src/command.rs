@@ -9,6 +9,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::table::ApplyLimits;
+
 /// One log entry's application data: a command and the leader's time stamp for it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Request {
@@ -46,6 +48,7 @@ impl Command {
             Command::ExpireLock { .. } => "ExpireLock",
             Command::Promote => "Promote",
             Command::Batch(_) => "Batch",
+            Command::SetLimits { .. } => "SetLimits",
         }
     }
 }
@@ -161,6 +164,17 @@ pub enum Command {
     /// with the batch's stamp; answered by [`Response::Batch`] in the same order. Batches do not
     /// nest.
     Batch(Vec<Command>),
+    /// Moves the cluster to new apply limits (issue 18): from this entry on, every replica
+    /// enforces `limits`, whatever its binary's constants say. Answers
+    /// [`Response::LimitsSet`]; refused (`InvalidArgument`, nothing changes) if the limits are
+    /// inconsistent or the current state already exceeds one of them (more sessions than the
+    /// new `sessions_max`, a fuller queue, window or audit log). State admitted under the old
+    /// limits that only argument bounds cover (a longer key, a longer lease) stays until it
+    /// ends. Last in the enum, so every other command keeps its encoding.
+    SetLimits {
+        /// The limits to apply from now on.
+        limits: ApplyLimits,
+    },
 }
 
 /// A grant as the replicated state records it.
@@ -299,6 +313,11 @@ pub enum Response {
     /// An entry without a command (a leader's blank entry, a membership change) was applied;
     /// nobody waits for this answer.
     NoCommand,
+    /// `SetLimits`: the limits every replica now applies under.
+    LimitsSet {
+        /// The new limits.
+        limits: ApplyLimits,
+    },
 }
 
 /// Why a grant stopped existing.

@@ -576,6 +576,8 @@ impl Model {
                 }
             }
             Command::Batch(_) => invalid(),
+            // The model runs under V1 only; the operations below never change the limits.
+            Command::SetLimits { .. } => panic!("the model generates no SetLimits"),
         }
     }
 }

@@ -395,6 +395,7 @@ fn response(r: &Response) -> Vec<String> {
             request_id,
         }) => format!("rejected stale-request session={session_id} id={request_id}"),
         Response::NoCommand => "no-command".into(),
+        Response::LimitsSet { limits } => format!("limits-set {limits:?}"),
     };
     vec![line]
 }

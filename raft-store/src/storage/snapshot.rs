@@ -333,7 +333,7 @@ fn read_file(path: &Path) -> Result<SnapshotFile, StorageError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::command::{Command, Response};
+    use crate::command::{Command, Rejection, Response};
 
     /// Limits far tighter than V1 on every bound, so a log applied under them answers
     /// differently from one applied under V1 almost everywhere.
@@ -496,6 +496,52 @@ mod tests {
         let back = decode_table(&old_format, Path::new("test")).expect("decodes");
         assert_eq!(*back.limits(), ApplyLimits::V1);
         assert_eq!(back, table);
+    }
+
+    /// A `SetLimits` entry moves every replica at the same log index: replayed from scratch on
+    /// a V1 table, or from a snapshot taken after it, the log gives the same table and answers,
+    /// and after it the log is answered as under those limits from the start. Limits the state
+    /// already exceeds are refused and change nothing.
+    #[test]
+    fn set_limits_is_a_replicated_command_every_replica_applies_at_one_index() {
+        let set_tight = Command::SetLimits { limits: TIGHT };
+        let mut entries = vec![
+            (500, open("s1")),
+            (600, open("s2")),
+            (700, open("s3")),
+            (800, open("s4")),
+            (900, set_tight.clone()),
+            (
+                950,
+                Command::CloseSession {
+                    session_id: "s4".into(),
+                },
+            ),
+            (960, set_tight),
+        ];
+        let prefix = entries.len();
+        entries.extend(log());
+
+        let mut first = LockTable::new();
+        let answers = replay(&mut first, &entries);
+        let Response::Rejected(Rejection::InvalidArgument { message }) = &answers[4] else {
+            panic!("four open sessions exceed TIGHT's three: {:?}", answers[4]);
+        };
+        assert!(message.contains("SESSIONS_MAX"), "{message}");
+        assert_eq!(answers[6], Response::LimitsSet { limits: TIGHT });
+        assert_eq!(*first.limits(), TIGHT);
+
+        let mut before = LockTable::new();
+        let mut second = replay(&mut before, &entries[..prefix]);
+        let data = encode_table(&before).expect("encodes");
+        assert_eq!(data[0], DATA_WITH_LIMITS);
+        let mut restored = decode_table(&data, Path::new("test")).expect("decodes");
+        second.extend(replay(&mut restored, &entries[prefix..]));
+        assert_eq!(second, answers);
+        assert_eq!(restored, first);
+
+        let mut tight = LockTable::with_limits(TIGHT).expect("consistent limits");
+        assert_eq!(replay(&mut tight, &log()), answers[prefix..]);
     }
 
     #[test]

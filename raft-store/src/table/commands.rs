@@ -8,7 +8,7 @@ use std::collections::VecDeque;
 use lock_api::{LockError, validate};
 
 use super::session::{Session, WindowCheck};
-use super::{LockTable, Waiter};
+use super::{ApplyLimits, LockTable, Waiter};
 use crate::command::{Command, Event, FreeCause, Grant, Rejection, Response, Revocation};
 
 /// A short name of a command for assertion messages (a batch's contents may be huge).
@@ -156,6 +156,7 @@ impl LockTable {
             }
             Command::Promote => self.promote(stamp_ms, events),
             Command::Batch(_) => invalid_msg("a Batch must not contain a Batch".to_owned()),
+            Command::SetLimits { limits } => self.apply_set_limits(limits),
         }
     }
 
@@ -542,6 +543,23 @@ impl LockTable {
         }
         self.hand_off(stamp_ms, &key, events);
         Response::Revoked(revocation)
+    }
+
+    /// `SetLimits`: takes the new limits if they are consistent and the table already keeps
+    /// them. The check runs the invariants once (`O(state)`): an operator's rare command, and
+    /// the one way to be sure no bound the table relies on is broken from the first apply on.
+    fn apply_set_limits(&mut self, limits: ApplyLimits) -> Response {
+        if let Err(invalid) = limits.check() {
+            return invalid_msg(invalid.to_string());
+        }
+        let previous = std::mem::replace(&mut self.limits, limits);
+        if let Err(violation) = self.check_invariants() {
+            self.limits = previous;
+            return invalid_msg(format!(
+                "the current state exceeds the new limits: {violation}"
+            ));
+        }
+        Response::LimitsSet { limits }
     }
 
     fn promote(&mut self, stamp_ms: u64, events: &mut Vec<Event>) -> Response {
