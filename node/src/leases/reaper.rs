@@ -6,12 +6,12 @@
 //! state machine decides. Expiry is already true at the deadline, so the reaper is liveness
 //! only: it bounds how long a lapsed key stays unavailable to others.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use lock_raft_store::{Command, Raft, Response};
 use openraft::ServerState;
 use openraft::async_runtime::WatchReceiver;
-use std::sync::Arc;
 
 use super::LeaseKeeper;
 use crate::proposer::Proposer;

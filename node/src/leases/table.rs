@@ -841,6 +841,27 @@ mod tests {
             "take_lapsed, {leases} leases, none lapsed: deadline index {indexed_per_call:?} \
              a call, full scan {scan_per_call:?} a call"
         );
+        // The price of the index: each renewal (and heartbeat) moves an entry in the tree.
+        let renewals = 100_000u64;
+        let at = t0 + ms(6_000);
+        let started = Instant::now();
+        for i in 0..renewals {
+            let key = format!("key-{}", (i * 7_919) % leases);
+            let renewed = table.renew_grant(&key, (i * 7_919) % leases + 1, 10_000, at);
+            assert!(matches!(renewed, RenewCheck::Extended { .. }));
+        }
+        let indexed_renew = started.elapsed() / renewals as u32;
+        let started = Instant::now();
+        for i in 0..renewals {
+            let key = format!("key-{}", (i * 7_919) % leases);
+            let lease = scanned.get_mut(&key).expect("inserted");
+            lease.deadline = at + ms(10_000);
+        }
+        let map_renew = started.elapsed() / renewals as u32;
+        println!(
+            "renew_grant, {leases} leases: with the index {indexed_renew:?}, map only {map_renew:?}"
+        );
+        table.check_invariants();
         let all = t0 + ms(30_000);
         assert_eq!(
             table
