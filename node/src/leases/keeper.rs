@@ -1,0 +1,374 @@
+//! The lease keeper: the node's one [`LeaseTable`], shared between the apply path, the RPC
+//! handlers that renew and heartbeat, the promoter and the reaper (docs/DESIGN.md D-lease).
+//!
+//! Owns the table's lock, the clock every deadline is read on, and the promoted term that says
+//! whether this node's leases are authoritative. Never writes a renewal or heartbeat to the
+//! log: those are answered from memory after a quorum round (see `store::raft`). Never decides
+//! a lock outcome: it only tells the reaper which leases lapsed.
+//!
+//! Why the deadlines are monotonic `Instant`s on the leader and not the stamps in the
+//! replicated state: a wall-clock step on the leader must not expire a lease early, and the
+//! client's deadline is measured on its own monotonic clock from *before* it sent the request,
+//! so a leader deadline taken when the request arrives is never earlier than the client's.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use lock_raft_store::{Event, Grant};
+
+use super::table::{GrantLease, Lapsed, LeaseTable, RenewCheck};
+use crate::clock::Clock;
+
+#[derive(Debug, Default)]
+struct State {
+    table: LeaseTable,
+    /// The term whose `Promote` applied on this node while it led; `None` when not leading.
+    promoted_term: Option<u64>,
+}
+
+/// The in-memory lease deadlines of one node, fed by applied events on every node and
+/// authoritative only on a promoted leader.
+#[derive(Debug)]
+pub struct LeaseKeeper {
+    clock: Arc<dyn Clock>,
+    safety_margin: Duration,
+    state: Mutex<State>,
+}
+
+impl LeaseKeeper {
+    /// A keeper measuring time on `clock`; the reaper waits `safety_margin` past a deadline.
+    pub fn new(clock: Arc<dyn Clock>, safety_margin: Duration) -> Self {
+        Self {
+            clock,
+            safety_margin,
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Every critical section below only moves plain data; a panic inside one cannot leave
+        // it half-updated in a way later calls misread, so a poisoned lock is still usable.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The keeper's monotonic clock reading, for callers that log how long something took.
+    pub fn now(&self) -> Instant {
+        self.clock.now()
+    }
+
+    /// Tracks what an applied batch did.
+    pub fn on_events(&self, events: &[Event]) {
+        let now = self.clock.now();
+        let table = &mut self.lock().table;
+        for event in events {
+            match event {
+                Event::Granted { grant, .. } => table.insert_grant(grant, now),
+                Event::Freed { key, token, .. } => table.remove_grant(key, *token),
+                Event::SessionOpened { session_id, ttl_ms } => {
+                    table.insert_session(session_id, *ttl_ms, now)
+                }
+                Event::SessionEnded { session_id } => table.remove_session(session_id),
+                Event::Promoted { .. } => table.restart_all(now),
+                Event::WaiterDropped { .. } => {}
+            }
+        }
+    }
+
+    /// Makes the keeper match the replicated state after a promote: grants and sessions that
+    /// the events did not bring (a snapshot install, a restart) start a full lease now; leases
+    /// of grants and sessions that no longer exist are dropped. Existing leases keep the later
+    /// of their deadline and a full lease from now, with the state's lease length.
+    pub fn reconcile(&self, grants: &[Grant], sessions: &[(String, u64)]) {
+        let now = self.clock.now();
+        self.lock().table.reconcile(grants, sessions, now);
+    }
+
+    /// Records that `term`'s promote applied on this leader: leases are authoritative now.
+    pub fn set_promoted(&self, term: u64) {
+        self.lock().promoted_term = Some(term);
+    }
+
+    /// Records that this node does not lead (any more).
+    pub fn clear_promoted(&self) {
+        self.lock().promoted_term = None;
+    }
+
+    /// The term whose promote applied on this leader, if any.
+    pub fn promoted_term(&self) -> Option<u64> {
+        self.lock().promoted_term
+    }
+
+    /// Renews the lease of grant `(key, token)` to `ttl_ms` from now, if it is alive: present,
+    /// same token, not expiring and its deadline not passed. A lapsed lease is never revived
+    /// (D-lease), so a late renewal and the reaper cannot both win.
+    ///
+    /// The extension happens before the caller confirms leadership: extending a leader's
+    /// deadline only ever delays expiry, which is safe, and it closes the window in which the
+    /// reaper could pick the lease while the confirmation round is in flight.
+    pub fn renew_grant(&self, key: &str, token: u64, ttl_ms: u64) -> RenewCheck {
+        let now = self.clock.now();
+        self.lock().table.renew_grant(key, token, ttl_ms, now)
+    }
+
+    /// Restarts session `session_id`'s lease if it is alive; returns its TTL, or `None` if the
+    /// session is gone, lapsed or expiring (terminal for the client).
+    pub fn heartbeat_session(&self, session_id: &str) -> Option<u64> {
+        let now = self.clock.now();
+        self.lock().table.restart_session(session_id, now)
+    }
+
+    /// [`LeaseKeeper::heartbeat_session`] for each of `session_ids`, in order, under one
+    /// acquisition of the lease table and one clock reading (`HeartbeatBatch`). Each answer is
+    /// exactly what `heartbeat_session` would have answered for that id at that instant; the
+    /// caller bounds the batch (`lock_proto::session::HEARTBEAT_BATCH_SESSIONS_MAX`), which
+    /// bounds how long the table stays locked.
+    pub fn heartbeat_sessions<'a>(
+        &self,
+        session_ids: impl IntoIterator<Item = &'a str>,
+    ) -> Vec<Option<u64>> {
+        let now = self.clock.now();
+        let table = &mut self.lock().table;
+        session_ids
+            .into_iter()
+            .map(|id| table.restart_session(id, now))
+            .collect()
+    }
+
+    /// The live lease of `key`, if any (for building answers).
+    pub fn grant_lease(&self, key: &str) -> Option<GrantLease> {
+        self.lock().table.grant_lease(key).cloned()
+    }
+
+    /// Finds up to `max` leases lapsed for longer than the safety margin, earliest deadline
+    /// first, marks them expiring (so a renewal racing the expiry loses) and returns them.
+    /// O((taken + 1) · log n) under the lock, so an idle leader's tick is cheap however many
+    /// leases it holds.
+    pub fn take_lapsed(&self, max: usize) -> Lapsed {
+        let now = self.clock.now();
+        self.lock().table.take_lapsed(max, self.safety_margin, now)
+    }
+
+    /// The expiry of grant `(key, token)` was not applied (the proposal failed): let the
+    /// reaper try again. The deadline has passed, so a renewal still loses.
+    pub fn expiry_failed(&self, key: &str, token: u64) {
+        self.lock().table.grant_expiry_failed(key, token);
+    }
+
+    /// The expiry of session `session_id` was not applied: let the reaper try again.
+    pub fn session_expiry_failed(&self, session_id: &str) {
+        self.lock().table.session_expiry_failed(session_id);
+    }
+
+    /// The state machine said `(key, token)` was no longer the grant: forget its lease.
+    pub fn forget_grant(&self, key: &str, token: u64) {
+        self.lock().table.remove_grant(key, token);
+    }
+
+    /// How many grant and session leases are tracked.
+    pub fn counts(&self) -> (usize, usize) {
+        self.lock().table.counts()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::leases::REAP_PER_TICK_MAX;
+    use lock_raft_store::FreeCause;
+
+    fn grant(key: &str, token: u64, ttl_ms: u64) -> Grant {
+        Grant {
+            key: key.into(),
+            owner_id: "o".into(),
+            session_id: "s".into(),
+            request_id: 1,
+            token,
+            ttl_ms,
+            acquired_at_ms: 0,
+            expires_at_ms: ttl_ms,
+        }
+    }
+
+    fn keeper() -> (Arc<ManualClock>, LeaseKeeper) {
+        let clock = Arc::new(ManualClock::new(0));
+        let keeper = LeaseKeeper::new(clock.clone(), Duration::from_millis(100));
+        keeper.on_events(&[Event::Granted {
+            grant: grant("k", 7, 1_000),
+            handed_off: false,
+        }]);
+        (clock, keeper)
+    }
+
+    #[test]
+    fn renew_before_the_deadline_extends_it() {
+        let (clock, keeper) = keeper();
+        clock.advance(Duration::from_millis(900));
+        let RenewCheck::Extended {
+            lease,
+            previous_ttl_ms,
+        } = keeper.renew_grant("k", 7, 1_000)
+        else {
+            panic!("expected a renewal");
+        };
+        assert_eq!(previous_ttl_ms, 1_000);
+        assert_eq!(lease.deadline, clock.now() + Duration::from_millis(1_000));
+        clock.advance(Duration::from_millis(1_000));
+        assert!(matches!(
+            keeper.renew_grant("k", 7, 1_000),
+            RenewCheck::Extended { .. }
+        ));
+    }
+
+    #[test]
+    fn renew_after_the_deadline_is_lost_and_never_revives() {
+        let (clock, keeper) = keeper();
+        clock.advance(Duration::from_millis(1_001));
+        assert_eq!(keeper.renew_grant("k", 7, 1_000), RenewCheck::Lost);
+        // Still lost later, even before the reaper has expired it.
+        assert_eq!(keeper.renew_grant("k", 7, 5_000), RenewCheck::Lost);
+    }
+
+    #[test]
+    fn renew_of_another_token_or_key_is_lost() {
+        let (_clock, keeper) = keeper();
+        assert_eq!(keeper.renew_grant("k", 6, 1_000), RenewCheck::Lost);
+        assert_eq!(keeper.renew_grant("other", 7, 1_000), RenewCheck::Lost);
+    }
+
+    #[test]
+    fn an_expiring_lease_cannot_be_renewed() {
+        let (clock, keeper) = keeper();
+        clock.advance(Duration::from_millis(1_101));
+        let lapsed = keeper.take_lapsed(REAP_PER_TICK_MAX);
+        assert_eq!(lapsed.grants, vec![("k".to_owned(), 7)]);
+        assert_eq!(keeper.renew_grant("k", 7, 1_000), RenewCheck::Lost);
+        // Taken once: the next tick does not propose it again.
+        assert!(keeper.take_lapsed(REAP_PER_TICK_MAX).grants.is_empty());
+        // A failed expiry lets the reaper retry, but the renewal still loses.
+        keeper.expiry_failed("k", 7);
+        assert_eq!(keeper.renew_grant("k", 7, 1_000), RenewCheck::Lost);
+        assert_eq!(keeper.take_lapsed(REAP_PER_TICK_MAX).grants.len(), 1);
+    }
+
+    #[test]
+    fn the_reaper_waits_for_the_safety_margin_and_is_bounded_per_tick() {
+        let clock = Arc::new(ManualClock::new(0));
+        let keeper = LeaseKeeper::new(clock.clone(), Duration::from_millis(100));
+        let events: Vec<Event> = (1..=600)
+            .map(|t| Event::Granted {
+                grant: grant(&format!("k{t}"), t, 1_000),
+                handed_off: false,
+            })
+            .collect();
+        keeper.on_events(&events);
+        clock.advance(Duration::from_millis(1_050));
+        assert!(
+            keeper.take_lapsed(REAP_PER_TICK_MAX).grants.is_empty(),
+            "inside the margin"
+        );
+        clock.advance(Duration::from_millis(100));
+        assert_eq!(
+            keeper.take_lapsed(REAP_PER_TICK_MAX).grants.len(),
+            REAP_PER_TICK_MAX
+        );
+        assert_eq!(
+            keeper.take_lapsed(REAP_PER_TICK_MAX).grants.len(),
+            REAP_PER_TICK_MAX
+        );
+        assert_eq!(
+            keeper.take_lapsed(REAP_PER_TICK_MAX).grants.len(),
+            600 - 2 * REAP_PER_TICK_MAX
+        );
+    }
+
+    #[test]
+    fn promote_restarts_every_lease_and_freed_drops_only_its_token() {
+        let (clock, keeper) = keeper();
+        keeper.on_events(&[Event::SessionOpened {
+            session_id: "s".into(),
+            ttl_ms: 2_000,
+        }]);
+        clock.advance(Duration::from_millis(5_000));
+        keeper.on_events(&[Event::Promoted { stamp_ms: 5_000 }]);
+        assert!(matches!(
+            keeper.renew_grant("k", 7, 1_000),
+            RenewCheck::Extended { .. }
+        ));
+        assert_eq!(keeper.heartbeat_session("s"), Some(2_000));
+        keeper.on_events(&[Event::Freed {
+            key: "k".into(),
+            token: 6,
+            cause: FreeCause::Released,
+        }]);
+        assert!(
+            keeper.grant_lease("k").is_some(),
+            "another token's free keeps it"
+        );
+        keeper.on_events(&[Event::Freed {
+            key: "k".into(),
+            token: 7,
+            cause: FreeCause::Released,
+        }]);
+        assert!(keeper.grant_lease("k").is_none());
+    }
+
+    #[test]
+    fn a_lapsed_session_heartbeat_is_terminal() {
+        let clock = Arc::new(ManualClock::new(0));
+        let keeper = LeaseKeeper::new(clock.clone(), Duration::ZERO);
+        keeper.on_events(&[Event::SessionOpened {
+            session_id: "s".into(),
+            ttl_ms: 1_000,
+        }]);
+        clock.advance(Duration::from_millis(999));
+        assert_eq!(keeper.heartbeat_session("s"), Some(1_000));
+        clock.advance(Duration::from_millis(1_001));
+        assert_eq!(keeper.heartbeat_session("s"), None);
+        assert_eq!(keeper.heartbeat_session("unknown"), None);
+    }
+
+    #[test]
+    fn a_batch_heartbeat_answers_each_session_as_one_heartbeat_would() {
+        let clock = Arc::new(ManualClock::new(0));
+        let keeper = LeaseKeeper::new(clock.clone(), Duration::ZERO);
+        keeper.on_events(&[
+            Event::SessionOpened {
+                session_id: "live".into(),
+                ttl_ms: 1_000,
+            },
+            Event::SessionOpened {
+                session_id: "lapsed".into(),
+                ttl_ms: 500,
+            },
+            Event::SessionOpened {
+                session_id: "expiring".into(),
+                ttl_ms: 5_000,
+            },
+        ]);
+        clock.advance(Duration::from_millis(600));
+        keeper.lock().table.mark_session_expiring("expiring");
+        assert_eq!(
+            keeper.heartbeat_sessions(["live", "unknown", "lapsed", "expiring", "live"]),
+            vec![Some(1_000), None, None, None, Some(1_000)]
+        );
+        // The live session's lease restarted at the batch's instant: alive 999 ms later, and a
+        // lapsed one stays lapsed.
+        clock.advance(Duration::from_millis(999));
+        assert_eq!(keeper.heartbeat_session("live"), Some(1_000));
+        assert_eq!(keeper.heartbeat_sessions(["lapsed"]), vec![None]);
+        assert!(keeper.heartbeat_sessions([]).is_empty());
+    }
+
+    #[test]
+    fn reconcile_adds_missing_and_drops_stale_leases() {
+        let (clock, keeper) = keeper();
+        clock.advance(Duration::from_millis(500));
+        keeper.reconcile(&[grant("other", 9, 3_000)], &[("s2".into(), 1_000)]);
+        assert!(keeper.grant_lease("k").is_none(), "no longer in the state");
+        let lease = keeper.grant_lease("other").expect("added from the state");
+        assert_eq!(lease.deadline, clock.now() + Duration::from_millis(3_000));
+        assert_eq!(keeper.heartbeat_session("s2"), Some(1_000));
+        assert_eq!(keeper.counts(), (1, 1));
+    }
+}

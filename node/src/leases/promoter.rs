@@ -1,0 +1,138 @@
+//! The promoter: turns "this node leads and its term's blank entry applied" into an applied
+//! `Command::Promote`, after which this node's lease deadlines are authoritative
+//! (docs/DESIGN.md D-lease, etcd's lessor `Promote`).
+//!
+//! Owns the leadership watch and the promote retry. Never touches a deadline itself: the
+//! `Promoted` event restarts every lease through the keeper, and [`LeaseKeeper::reconcile`]
+//! fills in what the events did not bring. Until the promote applies, the reaper and
+//! leader-local renewals stay off.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lock_raft_store::storage::StateReader;
+use lock_raft_store::{Command, Raft, Response};
+use openraft::ServerState;
+use openraft::async_runtime::WatchReceiver;
+
+use super::LeaseKeeper;
+use crate::log_limit::{LogLimit, Note};
+use crate::proposer::Proposer;
+
+/// How often the promoter re-checks leadership when no metrics change arrives, so a failed
+/// promote is retried.
+const PROMOTE_RETRY: Duration = Duration::from_millis(200);
+
+/// Watches leadership. When this node becomes leader and its term's blank entry has applied,
+/// proposes `Promote`; once that applies, reconciles the keeper with the replicated state and
+/// marks the term promoted, which lets the reaper and leader-local renewals run. Returns when
+/// Raft shuts down.
+pub async fn run_promoter(
+    raft: Raft,
+    proposer: Proposer,
+    keeper: Arc<LeaseKeeper>,
+    reader: StateReader,
+) {
+    // Leadership comes from the server metrics, which change only with the vote, the state,
+    // the leader or the membership; the applied log id from the data metrics, which change with
+    // every entry and are watched only while a promote waits for its term's blank entry. The
+    // full `metrics()` channel changes with both and would wake this task several times per
+    // entry for nothing once the term is promoted.
+    let mut server = raft.server_metrics();
+    let mut data = raft.data_metrics();
+    // A leader without a quorum fails its promote on every retry: one line, then one a minute.
+    let mut failing = LogLimit::default();
+    loop {
+        let (state, term) = {
+            let m = server.borrow_and_update();
+            (m.state, m.vote.leader_id.term)
+        };
+        let applied_term = data
+            .borrow_and_update()
+            .last_applied
+            .map(|id| id.leader_id.term);
+        if state == ServerState::Shutdown {
+            keeper.clear_promoted();
+            return;
+        }
+        if state != ServerState::Leader {
+            keeper.clear_promoted();
+        } else if keeper.promoted_term() != Some(term) && applied_term == Some(term) {
+            // The blank entry of this term has applied: every entry of earlier terms is in the
+            // state machine, so the promote restarts every lease that exists. First make sure
+            // our stamps do not go below the predecessor's (D-time).
+            proposer.raise_stamp_floor(reader.read(|table| table.last_stamp_ms()));
+            match proposer.propose(Command::Promote).await {
+                Ok(Response::Promoted { grants, sessions }) => {
+                    if let Some(ended) = failing.succeeded(keeper.now()) {
+                        tracing::info!(
+                            failing_ms = ended.lasted.as_millis() as u64,
+                            failed_attempts = ended.total,
+                            "promote applied after failing"
+                        );
+                    }
+                    let (grant_list, session_list) = reader.read(|table| {
+                        (
+                            table.grants().cloned().collect::<Vec<_>>(),
+                            table
+                                .sessions()
+                                .map(|(id, s)| (id.to_owned(), s.ttl_ms))
+                                .collect::<Vec<_>>(),
+                        )
+                    });
+                    keeper.reconcile(&grant_list, &session_list);
+                    let still = server.borrow_watched().vote.leader_id.term == term;
+                    if still {
+                        keeper.set_promoted(term);
+                        tracing::info!(term, grants, sessions, "promoted: leases restarted");
+                    }
+                    continue;
+                }
+                Ok(other) => {
+                    let error = format!("promote answered unexpectedly: {other:?}");
+                    note_promote_failure(&mut failing, keeper.now(), &error, true);
+                }
+                Err(err) => {
+                    let error = format!("promote not applied: {err}");
+                    note_promote_failure(&mut failing, keeper.now(), &error, false);
+                }
+            }
+        }
+        let waiting_for_blank =
+            state == ServerState::Leader && keeper.promoted_term() != Some(term);
+        // `false` once Raft has dropped its metrics: it has stopped, and so does this task.
+        let changed = async {
+            if waiting_for_blank {
+                tokio::select! {
+                    r = server.changed() => r.is_ok(),
+                    r = data.changed() => r.is_ok(),
+                }
+            } else {
+                server.changed().await.is_ok()
+            }
+        };
+        if let Ok(false) = tokio::time::timeout(PROMOTE_RETRY, changed).await {
+            keeper.clear_promoted();
+            return;
+        }
+    }
+}
+
+/// Logs a failed promote as `failing` says: the first of a run, then a summary a minute. The
+/// first line is a WARN if the answer was `unexpected` (a bug), else INFO: a promote that
+/// loses a race with an election is routine.
+fn note_promote_failure(failing: &mut LogLimit, now: Instant, error: &str, unexpected: bool) {
+    match failing.failed(now, &error) {
+        None => {}
+        Some(Note::Began) if unexpected => {
+            tracing::warn!(error, "promote failed; retrying while leader")
+        }
+        Some(Note::Began) => tracing::info!(error, "promote failed; retrying while leader"),
+        Some(Note::Summary(s)) => tracing::info!(
+            failing_s = s.lasted.as_secs(),
+            failed_attempts = s.count,
+            last_error = %s.last_error,
+            "promote still failing; retrying while leader"
+        ),
+    }
+}
