@@ -10,7 +10,9 @@
 //! while the link is cut is accepted and then blackholed — nothing it sends is read or
 //! forwarded. Healing closes those blackholed connections, so the dialler (gRPC) reconnects,
 //! and lets the held connections flow again. Must not know about Raft or choose which links to
-//! cut ([`crate::nemesis::partition`] does, through [`crate::net::Firewall`]).
+//! cut ([`crate::nemesis::partition`] does, through [`crate::net::Firewall`]; lock-tests'
+//! `LinkNet` builds its partitions on [`ProxyNet`] too, binding it before its nodes' ports are
+//! known and setting the targets afterwards).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -39,7 +41,9 @@ const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(50);
 #[derive(Debug)]
 pub struct LinkProxy {
     addr: SocketAddr,
-    target: String,
+    /// Where connections are forwarded; `None` until known ([`LinkProxy::bind`]). Read once per
+    /// accepted connection, so a new target applies to connections made from then on.
+    target: watch::Sender<Option<String>>,
     cut: watch::Sender<bool>,
     /// The accept loop; it owns every connection's task, so aborting it ends them all.
     task: JoinHandle<()>,
@@ -49,17 +53,30 @@ impl LinkProxy {
     /// Listens on an ephemeral port of 127.0.0.1 and forwards every connection to `target`
     /// (`host:port`, dialled per connection, so a restarted target is reached again).
     pub async fn start(target: &str) -> anyhow::Result<Self> {
+        let proxy = Self::bind()
+            .await
+            .with_context(|| format!("starting the proxy for {target}"))?;
+        proxy.set_target(Some(target));
+        Ok(proxy)
+    }
+
+    /// Listens on an ephemeral port of 127.0.0.1 with no target yet: until
+    /// [`LinkProxy::set_target`], a connection is closed at once, as a node that is not up yet
+    /// would refuse it. For a harness that must bind its proxies before it knows the ports of
+    /// the nodes behind them (so the OS never hands a proxy's port to a node).
+    pub async fn bind() -> anyhow::Result<Self> {
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
-            .with_context(|| format!("binding a proxy listener for {target}"))?;
+            .context("binding a proxy listener")?;
         let addr = listener
             .local_addr()
             .context("reading the proxy listener's address")?;
+        let (target, target_rx) = watch::channel(None);
         let (cut, cut_rx) = watch::channel(false);
-        let task = tokio::spawn(accept_loop(listener, target.to_owned(), cut_rx));
+        let task = tokio::spawn(accept_loop(listener, target_rx, cut_rx));
         Ok(Self {
             addr,
-            target: target.to_owned(),
+            target,
             cut,
             task,
         })
@@ -70,9 +87,15 @@ impl LinkProxy {
         self.addr
     }
 
-    /// The address forwarded to.
-    pub fn target(&self) -> &str {
-        &self.target
+    /// The address forwarded to, `None` if not known yet.
+    pub fn target(&self) -> Option<String> {
+        self.target.borrow().clone()
+    }
+
+    /// Forwards connections made from now on to `target` (`host:port`); `None` closes them
+    /// at once. Connections already forwarded keep their target.
+    pub fn set_target(&self, target: Option<&str>) {
+        self.target.send_replace(target.map(str::to_owned));
     }
 
     /// Stops forwarding (existing connections are held, new ones blackholed).
@@ -97,12 +120,17 @@ impl Drop for LinkProxy {
     }
 }
 
-async fn accept_loop(listener: TcpListener, target: String, cut: watch::Receiver<bool>) {
+async fn accept_loop(
+    listener: TcpListener,
+    target: watch::Receiver<Option<String>>,
+    cut: watch::Receiver<bool>,
+) {
     let mut connections = JoinSet::new();
     loop {
         match listener.accept().await {
             Ok((inbound, _)) => {
-                connections.spawn(serve(inbound, target.clone(), cut.clone()));
+                let target = target.borrow().clone();
+                connections.spawn(serve(inbound, target, cut.clone()));
             }
             Err(_) => tokio::time::sleep(ACCEPT_ERROR_BACKOFF).await,
         }
@@ -123,13 +151,15 @@ async fn until_cut(cut: &mut watch::Receiver<bool>) {
     }
 }
 
-async fn serve(inbound: TcpStream, target: String, mut cut: watch::Receiver<bool>) {
+async fn serve(inbound: TcpStream, target: Option<String>, mut cut: watch::Receiver<bool>) {
     if *cut.borrow_and_update() {
         // Accepted while cut: read nothing, forward nothing, and close it at the heal.
         let _held = inbound;
         until_healed(&mut cut).await;
         return;
     }
+    // No target yet (the harness is still choosing ports): close, as a refused connect would.
+    let Some(target) = target else { return };
     let outbound =
         match tokio::time::timeout(UPSTREAM_CONNECT_TIMEOUT, TcpStream::connect(&target)).await {
             Ok(Ok(stream)) => stream,
@@ -197,18 +227,33 @@ impl ProxyNet {
     /// Starts one [`LinkProxy`] per ordered pair (i, j), i ≠ j, of `nodes` (id → the node's
     /// real `host:port`), forwarding to j.
     pub async fn start(nodes: &BTreeMap<u64, String>) -> anyhow::Result<Self> {
+        let ids: Vec<u64> = nodes.keys().copied().collect();
+        let net = Self::bind(&ids).await?;
+        net.set_targets(nodes);
+        Ok(net)
+    }
+
+    /// Binds one [`LinkProxy`] per ordered pair (i, j), i ≠ j, of `ids`, with no target yet
+    /// (see [`LinkProxy::bind`]): for a harness that chooses its nodes' ports after binding.
+    pub async fn bind(ids: &[u64]) -> anyhow::Result<Self> {
         let mut links = BTreeMap::new();
-        for &from in nodes.keys() {
-            for (&to, addr) in nodes {
-                if from != to {
-                    let proxy = LinkProxy::start(addr)
-                        .await
-                        .with_context(|| format!("starting the proxy of link {from}→{to}"))?;
-                    links.insert((from, to), proxy);
-                }
+        for &from in ids {
+            for &to in ids.iter().filter(|&&to| to != from) {
+                let proxy = LinkProxy::bind()
+                    .await
+                    .with_context(|| format!("starting the proxy of link {from}→{to}"))?;
+                links.insert((from, to), proxy);
             }
         }
         Ok(Self { links })
+    }
+
+    /// Points every link i→j at `nodes[j]` (id → `host:port`) for connections made from now
+    /// on; a link to a node missing from `nodes` closes its connections.
+    pub fn set_targets(&self, nodes: &BTreeMap<u64, String>) {
+        for ((_, to), proxy) in &self.links {
+            proxy.set_target(nodes.get(to).map(String::as_str));
+        }
     }
 
     /// Node `from`'s `--raft-dial` value: `j=<proxy of from→j>` for every other node j.
@@ -371,6 +416,30 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_proxy_bound_without_a_target_closes_connections_until_it_gets_one() {
+        let proxy = LinkProxy::bind().await.unwrap();
+        assert_eq!(proxy.target(), None);
+        let mut early = TcpStream::connect(proxy.addr()).await.unwrap();
+        let mut buf = [0u8; 8];
+        let closed = tokio::time::timeout(ARRIVES, early.read(&mut buf))
+            .await
+            .expect("closed in time");
+        assert!(matches!(closed, Ok(0) | Err(_)), "{closed:?}");
+
+        let target = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let target_addr = target.local_addr().unwrap().to_string();
+        proxy.set_target(Some(&target_addr));
+        assert_eq!(proxy.target().as_deref(), Some(target_addr.as_str()));
+        let mut client = TcpStream::connect(proxy.addr()).await.unwrap();
+        let (mut server, _) = tokio::time::timeout(ARRIVES, target.accept())
+            .await
+            .expect("the proxy dials the target it was given")
+            .unwrap();
+        client.write_all(b"ping").await.unwrap();
+        assert_eq!(read_exact(&mut server, 4).await, b"ping");
+    }
+
+    #[tokio::test]
     async fn a_connection_to_a_dead_target_is_closed() {
         let target = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = target.local_addr().unwrap().to_string();
@@ -395,7 +464,10 @@ mod tests {
         assert!(dial.starts_with("2=127.0.0.1:"), "{dial}");
         assert!(dial.contains(",3=127.0.0.1:"), "{dial}");
         assert!(!dial.contains("1="), "{dial}");
-        assert_eq!(net.link(1, 2).unwrap().target(), "127.0.0.1:9002");
+        assert_eq!(
+            net.link(1, 2).unwrap().target().as_deref(),
+            Some("127.0.0.1:9002")
+        );
 
         net.cut(&[(1, 2)]).unwrap();
         assert_eq!(net.cut_links(), vec![(1, 2), (2, 1)]);
