@@ -2,8 +2,11 @@
 //! over the `lockd.v1.RaftService` gRPC client, with postcard payloads.
 //!
 //! Owns dialing peers and turning transport failures into openraft's error kinds. Connections
-//! are made lazily and re-made by the channel after a peer restarts. Must not interpret Raft
-//! messages: it only carries them (see `raft::service` for the receiving side).
+//! are made lazily and re-made by the channel after a peer restarts, paced per peer by
+//! `raft::peer_health` while a peer is unreachable. It carries Raft messages without deciding
+//! anything about them, with one exception that is Raft protocol logic and is named as such:
+//! the commit-only coalescing of `Outgoing` below, which reads an append's vote, `prev_log_id`
+//! and commit index (see `raft::service` for the receiving side).
 //!
 //! Appends (entries and heartbeats, the hot path) are **pipelined** on one `AppendStream` per
 //! openraft replication session: openraft hands over a stream of requests and reads a stream of
