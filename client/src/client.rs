@@ -147,6 +147,17 @@ impl LockClient {
         })
     }
 
+    /// A client that has not asked any endpoint anything (no discovery), for unit tests of
+    /// what a session does when its calls fail.
+    #[cfg(test)]
+    pub(crate) fn unconnected(endpoints: &[&str], config: ClientConfig) -> Self {
+        Self {
+            router: Arc::new(Router::new(endpoints, config).expect("valid test endpoints")),
+            revoke_ids: Arc::new(AtomicU64::new(1)),
+            heartbeats: Arc::new(Heartbeats::default()),
+        }
+    }
+
     pub(crate) fn router(&self) -> &Router {
         &self.router
     }
@@ -184,7 +195,7 @@ impl LockClient {
             owner_id: owner_id.to_owned(),
             ttl_ms,
         };
-        let sent_at = Instant::now();
+        let sent_at = crate::clock::now();
         let answer = self
             .router
             .unary(
@@ -441,7 +452,7 @@ impl LockClient {
     /// `Ok(false)`: the session and all its locks are gone — terminal, do not retry.
     pub async fn heartbeat_session(&self, session_id: &str) -> Result<bool, LockError> {
         validate::session_id(session_id)?;
-        let until = Instant::now() + self.config().call_timeout;
+        let until = crate::clock::now() + self.config().call_timeout;
         Ok(self.heartbeat_until(session_id, until).await?.is_some())
     }
 
@@ -471,7 +482,7 @@ impl LockClient {
             fencing_token: token,
             ttl_ms,
         };
-        let sent_at = Instant::now();
+        let sent_at = crate::clock::now();
         let answer = self
             .router
             .unary(

@@ -37,12 +37,21 @@ use crate::session::SessionInner;
 /// interval again, and a client ends with at most four batch phases per interval.
 pub const COALESCE_AHEAD_FRACTION: u32 = 4;
 
+/// Shortest pause between an answered (or failed) heartbeat of a session and its next one, so
+/// a node that refuses connections instantly does not turn the heartbeat into a busy loop. It
+/// holds against the coalescing allowance too: a retry due in 50 ms is *within* a quarter
+/// interval, and without this floor would be sent again at once.
+pub(crate) const HEARTBEAT_RETRY_PAUSE: Duration = Duration::from_millis(50);
+
 /// One session's place in the schedule.
 struct Entry {
     /// Weak, so a dropped session leaves the schedule instead of being kept alive by it.
     session: Weak<SessionInner>,
     interval: Duration,
     next_due: Instant,
+    /// Not sent again before this instant, however due ([`HEARTBEAT_RETRY_PAUSE`] after the
+    /// last answer).
+    not_before: Instant,
     /// A heartbeat of this session is being sent; it is not due again until answered.
     in_flight: bool,
 }
@@ -115,6 +124,7 @@ impl Heartbeats {
                     session: Arc::downgrade(session),
                     interval,
                     next_due: first_due,
+                    not_before: crate::clock::now(),
                     in_flight: false,
                 },
             );
@@ -157,13 +167,18 @@ impl Heartbeats {
                 continue;
             }
             let ahead = entry.interval / COALESCE_AHEAD_FRACTION;
-            if entry.next_due <= now + ahead {
+            let due_now = entry.next_due <= now + ahead;
+            if due_now && entry.not_before <= now {
                 if let Some(session) = entry.session.upgrade() {
                     entry.in_flight = true;
                     due.push(Due { key: *key, session });
                 }
             } else {
-                next = Some(next.map_or(entry.next_due, |n| n.min(entry.next_due)));
+                let wake = match due_now {
+                    true => entry.not_before,
+                    false => entry.next_due.max(entry.not_before),
+                };
+                next = Some(next.map_or(wake, |n| n.min(wake)));
             }
         }
         Some((due, next))
@@ -177,6 +192,7 @@ impl Heartbeats {
             Some(at) => {
                 if let Some(entry) = registry.entries.get_mut(&key) {
                     entry.next_due = at;
+                    entry.not_before = crate::clock::now() + HEARTBEAT_RETRY_PAUSE;
                     entry.in_flight = false;
                 }
             }
@@ -191,7 +207,7 @@ impl Heartbeats {
 /// session is scheduled.
 async fn drive(heartbeats: Arc<Heartbeats>) {
     loop {
-        let Some((due, next)) = heartbeats.take_due(Instant::now()) else {
+        let Some((due, next)) = heartbeats.take_due(crate::clock::now()) else {
             return;
         };
         let mut due = due.into_iter().peekable();
@@ -212,7 +228,7 @@ async fn drive(heartbeats: Arc<Heartbeats>) {
 /// Heartbeats one chunk of due sessions (one batch call, or unary calls) and hands each answer
 /// to its session.
 async fn beat(heartbeats: Arc<Heartbeats>, chunk: Vec<Due>) {
-    let now = Instant::now();
+    let now = crate::clock::now();
     let mut live = Vec::with_capacity(chunk.len());
     for due in chunk {
         match due.session.heartbeat_deadline() {
@@ -228,7 +244,7 @@ async fn beat(heartbeats: Arc<Heartbeats>, chunk: Vec<Due>) {
         }
     }
     if !live.is_empty() {
-        let sent_at = Instant::now();
+        let sent_at = crate::clock::now();
         let answers = send(&heartbeats, &live).await;
         for ((due, _), answer) in live.into_iter().zip(answers) {
             let next = due.session.on_heartbeat(sent_at, answer);
@@ -259,7 +275,7 @@ async fn send(
             .iter()
             .map(|(_, d)| *d)
             .min()
-            .unwrap_or_else(Instant::now);
+            .unwrap_or_else(crate::clock::now);
         match client.heartbeat_batch_until(&ids, until).await {
             Ok(Some(answers)) => return answers,
             Ok(None) => {
@@ -316,7 +332,7 @@ mod tests {
     #[tokio::test]
     async fn an_empty_schedule_stops_the_driver() {
         let heartbeats = Arc::new(Heartbeats::default());
-        assert!(heartbeats.take_due(Instant::now()).is_none());
+        assert!(heartbeats.take_due(crate::clock::now()).is_none());
         assert!(!heartbeats.lock().running);
         assert_eq!(heartbeats.scheduled(), 0);
     }

@@ -73,7 +73,11 @@
 //!   the by-session-id calls of `lockctl`.
 //! - [`session`]: [`LockClientSession`] — acquire, renew and release for the session's owner
 //!   (and the [`LockService`] implementation), heartbeats, keep-alive, the deadline watchdog,
-//!   lost-lock listeners, cancellation of dropped acquires.
+//!   lost-lock listeners, cancellation of dropped acquires. Inside: the session's state as
+//!   plain data, the shared inner value, the server calls, and the keep-alive and watchdog
+//!   tasks, one private module each.
+//! - `clock` (private): the SDK's one clock, Tokio's, so tests with paused time drive every
+//!   deadline and timer.
 //! - [`guard`]: [`LockGuard`] — release on drop.
 //! - `heartbeat` (private): the heartbeat schedule of a client's sessions, coalesced into
 //!   `HeartbeatBatch` calls.
@@ -93,6 +97,7 @@
 
 pub mod backoff;
 pub mod client;
+mod clock;
 pub mod config;
 pub mod deadline;
 pub mod guard;

@@ -160,7 +160,7 @@ impl Router {
     /// (`extra` is a blocking acquire's server-side wait, zero otherwise).
     pub(crate) fn budget(&self, extra: Duration) -> Budget {
         Budget {
-            deadline: Instant::now() + extra + self.config.call_timeout,
+            deadline: crate::clock::now() + extra + self.config.call_timeout,
             attempt_timeout: extra + self.config.attempt_timeout,
         }
     }
@@ -372,7 +372,7 @@ impl Router {
                 )),
                 other => other,
             };
-            let now = Instant::now();
+            let now = crate::clock::now();
             if immediate {
                 redirects += 1;
                 if now >= budget.deadline {
