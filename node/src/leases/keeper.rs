@@ -175,20 +175,8 @@ mod tests {
     use super::*;
     use crate::clock::ManualClock;
     use crate::leases::REAP_PER_TICK_MAX;
+    use crate::leases::table::tests::grant;
     use lock_raft_store::FreeCause;
-
-    fn grant(key: &str, token: u64, ttl_ms: u64) -> Grant {
-        Grant {
-            key: key.into(),
-            owner_id: "o".into(),
-            session_id: "s".into(),
-            request_id: 1,
-            token,
-            ttl_ms,
-            acquired_at_ms: 0,
-            expires_at_ms: ttl_ms,
-        }
-    }
 
     fn keeper() -> (Arc<ManualClock>, LeaseKeeper) {
         let clock = Arc::new(ManualClock::new(0));

@@ -402,7 +402,7 @@ fn pop_lapsed(index: &mut DeadlineIndex, margin: Duration, now: Instant) -> Opti
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use std::collections::BTreeMap;
 
     use rand::rngs::StdRng;
@@ -411,7 +411,8 @@ mod tests {
     use super::*;
     use crate::leases::REAP_PER_TICK_MAX;
 
-    fn grant(key: &str, token: u64, ttl_ms: u64) -> Grant {
+    /// A grant of `key` with `token` and `ttl_ms`, for the keeper's tests too.
+    pub(in crate::leases) fn grant(key: &str, token: u64, ttl_ms: u64) -> Grant {
         Grant {
             key: key.into(),
             owner_id: "o".into(),
