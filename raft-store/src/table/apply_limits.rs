@@ -188,7 +188,10 @@ impl Default for ApplyLimits {
     }
 }
 
-/// The text rule of `lock_api::validate`, with the bound taken from the limits.
+/// The text rule of `lock_api::validate`, with the bound taken from the limits. A copy on
+/// purpose, not a call: what apply accepts must not change when a later lock-api changes its
+/// rule, or a replica on the new binary would replay old entries differently
+/// (`under_v1_the_checks_agree_with_lock_api` checks the two agree today).
 fn text(what: &str, value: &str, len_max: u32) -> Result<(), LockError> {
     if value.trim().is_empty() {
         return Err(LockError::invalid(format!("{what} must not be blank")));
