@@ -41,15 +41,9 @@ pub const QUIET_MS: (u64, u64) = (1_500, 4_000);
 pub const HOLD_MS: (u64, u64) = (3_000, 8_000);
 
 /// The nemeses of a run when `--nemesis` is not given: every one but the outage, which holds a
-/// node out for a minute and is asked for by name in long runs.
-pub const DEFAULT_NEMESES: [Kind; 6] = [
-    Kind::Partition,
-    Kind::Kill,
-    Kind::Pause,
-    Kind::Clock,
-    Kind::ClientPause,
-    Kind::Revoke,
-];
+/// node out for a minute and is asked for by name in long runs (it is last in [`Kind::ALL`]).
+pub const DEFAULT_NEMESES: &[Kind] = Kind::ALL.split_at(Kind::ALL.len() - 1).0;
+const _: () = assert!(matches!(Kind::ALL[Kind::ALL.len() - 1], Kind::Outage));
 
 /// A kind of nemesis, as named on the command line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
@@ -72,7 +66,8 @@ pub enum Kind {
 }
 
 impl Kind {
-    /// Every kind, in the order the help text lists them.
+    /// Every kind, in the order the help text lists them; the outage last (see
+    /// [`DEFAULT_NEMESES`]).
     pub const ALL: [Kind; 7] = [
         Kind::Partition,
         Kind::Kill,
