@@ -574,7 +574,7 @@ fn check_layout(dir: &Path, tree: &sled::Tree, fresh: bool) -> Result<(), Storag
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     #[test]
@@ -734,7 +734,9 @@ mod tests {
     /// Calls `open` again while it fails because sled's file lock is still held: sled 0.34
     /// releases it when its last background IO thread lets go of the file, which can be a
     /// moment after the previous handle was dropped. Gives up after ten seconds.
-    fn when_unlocked<T, E: fmt::Display>(mut open: impl FnMut() -> Result<T, E>) -> Result<T, E> {
+    pub(in crate::storage::engine) fn when_unlocked<T, E: fmt::Display>(
+        mut open: impl FnMut() -> Result<T, E>,
+    ) -> Result<T, E> {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         loop {
             match open() {
