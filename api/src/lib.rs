@@ -9,7 +9,9 @@
 //! # Layout
 //!
 //! - [`service`]: [`LockService`], the six-method caller contract (C2 §2.2).
-//! - [`store`]: the backend SPI, [`LockStore`] and [`SessionRegistry`] (C2 §2.5).
+//! - [`store`]: the backend SPI, [`LockStore`] and [`SessionRegistry`] (C2 §2.5);
+//!   [`request_store`]: what every backend adds to it so one serving layer fits all
+//!   ([`RequestStore`]: request ids, FIFO waiting, the session TTL).
 //! - [`types`]: [`LockHandle`], [`LockInfo`], [`LockOutcome`] (C2 §2.3).
 //! - [`error`]: [`LockError`] and its retry rules (C2 §2.4).
 //! - [`fence`]: the resource-side rule "accept iff presented > stored" and the header names (C2 §2.7).
@@ -29,6 +31,7 @@
 pub mod error;
 pub mod fence;
 pub mod limits;
+pub mod request_store;
 pub mod service;
 pub mod store;
 pub mod types;
@@ -39,6 +42,7 @@ pub use fence::{
     Fence, HEADER_FENCING_TOKEN, HEADER_IDEMPOTENCY_KEY, HEADER_OWNER_ID, fence_accepts,
     parse_fencing_token,
 };
+pub use request_store::{Acquired, Cancelled, RequestStore};
 pub use service::LockService;
 pub use store::{LockStore, SessionRegistry};
 pub use types::{LockHandle, LockInfo, LockOutcome};

@@ -45,5 +45,15 @@ pub const TTL_MAX: Duration = Duration::from_secs(60 * 60);
 /// that wants to wait longer calls again, which also re-checks that it still wants the lock.
 pub const MAX_WAIT_MAX: Duration = Duration::from_secs(5 * 60);
 
+/// How long a backend remembers a request's answer for a retry, at least (see
+/// [`crate::request_store`]): longer than any client keeps retrying one call (the SDK's call
+/// budget is seconds), with a wide margin. The Raft backend remembers each session's last 64
+/// requests instead, which a client cannot outrun without abandoning the older ones.
+pub const REQUEST_RETENTION: Duration = Duration::from_secs(10 * 60);
+
+/// How long after a force-revoke a retry with the same `(key, operator, request_id)` is
+/// answered with the first outcome instead of revoking again, on every backend.
+pub const REVOKE_RETRY_WINDOW: Duration = Duration::from_secs(60);
+
 const _: () = assert!(TTL_MIN.as_millis() < TTL_MAX.as_millis());
 const _: () = assert!(KEY_LEN_MAX > 0 && OWNER_ID_LEN_MAX > 0 && SESSION_ID_LEN_MAX > 0);

@@ -61,6 +61,9 @@ pub struct LockInfo {
     pub key: String,
     /// The current holder's owner id.
     pub owner_id: String,
+    /// The session the current grant belongs to. C2's record leaves it out; lockd's wire
+    /// carries it, and an operator looking at a stuck key needs it to find the holder.
+    pub session_id: String,
     /// The current grant's fencing token.
     pub fencing_token: u64,
     /// When the grant was made (server wall clock, display only).

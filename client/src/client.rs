@@ -263,6 +263,7 @@ impl LockClient {
         Ok(answer.info.map(|info| LockInfo {
             key: info.key,
             owner_id: info.owner_id,
+            session_id: info.session_id,
             fencing_token: info.fencing_token,
             acquired_at: system_time_from_unix_ms(info.acquired_at_unix_ms),
             expires_at: system_time_from_unix_ms(info.expires_at_unix_ms),

@@ -76,3 +76,7 @@ const _: () = assert!(WAITERS_PER_KEY_MAX > 0 && AUDIT_LOG_MAX > 0 && BATCH_MAX 
 /// them across a leader failover. Bounding it in time, not only by the audit log's length, means
 /// an operator's later break-glass with a reused id is never silently swallowed as a "retry".
 pub const REVOKE_RETRY_WINDOW_MS: u64 = 60_000;
+
+// Every backend deduplicates revokes over the same window (lock_api::request_store).
+const _: () =
+    assert!(REVOKE_RETRY_WINDOW_MS as u128 == lock_api::limits::REVOKE_RETRY_WINDOW.as_millis());

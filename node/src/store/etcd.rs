@@ -545,6 +545,7 @@ impl LockStore for EtcdLockStore {
         Ok(Some(LockInfo {
             key: key.to_owned(),
             owner_id: record.owner_id,
+            session_id: record.session_id,
             fencing_token: token_of(kv.create_revision)?,
             acquired_at: system_time(record.acquired_ms),
             expires_at: system_time(record.expires_ms),

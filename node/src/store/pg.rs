@@ -334,7 +334,7 @@ impl LockStore for PgLockStore {
         let client = self.client().await?;
         let row = client
             .query_opt(
-                "SELECT e.owner_id, e.fencing_token, e.acquired_at, e.expires_at
+                "SELECT e.owner_id, e.fencing_token, e.acquired_at, e.expires_at, e.session_id
                  FROM lock_entry e JOIN lock_session s ON s.session_id = e.session_id
                  WHERE e.lock_key = $1 AND e.expires_at > now() AND s.expires_at > now()",
                 &[&key],
@@ -345,6 +345,7 @@ impl LockStore for PgLockStore {
             Ok(LockInfo {
                 key: key.to_owned(),
                 owner_id: row.get(0),
+                session_id: row.get(4),
                 fencing_token: token_of(row.get(1))?,
                 acquired_at: row.get(2),
                 expires_at: row.get(3),

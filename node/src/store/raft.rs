@@ -940,6 +940,7 @@ impl LockStore for RaftLockStore {
         Ok(self.inspect(key, false).await?.map(|state| LockInfo {
             key: state.grant.key,
             owner_id: state.grant.owner_id,
+            session_id: state.grant.session_id,
             fencing_token: state.grant.token,
             acquired_at: system_time(state.grant.acquired_at_ms),
             expires_at: system_time(state.grant.expires_at_ms),
