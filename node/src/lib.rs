@@ -7,8 +7,9 @@
 //!   dir's owner.
 //! - [`clock`]: the injected wall and monotonic clocks; [`log_limit`]: a repeating failure
 //!   logged as a change of state with a summary a minute.
-//! - [`raft`]: the Raft transport over gRPC (client [`raft::network`], server
-//!   [`raft::service`]).
+//! - [`raft`]: the Raft transport over gRPC (client [`raft::network`]: dialing, unary calls,
+//!   the append stream, snapshots, commit-only coalescing; server [`raft::service`]; per-peer
+//!   backoff [`raft::peer_health`]).
 //! - [`proposer`]: stamping and group commit of commands (D-time, D-batch).
 //! - [`leases`]: lease deadlines, promote, reaper (D-lease); [`confirm`]: coalesced
 //!   leadership confirmation for renewals and heartbeats; [`waiters`]: waiting acquires

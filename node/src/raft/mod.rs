@@ -1,6 +1,8 @@
-//! The Raft transport between nodes over gRPC: [`network`] dials peers for openraft,
-//! [`service`] receives their RPCs, [`peer_health`] paces attempts to a peer that cannot be
-//! reached by the policy in [`backoff`]. Payloads are postcard-encoded openraft types; the few
+//! The Raft transport between nodes over gRPC. [`network`] is the sending side openraft calls
+//! (one file each for dialing, unary calls, the append stream, snapshot streaming, and the
+//! commit-only coalescing of appends, the one piece of Raft protocol logic in the transport);
+//! [`service`] receives peers' RPCs; [`peer_health`] paces attempts to a peer that cannot be
+//! reached, by the policy in [`backoff`]. Payloads are postcard-encoded openraft types; the few
 //! messages of lockd's own (an append stream's answer, a snapshot's header) are defined here,
 //! where both sides see them.
 
