@@ -783,6 +783,9 @@ async fn a_follower_far_behind_catches_up_from_a_snapshot() {
     /// Writes made while the follower is down: well past the log tail lockd keeps after a
     /// snapshot, so the follower can only catch up by installing a snapshot.
     const WRITES: usize = 600;
+    /// The session and grants of this test outlive it whatever the machine's load (a loaded
+    /// machine took over a minute for the writes alone): it is about snapshots, not leases.
+    const TTL: Duration = lock_api::limits::TTL_MAX;
     let config = ClusterConfig {
         extra_args: vec![
             "--snapshot-logs-since-last".into(),
@@ -792,9 +795,9 @@ async fn a_follower_far_behind_catches_up_from_a_snapshot() {
     };
     let mut cluster = Cluster::start_with(config).await;
     let any = cluster.cluster_client();
-    let owner = any.open_session("owner", LONG_TTL).await.expect("open");
+    let owner = any.open_session("owner", TTL).await.expect("open");
     let kept = any
-        .try_acquire(&owner.id, "kept", LONG_TTL)
+        .try_acquire(&owner.id, "kept", TTL)
         .await
         .expect("try_acquire")
         .expect("granted");
@@ -804,7 +807,7 @@ async fn a_follower_far_behind_catches_up_from_a_snapshot() {
     let mut last = kept.clone();
     for i in 0..WRITES / 2 {
         let grant = any
-            .try_acquire(&owner.id, "churn", LONG_TTL)
+            .try_acquire(&owner.id, "churn", TTL)
             .await
             .expect("try_acquire")
             .unwrap_or_else(|| panic!("churn {i}: not granted"));
@@ -845,7 +848,7 @@ async fn a_follower_far_behind_catches_up_from_a_snapshot() {
     // A full restart after the snapshots still keeps the counter: no token is reused.
     cluster.restart_all(Duration::from_secs(20)).await;
     let next = any
-        .try_acquire(&owner.id, "after-restart", LONG_TTL)
+        .try_acquire(&owner.id, "after-restart", TTL)
         .await
         .expect("try_acquire")
         .expect("granted");
