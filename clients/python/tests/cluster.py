@@ -162,7 +162,7 @@ class Cluster:
         """The nodes whose process is running."""
         return [i for i, p in self._procs.items() if p.poll() is None]
 
-    def status(self, node: int, timeout: float = 1.0) -> Optional[admin_pb2.StatusResponse]:
+    def status(self, node: int, timeout: float = 3.0) -> Optional[admin_pb2.StatusResponse]:
         """Node ``node``'s own view of the cluster, or ``None`` if it did not answer."""
         with grpc.insecure_channel(self.addrs[node], options=[("grpc.enable_http_proxy", 0)]) as channel:
             try:

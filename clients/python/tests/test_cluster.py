@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import grpc
 import pytest
@@ -92,7 +92,7 @@ def test_fifo_hand_off_between_sessions(client: lockd.Client, key: str) -> None:
 
 def test_lock_context_manager_renews_and_releases(client: lockd.Client, key: str) -> None:
     with client.session("ctx") as session:
-        with session.lock(key, ttl=2, max_wait=5) as handle:
+        with session.lock(key, ttl=5, max_wait=5) as handle:
             assert client.inspect(key, leader_confirmed=True).fencing_token == handle.fencing_token
             # Keep-alive renews the grant every third of its TTL; wait past the handle's own
             # deadline and the grant is still held, because the session counts the renewals.
@@ -155,7 +155,7 @@ def test_renew_after_revoke_returns_none(client: lockd.Client, key: str) -> None
 def test_session_death_fires_on_lost_and_releases(client: lockd.Client, cluster: Cluster, key: str) -> None:
     calls: List[Tuple[Optional[lockd.Handle], str]] = []
     threads: List[str] = []
-    session = client.session("doomed", ttl=2)
+    session = client.session("doomed", ttl=5)
 
     def on_lost(handle: Optional[lockd.Handle], reason: str) -> None:
         threads.append(threading.current_thread().name)
@@ -306,10 +306,11 @@ class _Unreachable:
 
 def test_a_transient_failure_is_never_reported_as_lost(cluster: Cluster, key: str) -> None:
     lost: List[object] = []
-    with lockd.Client(cluster.endpoints(), timeout=1.0) as client, client.session("blip") as session:
+    with lockd.Client(cluster.endpoints()) as client, client.session("blip") as session:
         session.on_lost(lambda handle, reason: lost.append(handle))
         handle = session.acquire(key, ttl=30, max_wait=5)
         assert handle is not None
+        client._router.call_timeout = 1.0  # so the renewal below gives up after a second
         real = {id(t): t.lock for t in client._router._targets}
         for target in client._router._targets:
             target.lock = _Unreachable(target.lock)
@@ -322,3 +323,52 @@ def test_a_transient_failure_is_never_reported_as_lost(cluster: Cluster, key: st
         assert session.renew(handle) is not None
         assert session.release(handle)
     assert lost == []
+
+
+class _CountHeartbeats:
+    """Wraps a SessionService stub, counting the heartbeat calls of each kind."""
+
+    def __init__(self, real: session_pb2_grpc.SessionServiceStub, counts: Dict[str, int]) -> None:
+        self._real = real
+        self._counts = counts
+
+    def Heartbeat(self, request, timeout=None):
+        self._counts["unary"] += 1
+        return self._real.Heartbeat(request, timeout=timeout)
+
+    def HeartbeatBatch(self, request, timeout=None):
+        self._counts["batch"] += 1
+        self._counts["batched_ids"] = max(self._counts["batched_ids"], len(request.session_ids))
+        return self._real.HeartbeatBatch(request, timeout=timeout)
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+
+def test_the_sessions_of_a_client_are_heartbeated_in_batches(client: lockd.Client) -> None:
+    counts = {"unary": 0, "batch": 0, "batched_ids": 0}
+    for target in client._router._targets:
+        target.session = _CountHeartbeats(target.session, counts)
+    sessions = [client.session(f"batched-{i}", ttl=6) for i in range(3)]
+    try:
+        # Opened a few milliseconds apart, the three are due within a quarter interval (0.5 s)
+        # of each other, so they go out together, and the batch keeps all three alive.
+        wait_for("a heartbeat batch of all three", lambda: counts["batched_ids"] == 3, WAIT)
+        wait_for("a second round", lambda: counts["batch"] >= 2, WAIT)
+        assert all(s.is_alive() for s in sessions)
+    finally:
+        for session in sessions:
+            session.close()
+
+
+def test_closing_the_client_closes_its_sessions(cluster: Cluster, key: str) -> None:
+    client = lockd.Client(cluster.endpoints())
+    session = client.session("closed-with-client")
+    assert session.try_acquire(key, ttl=30) is not None
+    client.close()
+    client.close()
+    assert not session.is_alive()
+    with pytest.raises(lockd.InvalidArgument):
+        client.session("after-close")
+    with lockd.Client(cluster.endpoints()) as other:
+        assert other.inspect(key, leader_confirmed=True) is None

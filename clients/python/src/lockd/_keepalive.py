@@ -197,8 +197,11 @@ class KeepAlive:
         session._on_heartbeat(sent_at, answer.ttl_ms / 1000.0 if answer.alive else None, None)
 
     def _beat_batch(self, sessions: List["Session"]) -> None:
-        live = [(s, s._heartbeat_deadline()) for s in sessions]
-        live = [(s, d) for s, d in live if d is not None]
+        live: List[Tuple["Session", float]] = []
+        for session in sessions:
+            deadline = session._heartbeat_deadline()
+            if deadline is not None:
+                live.append((session, deadline))
         if not live:
             return
         # The earliest local deadline bounds the retries: past it that session is dead, and
@@ -237,11 +240,11 @@ class KeepAlive:
             return
         results = list(answer.results)  # type: ignore[attr-defined]
         if len(results) != len(live):
-            err = Contention(
+            mismatch = Contention(
                 f"the server answered {len(results)} heartbeat results for {len(live)} sessions"
             )
             for session, _ in live:
-                session._on_heartbeat(sent_at, None, err)
+                session._on_heartbeat(sent_at, None, mismatch)
             return
         for (session, _), result in zip(live, results):
             outcome = result.WhichOneof("outcome")

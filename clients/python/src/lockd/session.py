@@ -219,10 +219,10 @@ class Session:
 
         def attempt(target: "Target", timeout: float) -> lock_pb2.AcquireResponse:
             if max_wait_ms is None:
-                request = lock_pb2.TryAcquireRequest(
+                single = lock_pb2.TryAcquireRequest(
                     session_id=self._session_id, request_id=request_id, key=key, ttl_ms=ttl_ms
                 )
-                return target.lock.TryAcquire(request, timeout=timeout)
+                return target.lock.TryAcquire(single, timeout=timeout)
             # A retry waits only for what is left of max_wait, so the whole call stays within
             # max_wait plus the retry budget.
             wait_ms = max_wait_ms
