@@ -372,3 +372,22 @@ def test_closing_the_client_closes_its_sessions(cluster: Cluster, key: str) -> N
         client.session("after-close")
     with lockd.Client(cluster.endpoints()) as other:
         assert other.inspect(key, leader_confirmed=True) is None
+
+
+def test_a_passed_local_deadline_is_a_loss(client: lockd.Client, key: str) -> None:
+    lost: List[Tuple[Optional[lockd.Handle], str]] = []
+    with client.session("forgetful") as session:
+        session.on_lost(lambda handle, reason: lost.append((handle, reason)))
+        # Acquired without keep-alive and never renewed: once its deadline passes, this process
+        # no longer holds the grant, whatever the server still shows.
+        handle = session.acquire(key, ttl=1.5, max_wait=5)
+        assert handle is not None
+        wait_for("on_lost after the deadline", lambda: lost, WAIT)
+        assert time.monotonic() >= handle.deadline
+        assert lost[0][0] is not None and lost[0][0].fencing_token == handle.fencing_token
+        assert "deadline" in lost[0][1]
+        with pytest.raises(lockd.LockLost):
+            handle.check_still_held()
+        with pytest.raises(lockd.LockLost):
+            session.renew(handle)
+        assert session.is_alive()

@@ -152,7 +152,13 @@ class KeepAlive:
                         callback(handle, reason)
                     except Exception:  # One broken callback must not silence the others.
                         _log.exception("an on_lost callback raised")
-            next_at = self._tick(sessions, time.monotonic())
+            try:
+                next_at = self._tick(sessions, time.monotonic())
+            except Exception:
+                # A bug here must not stop every session's heartbeats for good: say so loudly
+                # and look again shortly.
+                _log.exception("the lockd keep-alive schedule failed; retrying")
+                next_at = time.monotonic() + IDLE_WAKE
 
     def _tick(self, sessions: List["Session"], now: float) -> float:
         """Does what is due at ``now``; answers when to look again."""
