@@ -380,7 +380,7 @@ def test_a_passed_local_deadline_is_a_loss(client: lockd.Client, key: str) -> No
         session.on_lost(lambda handle, reason: lost.append((handle, reason)))
         # Acquired without keep-alive and never renewed: once its deadline passes, this process
         # no longer holds the grant, whatever the server still shows.
-        handle = session.acquire(key, ttl=1.5, max_wait=5)
+        handle = session.acquire(key, ttl=3, max_wait=5)
         assert handle is not None
         wait_for("on_lost after the deadline", lambda: lost, WAIT)
         assert time.monotonic() >= handle.deadline
