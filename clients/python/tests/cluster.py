@@ -1,0 +1,228 @@
+"""A real three-node lockd cluster on 127.0.0.1 for the tests, started from the binary named by
+``LOCKD_BIN`` (the same ``lockd run`` command line as tests/src/cluster.rs and
+docs/NODE_CLI.md describe).
+
+Owns the node processes, their ports, data directories and logs (one temporary directory), and
+the readiness checks. No process outlives it: :meth:`Cluster.close` SIGKILLs and reaps every
+node, and each node is started with ``PR_SET_PDEATHSIG`` so that it dies with the test process
+even if that is killed outright. Waits are for conditions, with generous bounds.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, TypeVar
+
+import grpc
+
+from lockd.v1 import admin_pb2, admin_pb2_grpc
+
+T = TypeVar("T")
+
+#: The environment variable naming the lockd binary.
+ENV_BIN = "LOCKD_BIN"
+#: The line a node prints on stdout once it serves (docs/NODE_CLI.md "What a node prints").
+READY_LINE_PREFIX = "lockd ready"
+#: How long a node may take to print its ready line, and the cluster to agree on a leader.
+START_TIMEOUT = 60.0
+#: How long a new leader may take after a kill (an election on a loaded two-core machine).
+LEADER_TIMEOUT = 30.0
+#: Raft timing of the test nodes, as the Rust harness's (tests/src/config.rs).
+HEARTBEAT_INTERVAL_MS = 150
+ELECTION_TIMEOUT_MIN_MS = 450
+ELECTION_TIMEOUT_MAX_MS = 900
+#: How many times a start is retried with fresh ports when a node loses its port to a race.
+SPAWN_ATTEMPTS = 3
+#: Log lines per node printed when a test failed.
+TAIL_LINES = 40
+
+_PR_SET_PDEATHSIG = 1
+
+
+def lockd_binary() -> str:
+    """The lockd binary to test; raises naming how to get one if ``LOCKD_BIN`` is not set."""
+    path = os.environ.get(ENV_BIN)
+    if not path:
+        raise RuntimeError(
+            f"{ENV_BIN} is not set: build lockd with `cargo build -p lockd` and set "
+            f"{ENV_BIN}=<target dir>/debug/lockd"
+        )
+    if not os.access(path, os.X_OK):
+        raise RuntimeError(f"{ENV_BIN}={path} is not an executable file")
+    return path
+
+
+def wait_for(what: str, condition: Callable[[], Optional[T]], timeout: float, pause: float = 0.05) -> T:
+    """Polls ``condition`` until it returns something true and returns that; raises
+    ``AssertionError`` naming ``what`` after ``timeout`` seconds."""
+    give_up = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() >= give_up:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(pause)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _die_with_parent() -> None:
+    # A node must not outlive a test process that was killed without running its finalizers.
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+class Cluster:
+    """Three ``lockd run`` processes forming one cluster (see the module docstring)."""
+
+    def __init__(self, nodes: int = 3) -> None:
+        self.binary = lockd_binary()
+        self._tmp = tempfile.TemporaryDirectory(prefix="lockd-pytest-")
+        self.dir = Path(self._tmp.name)
+        self.ids = list(range(1, nodes + 1))
+        self.name = f"pytest-{os.getpid()}-{int(time.time() * 1000) % 100000}"
+        self._procs: Dict[int, subprocess.Popen] = {}
+        self.addrs: Dict[int, str] = {}
+        try:
+            for attempt in range(SPAWN_ATTEMPTS):
+                if self._try_start(attempt):
+                    break
+            else:
+                raise AssertionError(f"could not start the cluster:\n{self.log_tails()}")
+            self.wait_for_leader()
+        except BaseException:
+            self.close()
+            raise
+
+    def _try_start(self, attempt: int) -> bool:
+        self._kill_all()
+        self.addrs = {i: f"127.0.0.1:{_free_port()}" for i in self.ids}
+        peers = ",".join(f"{i}={a}" for i, a in self.addrs.items())
+        for node in self.ids:
+            data = self.dir / f"try{attempt}" / f"node{node}"
+            data.mkdir(parents=True, exist_ok=True)
+            args = [
+                self.binary, "run",
+                "--node-id", str(node),
+                "--listen", self.addrs[node],
+                "--data-dir", str(data),
+                "--peers", peers,
+                "--cluster-name", self.name,
+                "--heartbeat-interval-ms", str(HEARTBEAT_INTERVAL_MS),
+                "--election-timeout-min-ms", str(ELECTION_TIMEOUT_MIN_MS),
+                "--election-timeout-max-ms", str(ELECTION_TIMEOUT_MAX_MS),
+                "--worker-threads", "1",
+            ]
+            if node == 1:
+                args.append("--bootstrap")
+            self._procs[node] = subprocess.Popen(
+                args,
+                stdout=open(self._stdout(node), "w"),
+                stderr=open(self._log(node), "w"),
+                stdin=subprocess.DEVNULL,
+                preexec_fn=_die_with_parent,
+            )
+        give_up = time.monotonic() + START_TIMEOUT
+        for node in self.ids:
+            while True:
+                if READY_LINE_PREFIX in self._stdout(node).read_text():
+                    break
+                if self._procs[node].poll() is not None:
+                    return False  # Most likely its port was taken meanwhile: fresh ports.
+                if time.monotonic() >= give_up:
+                    raise AssertionError(f"node {node} printed no ready line:\n{self.log_tails()}")
+                time.sleep(0.05)
+        return True
+
+    def _stdout(self, node: int) -> Path:
+        return self.dir / f"node{node}.stdout"
+
+    def _log(self, node: int) -> Path:
+        return self.dir / f"node{node}.log"
+
+    # ---- addresses and status ----------------------------------------------------------
+
+    def endpoints(self, nodes: Optional[List[int]] = None) -> List[str]:
+        """``host:port`` of the given nodes (default: all)."""
+        return [self.addrs[i] for i in (nodes or self.ids)]
+
+    def live(self) -> List[int]:
+        """The nodes whose process is running."""
+        return [i for i, p in self._procs.items() if p.poll() is None]
+
+    def status(self, node: int, timeout: float = 3.0) -> Optional[admin_pb2.StatusResponse]:
+        """Node ``node``'s own view of the cluster, or ``None`` if it did not answer."""
+        with grpc.insecure_channel(self.addrs[node], options=[("grpc.enable_http_proxy", 0)]) as channel:
+            try:
+                return admin_pb2_grpc.AdminServiceStub(channel).Status(
+                    admin_pb2.StatusRequest(), timeout=timeout
+                )
+            except grpc.RpcError:
+                return None
+
+    def _agreed_leader(self) -> Optional[int]:
+        leaders = set()
+        for node in self.live():
+            status = self.status(node)
+            if status is None or not status.HasField("leader_id"):
+                return None
+            leaders.add(status.leader_id)
+        if len(leaders) == 1:
+            leader = leaders.pop()
+            return leader if leader in self.live() else None
+        return None
+
+    def wait_for_leader(self, timeout: float = LEADER_TIMEOUT) -> int:
+        """The leader every live node agrees on, waiting up to ``timeout`` seconds."""
+        return wait_for("an agreed leader", self._agreed_leader, timeout, pause=0.1)
+
+    def followers(self) -> List[int]:
+        """The live nodes other than the agreed leader."""
+        leader = self.wait_for_leader()
+        return [i for i in self.live() if i != leader]
+
+    # ---- process control -----------------------------------------------------------------
+
+    def kill(self, node: int) -> None:
+        """SIGKILLs node ``node`` and reaps it."""
+        proc = self._procs[node]
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=30)
+
+    def _kill_all(self) -> None:
+        for proc in self._procs.values():
+            if proc.poll() is None:
+                proc.kill()
+        for proc in self._procs.values():
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                pass
+        self._procs.clear()
+
+    def log_tails(self) -> str:
+        """The last lines of every node's stderr log."""
+        parts = []
+        for node in self.ids:
+            path = self._log(node)
+            lines = path.read_text(errors="replace").splitlines()[-TAIL_LINES:] if path.exists() else []
+            parts.append(f"---- node {node} ({self.addrs.get(node)}) ----\n" + "\n".join(lines))
+        return "\n".join(parts)
+
+    def close(self) -> None:
+        """Kills every node and removes the directory."""
+        self._kill_all()
+        self._tmp.cleanup()
