@@ -13,14 +13,17 @@
 //! - [`leases`]: lease deadlines, promote, reaper (D-lease); [`confirm`]: coalesced
 //!   leadership confirmation for renewals and heartbeats; [`waiters`]: waiting acquires
 //!   (D-wait).
-//! - [`store`]: `LockStore` + `SessionRegistry` over the cluster ([`store::raft`]).
-//! - [`grpc`]: the lock, session and admin services and their conversions.
-//! - [`server`]: assembles a node (`stateless`, with feature `pg` or `etcd`: a node on the pg or etcd backend); [`dev`]: the three-node dev cluster; [`cli`]: the command
-//!   line.
+//! - [`backend`]: the one seam the gRPC services are written over ([`backend::Backend`]), and
+//!   its Raft implementation ([`backend::raft`]).
+//! - [`store`]: the stateless backends' lock tables (PostgreSQL, etcd).
+//! - [`grpc`]: the lock, session and admin services, their conversions and the serve loop.
+//! - [`server`]: assembles a node, Raft or stateless (`--backend pg|etcd`, cargo features
+//!   `pg`, `etcd`); [`dev`]: the three-node dev cluster; [`cli`]: the command line.
 
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod backend;
 pub mod cli;
 pub mod clock;
 pub mod config;
@@ -33,7 +36,5 @@ pub mod log_limit;
 pub mod proposer;
 pub mod raft;
 pub mod server;
-#[cfg(any(feature = "pg", feature = "etcd"))]
-pub mod stateless;
 pub mod store;
 pub mod waiters;

@@ -46,7 +46,7 @@ struct SessionLease {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RenewCheck {
     /// The lease was alive and now runs to `now + ttl`; `previous_ttl_ms` is the lease length
-    /// it had before (a different one must be written to the log, see `store::raft`).
+    /// it had before (a different one must be written to the log, see `backend::raft`).
     Extended {
         /// The lease as extended.
         lease: GrantLease,
