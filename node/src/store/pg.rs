@@ -1,18 +1,66 @@
-//! [`PgLockStore`]: `lock_api::LockStore` + `lock_api::SessionRegistry` over PostgreSQL
-//! (C2 §2.5, "dev.lock.server.store.pg"), behind cargo feature `pg`.
+//! [`PgLockStore`]: `lock_api::LockStore` + `lock_api::SessionRegistry` (C2 §2.5,
+//! "dev.lock.server.store.pg") and `lock_api::RequestStore` over PostgreSQL, behind cargo
+//! feature `pg`.
 //!
-//! Owns the C2 schema (`lock_entry` with `lock_entry_expiry_idx` and `lock_entry_session_idx`,
-//! `fencing_token_seq`, `lock_revocation`, `lock_session`), its embedded versioned migrations,
-//! and the SQL of each SPI method. Holds no lock state itself: every node that points at the
-//! same database serves the same lock table. Must not decide anything from its own clock — the
-//! database's `now()` is the one clock for expiry — and must never report a driver failure
+//! Owns the schema and its embedded versioned migrations — version 1 is C2's (`lock_entry` with
+//! `lock_entry_expiry_idx` and `lock_entry_session_idx`, `fencing_token_seq`, `lock_revocation`,
+//! `lock_session`), version 2 adds what clients meet on every backend (`lock_waiter`,
+//! `lock_request`, `lock_session.request_floor`, `lock_revocation.request_id`) — and the SQL of
+//! each method. Holds no lock state itself: every node that points at the same database serves
+//! the same lock table. Must not decide anything from its own clock — the database's `now()` is
+//! the one clock for expiry and wait deadlines — and must never report a driver failure
 //! (serialization failure, lock or pool timeout, lost connection) as "lost": those are
 //! `LockError::Contention`.
 //!
-//! Token order. Every grant and every revoke of a key first takes a transaction-scoped advisory
-//! lock on that key and only then calls `nextval('fencing_token_seq')`. Taking `nextval()`
-//! before holding the key would let a slow inserter publish a token lower than one already
-//! granted and released on the same key — tokens out of grant order under contention (INV-04).
+//! # Layout
+//!
+//! - this file: connecting, migrating, and C2's methods;
+//! - `pg/requests.rs`: `RequestStore`, and the revoke, session-ending and reaping transactions
+//!   C2's methods share with it;
+//! - `pg/queue.rs`: the steps inside those transactions (key lock, lapsed waiters, hand-off,
+//!   ending a session, `NOTIFY`);
+//! - `pg/listen.rs`: the `LISTEN` connection and the registry of local waiters.
+//!
+//! # Token order
+//!
+//! Every grant and every revoke of a key first takes a transaction-scoped advisory lock on that
+//! key and only then calls `nextval('fencing_token_seq')`. Taking `nextval()` before holding the
+//! key would let a slow inserter publish a token lower than one already granted and released on
+//! the same key — tokens out of grant order under contention (INV-04). The hand-off takes its
+//! token the same way, inside the freeing transaction that already holds the key.
+//!
+//! # The queue and the hand-off (docs/DESIGN.md D-wait)
+//!
+//! `lock_waiter` is each key's FIFO queue, ordered by `waiter_id` (a `bigserial` drawn under the
+//! key's lock, so arrival order), with the wait's deadline and the session it cascades with.
+//! Everything that frees a key — `release_request`, `delete_if_owner`, `revoke(_request)`,
+//! `cancel_request` with release, `close_session`, a heartbeat that finds its session dead,
+//! and `reap_expired` (expired grants, expired sessions) — grants it to the first live waiter
+//! (deadline not passed, session alive) **in the same transaction**, skipping and dropping the
+//! dead ones, and records the grant in `lock_request`. A new acquire or `try_insert` that finds
+//! the key free but its queue not empty (a lease that ran out before the reaper came) makes that
+//! hand-off first, so it never overtakes a waiter. Waiters whose deadline passed are dropped by
+//! the reaper, by any transaction on their key, and by their own `wait_for_grant` at the
+//! deadline. Lock order is always key(s) first — several in lock-id order — then the session row.
+//!
+//! # Notifications
+//!
+//! Every change of a waited request's state (granted, dropped, withdrawn, its session ended)
+//! `NOTIFY`s channel `lockd_request` in the changing transaction, so it is delivered at commit.
+//! One `LISTEN` connection per store (`pg/listen.rs`) wakes this process's local waiters, which
+//! then read the state; on every (re)connect all of them read again, since notifications sent
+//! while nothing listened are lost. No waiter polls.
+//!
+//! # The request table (docs/DESIGN.md D-idempotency)
+//!
+//! `lock_request` holds `(session_id, request_id)` → the answer of each acquire (granted with
+//! its grant, queued, not granted, or a cancel's tombstone), each release (released or not) and
+//! of a cancel of the same id, written in the effect's transaction and deleted with the session.
+//! A retry is answered from it. `reap_expired` forgets rows older than
+//! `lock_api::limits::REQUEST_RETENTION` and raises the session's `request_floor` past them: an
+//! unremembered id at or below it is answered `Contention` ("unknown outcome"), never guessed.
+//! Revokes are deduplicated by `(key, operator, request_id)` within
+//! `lock_api::limits::REVOKE_RETRY_WINDOW` through `lock_revocation.request_id`.
 
 use std::collections::BTreeSet;
 use std::str::FromStr;
