@@ -24,13 +24,13 @@ use crate::backend::raft::{RaftBackend, RaftBackendParts};
 #[cfg(any(feature = "pg", feature = "etcd"))]
 use crate::backend::stateless::StatelessBackend;
 use crate::clock::{Clock, SystemClock};
-use crate::config::Config;
 use crate::grpc;
 use crate::grpc::serve::Serve;
-use crate::identity::{self, Identity, STORAGE_SUBDIR};
-use crate::leases::{LeaseKeeper, Observer, run_promoter, run_reaper};
+use crate::leader::leases::{LeaseKeeper, Observer, run_promoter, run_reaper};
+use crate::leader::proposer::{BATCH_COMMANDS_MAX, ENTRIES_IN_FLIGHT_MAX, Proposer, RaftWriter};
 use crate::log_limit::{LogLimit, Note};
-use crate::proposer::{BATCH_COMMANDS_MAX, ENTRIES_IN_FLIGHT_MAX, Proposer, RaftWriter};
+use crate::process::config::Config;
+use crate::process::identity::{self, Identity, STORAGE_SUBDIR};
 use crate::raft::network::{NetworkFactory, RAFT_MESSAGE_BYTES_MAX};
 use crate::raft::service::RaftRpc;
 
@@ -96,7 +96,7 @@ async fn serve(
         clock.clone(),
         Duration::from_millis(config.safety_margin_ms),
     ));
-    let waiters = Arc::new(crate::waiters::WaiterRegistry::default());
+    let waiters = Arc::new(crate::leader::waiters::WaiterRegistry::default());
     let observer: Arc<dyn ApplyObserver> = Arc::new(Observer {
         keeper: keeper.clone(),
         waiters: waiters.clone(),
@@ -220,7 +220,7 @@ async fn serve_stateless(
     }
     match config.backend {
         #[cfg(feature = "pg")]
-        crate::config::Backend::Pg => {
+        crate::process::config::Backend::Pg => {
             let url = config
                 .pg_url
                 .clone()
@@ -231,7 +231,7 @@ async fn serve_stateless(
             serve_store(store, config, listener, shutdown).await
         }
         #[cfg(feature = "etcd")]
-        crate::config::Backend::Etcd => {
+        crate::process::config::Backend::Etcd => {
             let store =
                 crate::store::etcd::EtcdLockStore::connect(&config.etcd_endpoints, ETCD_PREFIX)
                     .await

@@ -14,7 +14,7 @@ use openraft::{BasicNode, ServerState};
 
 use super::RaftBackend;
 use crate::backend::{Member, NodeStatus, Role};
-use crate::proposer::not_leader;
+use crate::leader::proposer::not_leader;
 
 fn write_error(err: RaftError<TypeConfig, ClientWriteError<TypeConfig>>) -> LockError {
     match err {

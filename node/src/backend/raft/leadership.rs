@@ -3,7 +3,7 @@
 //! Owns the leader check (`NotLeader` naming the leader and its address from the membership),
 //! lease readiness (this leader's promote has applied in its term, so its lease deadlines are
 //! authoritative, D-lease), the leadership-confirmation round behind renewals, heartbeats and
-//! confirmed inspects (coalesced by `crate::confirm`), and the serving watch the health
+//! confirmed inspects (coalesced by `crate::leader::confirm`), and the serving watch the health
 //! service reports. Proposes nothing.
 
 use std::sync::Arc;
@@ -19,9 +19,9 @@ use tokio::sync::watch;
 
 use super::RaftBackend;
 use crate::clock::Clock;
-use crate::confirm::Confirmer;
+use crate::leader::confirm::Confirmer;
+use crate::leader::proposer::not_leader;
 use crate::log_limit::{LogLimit, Note};
-use crate::proposer::not_leader;
 
 /// Longest one leadership confirmation round may take. A round is one heartbeat to each
 /// follower; a second means the quorum is not answering, and the caller retries.
@@ -186,7 +186,7 @@ impl RaftBackend {
 
     /// Confirms leadership with a quorum round and no log write (openraft
     /// `ensure_linearizable`), so a deposed leader cannot hand out a deadline the new leader
-    /// will not honour. Concurrent callers share rounds (see [`crate::confirm`]).
+    /// will not honour. Concurrent callers share rounds (see [`crate::leader::confirm`]).
     pub async fn confirm_leadership(&self) -> Result<(), LockError> {
         self.inner.confirmer.confirm().await
     }

@@ -24,11 +24,11 @@ use lock_raft_store::{Command, Raft, Response};
 
 use crate::backend::Grant;
 use crate::clock::Clock;
-use crate::confirm::Confirmer;
-use crate::leases::LeaseKeeper;
+use crate::leader::confirm::Confirmer;
+use crate::leader::leases::LeaseKeeper;
+use crate::leader::proposer::Proposer;
+use crate::leader::waiters::WaiterRegistry;
 use crate::log_limit::LogLimit;
-use crate::proposer::Proposer;
-use crate::waiters::WaiterRegistry;
 
 mod admin;
 mod cancel;

@@ -17,8 +17,8 @@ use super::cancel::CancelOnDrop;
 use super::rejection::{rejected, unexpected};
 use super::{RaftBackend, grant};
 use crate::backend::{Backend, Grant, KeyState, NodeStatus, Revocation};
-use crate::leases::RenewCheck;
-use crate::waiters::WaitOutcome;
+use crate::leader::leases::RenewCheck;
+use crate::leader::waiters::WaitOutcome;
 
 fn ttl_ms(ttl_ms: u64) -> Result<u64, LockError> {
     validate::ttl(Duration::from_millis(ttl_ms))

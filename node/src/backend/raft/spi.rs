@@ -15,7 +15,7 @@ use lock_api::{
 
 use super::RaftBackend;
 use crate::backend::{Backend, Grant};
-use crate::leases::{REAP_PER_TICK_MAX, reap_once};
+use crate::leader::leases::{REAP_PER_TICK_MAX, reap_once};
 
 fn system_time(ms: u64) -> SystemTime {
     UNIX_EPOCH + Duration::from_millis(ms)

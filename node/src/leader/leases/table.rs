@@ -409,10 +409,10 @@ pub(super) mod tests {
     use rand::{Rng, SeedableRng};
 
     use super::*;
-    use crate::leases::REAP_PER_TICK_MAX;
+    use crate::leader::leases::REAP_PER_TICK_MAX;
 
     /// A grant of `key` with `token` and `ttl_ms`, for the keeper's tests too.
-    pub(in crate::leases) fn grant(key: &str, token: u64, ttl_ms: u64) -> Grant {
+    pub(in crate::leader::leases) fn grant(key: &str, token: u64, ttl_ms: u64) -> Grant {
         Grant {
             key: key.into(),
             owner_id: "o".into(),

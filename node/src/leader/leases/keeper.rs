@@ -174,8 +174,8 @@ impl LeaseKeeper {
 mod tests {
     use super::*;
     use crate::clock::ManualClock;
-    use crate::leases::REAP_PER_TICK_MAX;
-    use crate::leases::table::tests::grant;
+    use crate::leader::leases::REAP_PER_TICK_MAX;
+    use crate::leader::leases::table::tests::grant;
     use lock_raft_store::FreeCause;
 
     fn keeper() -> (Arc<ManualClock>, LeaseKeeper) {
