@@ -388,11 +388,10 @@ impl RequestStore for MemoryStore {
                     released: false,
                 }
             }
-            Some(RequestState::Granted(h)) if release_if_granted => {
+            Some(RequestState::Granted(_)) if release_if_granted => {
                 t.grants.remove(key);
                 t.requests.insert(request, RequestState::NotGranted);
                 t.hand_off(key);
-                let _ = h;
                 Cancelled {
                     grant: None,
                     released: true,
