@@ -1,40 +1,44 @@
 //! lockd, the server: gRPC services, Raft over tonic, leader-local leases and the reaper, and
-//! `lockd dev`. The binary `lockd` is [`cli::main`].
+//! `lockd dev`. The binary `lockd` is [`process::cli::main`].
 //!
 //! # Layout
 //!
-//! - [`config`]: flags, `LOCKD_*` env and TOML merged and validated; [`identity`]: the data
-//!   dir's owner.
-//! - [`clock`]: the injected wall and monotonic clocks; [`log_limit`]: a repeating failure
-//!   logged as a change of state with a summary a minute.
+//! The folder a file sits in says whose concern it is.
+//!
+//! - [`process`]: the process around a node — [`process::cli`] the command line,
+//!   [`process::config`] flags, `LOCKD_*` env and TOML merged and validated,
+//!   [`process::identity`] the data dir's owner, [`process::dev`] the three-node dev cluster.
+//! - [`leader`]: the Raft leader's runtime — [`leader::proposer`] stamping and group commit
+//!   (D-time, D-batch), [`leader::leases`] lease deadlines, promote and the reaper (D-lease),
+//!   [`leader::confirm`] coalesced leadership confirmation, [`leader::waiters`] waiting
+//!   acquires (D-wait). Every node runs it; it acts only where it leads.
 //! - [`raft`]: the Raft transport over gRPC (client [`raft::network`]: dialing, unary calls,
 //!   the append stream, snapshots, commit-only coalescing; server [`raft::service`]; per-peer
 //!   backoff [`raft::peer_health`]).
-//! - [`proposer`]: stamping and group commit of commands (D-time, D-batch).
-//! - [`leases`]: lease deadlines, promote, reaper (D-lease); [`confirm`]: coalesced
-//!   leadership confirmation for renewals and heartbeats; [`waiters`]: waiting acquires
-//!   (D-wait).
-//! - [`store`]: `LockStore` + `SessionRegistry` over the cluster ([`store::raft`]).
-//! - [`grpc`]: the lock, session and admin services and their conversions.
-//! - [`server`]: assembles a node (`stateless`, with feature `pg` or `etcd`: a node on the pg or etcd backend); [`dev`]: the three-node dev cluster; [`cli`]: the command
-//!   line.
+//! - [`backend`]: the one seam the gRPC services are written over ([`backend::Backend`]), its
+//!   Raft implementation ([`backend::raft`]) and the one over any `lock_api::RequestStore`
+//!   ([`backend::stateless`]).
+//! - [`store`]: the stateless backends' lock tables (PostgreSQL, etcd).
+//! - [`grpc`]: the lock, session and admin services, their conversions and the serve loop.
+//! - [`server`]: assembles a node, Raft or stateless (`--backend pg|etcd`, cargo features
+//!   `pg`, `etcd`), and serves it.
+//! - [`clock`]: the injected wall and monotonic clocks; [`log_limit`]: a repeating failure
+//!   logged as a change of state with a summary a minute. At the root because every folder
+//!   uses them.
 
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
-pub mod cli;
+pub mod backend;
 pub mod clock;
-pub mod config;
-pub mod confirm;
-pub mod dev;
 pub mod grpc;
-pub mod identity;
-pub mod leases;
+pub mod leader;
 pub mod log_limit;
-pub mod proposer;
+pub mod process;
 pub mod raft;
 pub mod server;
-#[cfg(any(feature = "pg", feature = "etcd"))]
-pub mod stateless;
 pub mod store;
-pub mod waiters;
+
+// The paths tests, tools and the bench name (`lockd::config::Config`, `lockd::cli::main`) stay
+// as they were before the process modules moved into their folder.
+pub use process::{cli, config, dev, identity};

@@ -1,4 +1,4 @@
-//! The `lockd` binary: see [`lockd::cli`].
+//! The `lockd` binary: see [`lockd::process::cli`].
 
 #![forbid(unsafe_code)]
 
@@ -11,5 +11,5 @@
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> std::process::ExitCode {
-    lockd::cli::main()
+    lockd::process::cli::main()
 }

@@ -1,5 +1,8 @@
-//! Assembles one node: identity check, storage, the Raft node, the proposer, the lease tasks,
-//! the store and every gRPC service on one listener, then serves until shutdown.
+//! Assembles one node and serves it until shutdown. A Raft node: identity check, storage, the
+//! Raft node, the proposer, the lease tasks and the [`RaftBackend`]; a stateless node
+//! (`--backend pg|etcd`): the store and the [`StatelessBackend`](crate::backend::stateless)
+//! with its reaper. Either way the one serve loop of `grpc::serve` (a Raft node adds its
+//! `RaftService` to it).
 //!
 //! Owns start-up order and shutdown order, nothing else: each piece's rules live in its own
 //! module. The listener is passed in (bound by the caller, or bound here from the config), so
@@ -7,56 +10,35 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use lock_proto::v1::admin_service_server::AdminServiceServer;
-use lock_proto::v1::lock_service_server::LockServiceServer;
 use lock_proto::v1::raft_service_server::RaftServiceServer;
-use lock_proto::v1::session_service_server::SessionServiceServer;
 use lock_raft_store::Raft;
 use lock_raft_store::storage::{self, ApplyObserver};
 use openraft::BasicNode;
-use openraft::async_runtime::WatchReceiver;
 use tokio::net::TcpListener;
 
+use crate::backend::raft::{RaftBackend, RaftBackendParts};
+#[cfg(any(feature = "pg", feature = "etcd"))]
+use crate::backend::stateless::StatelessBackend;
 use crate::clock::{Clock, SystemClock};
-use crate::config::Config;
-use crate::grpc::CLIENT_MESSAGE_BYTES_MAX;
-use crate::grpc::admin::AdminApi;
-use crate::grpc::lock::LockApi;
-use crate::grpc::session::SessionApi;
-use crate::identity::{self, Identity, STORAGE_SUBDIR};
-use crate::leases::{LeaseKeeper, Observer, run_promoter, run_reaper};
+use crate::grpc;
+use crate::grpc::serve::Serve;
+use crate::leader::leases::{LeaseKeeper, Observer, run_promoter, run_reaper};
+use crate::leader::proposer::{BATCH_COMMANDS_MAX, ENTRIES_IN_FLIGHT_MAX, Proposer, RaftWriter};
 use crate::log_limit::{LogLimit, Note};
-use crate::proposer::{BATCH_COMMANDS_MAX, ENTRIES_IN_FLIGHT_MAX, Proposer, RaftWriter};
+use crate::process::config::Config;
+use crate::process::identity::{self, Identity, STORAGE_SUBDIR};
 use crate::raft::network::{NetworkFactory, RAFT_MESSAGE_BYTES_MAX};
 use crate::raft::service::RaftRpc;
-use crate::store::raft::{RaftLockStore, RaftLockStoreParts};
 
 /// How long a shutdown waits for Raft to stop before giving up on it.
 const RAFT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// How long a graceful stop waits for in-flight calls before closing them.
-const SERVE_DRAIN_TIMEOUT: Duration = Duration::from_secs(3);
-
 /// How long the bootstrap node keeps retrying cluster initialisation.
 const INIT_RETRY: Duration = Duration::from_millis(200);
-
-/// The connections `listener` accepts, with Nagle's algorithm off.
-///
-/// `Server::tcp_nodelay` applies only to listeners tonic binds itself, not to the streams handed
-/// to `serve_with_incoming`. With Nagle on, a follower answering pipelined appends held each
-/// answer while an earlier one was unacknowledged, and the leader's delayed ACK made that about
-/// 40 ms: lock-bench saw one commit in twenty stall that long (W3 p99 44 ms against 3.6 ms)
-/// and W2 fall by half, until this.
-pub(crate) fn accepted_without_nagle(
-    listener: TcpListener,
-) -> tonic::transport::server::TcpIncoming {
-    tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true))
-}
 
 /// Runs a node on `config` until `shutdown` resolves, then stops serving and stops Raft.
 /// Binds `config.listen` unless `listener` is given. Prints `lockd ready node_id=N listen=ADDR`
@@ -69,14 +51,14 @@ pub async fn run(
     serve(config, listener, shutdown, None).await
 }
 
-/// Like [`run`], and also hands the node's [`RaftLockStore`] to `store_tx` as soon as it is
+/// Like [`run`], and also hands the node's [`RaftBackend`] to `store_tx` as soon as it is
 /// built, so a test can drive the `LockStore` SPI of a real in-process node (the conformance
 /// suite in `tests/`). The node still serves gRPC as usual.
 pub async fn run_with_store(
     config: Config,
     listener: Option<TcpListener>,
     shutdown: impl Future<Output = ()> + Send + 'static,
-    store_tx: tokio::sync::oneshot::Sender<RaftLockStore>,
+    store_tx: tokio::sync::oneshot::Sender<RaftBackend>,
 ) -> anyhow::Result<()> {
     serve(config, listener, shutdown, Some(store_tx)).await
 }
@@ -85,12 +67,12 @@ async fn serve(
     config: Config,
     listener: Option<TcpListener>,
     shutdown: impl Future<Output = ()> + Send + 'static,
-    store_tx: Option<tokio::sync::oneshot::Sender<RaftLockStore>>,
+    store_tx: Option<tokio::sync::oneshot::Sender<RaftBackend>>,
 ) -> anyhow::Result<()> {
-    if config.backend != crate::config::Backend::Raft {
+    if config.backend.is_stateless() {
         // The lock table lives in PostgreSQL or etcd: no identity, storage or Raft here.
         #[cfg(any(feature = "pg", feature = "etcd"))]
-        return crate::stateless::run(config, listener, shutdown).await;
+        return serve_stateless(config, listener, shutdown).await;
         #[cfg(not(any(feature = "pg", feature = "etcd")))]
         anyhow::bail!(
             "backend {:?} needs lockd built with cargo feature `pg` or `etcd` (field `backend`)",
@@ -114,7 +96,7 @@ async fn serve(
         clock.clone(),
         Duration::from_millis(config.safety_margin_ms),
     ));
-    let waiters = Arc::new(crate::waiters::WaiterRegistry::default());
+    let waiters = Arc::new(crate::leader::waiters::WaiterRegistry::default());
     let observer: Arc<dyn ApplyObserver> = Arc::new(Observer {
         keeper: keeper.clone(),
         waiters: waiters.clone(),
@@ -165,7 +147,7 @@ async fn serve(
     tokio::spawn(run_reaper(raft.clone(), proposer.clone(), keeper.clone()));
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let store = RaftLockStore::new(RaftLockStoreParts {
+    let backend = RaftBackend::new(RaftBackendParts {
         node_id: config.node_id,
         raft: raft.clone(),
         proposer,
@@ -177,15 +159,8 @@ async fn serve(
     });
     if let Some(tx) = store_tx {
         // A dropped receiver only means the caller stopped caring about the store.
-        let _ = tx.send(store.clone());
+        let _ = tx.send(backend.clone());
     }
-
-    let (health, health_service) = tonic_health::server::health_reporter();
-    tokio::spawn(report_health(raft.clone(), health));
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(lock_proto::FILE_DESCRIPTOR_SET)
-        .build_v1()
-        .context("cannot build the reflection service")?;
 
     let listener = match listener {
         Some(l) => l,
@@ -193,69 +168,116 @@ async fn serve(
             .await
             .with_context(|| format!("cannot listen on {} (field `listen`)", config.listen))?,
     };
-    let local: SocketAddr = listener.local_addr().context("listener has no address")?;
 
     if config.bootstrap {
         tokio::spawn(bootstrap(raft.clone(), config.peers.clone()));
     }
 
-    let router = tonic::transport::Server::builder()
-        .add_service(health_service)
-        .add_service(reflection)
-        .add_service(
-            LockServiceServer::new(LockApi::new(store.clone()))
-                .max_decoding_message_size(CLIENT_MESSAGE_BYTES_MAX)
-                .max_encoding_message_size(CLIENT_MESSAGE_BYTES_MAX),
-        )
-        .add_service(
-            SessionServiceServer::new(SessionApi::new(store.clone()))
-                .max_decoding_message_size(CLIENT_MESSAGE_BYTES_MAX)
-                .max_encoding_message_size(CLIENT_MESSAGE_BYTES_MAX),
-        )
-        .add_service(
-            AdminServiceServer::new(AdminApi::new(store.clone(), config.cluster_name.clone()))
-                .max_decoding_message_size(CLIENT_MESSAGE_BYTES_MAX)
-                .max_encoding_message_size(CLIENT_MESSAGE_BYTES_MAX),
-        )
-        .add_service(
-            RaftServiceServer::new(RaftRpc::new(raft.clone(), store.stop_signal()))
-                .max_decoding_message_size(RAFT_MESSAGE_BYTES_MAX)
-                .max_encoding_message_size(RAFT_MESSAGE_BYTES_MAX),
-        );
-
-    println!("lockd ready node_id={} listen={local}", config.node_id);
-    tracing::info!(node_id = config.node_id, %local, "serving");
-    let signal = async move {
-        shutdown.await;
-        let _ = stop_tx.send(true);
-    };
-    let mut serve =
-        tokio::spawn(router.serve_with_incoming_shutdown(accepted_without_nagle(listener), signal));
-    let mut stopping = stop_rx;
-    let served = tokio::select! {
-        served = &mut serve => served,
-        _ = stopping.wait_for(|stop| *stop) => {
-            // Graceful: in-flight calls finish (waiting acquires give up at once, proposals are
-            // bounded), but a drain never holds the process longer than SERVE_DRAIN_TIMEOUT.
-            match tokio::time::timeout(SERVE_DRAIN_TIMEOUT, &mut serve).await {
-                Ok(served) => served,
-                Err(_) => {
-                    tracing::warn!("calls still in flight after {SERVE_DRAIN_TIMEOUT:?}; closing them");
-                    serve.abort();
-                    Ok(Ok(()))
-                }
-            }
-        }
-    };
-    tracing::info!("stopped serving; stopping raft");
+    let raft_service = RaftServiceServer::new(RaftRpc::new(raft.clone(), stop_rx))
+        .max_decoding_message_size(RAFT_MESSAGE_BYTES_MAX)
+        .max_encoding_message_size(RAFT_MESSAGE_BYTES_MAX);
+    let served = grpc::serve::serve(
+        Serve {
+            backend,
+            node_id: config.node_id,
+            cluster_name: config.cluster_name.clone(),
+            listener,
+            stop: stop_tx,
+        },
+        |router| router.add_service(raft_service),
+        shutdown,
+    )
+    .await;
+    tracing::info!("stopping raft");
     match tokio::time::timeout(RAFT_SHUTDOWN_TIMEOUT, raft.shutdown()).await {
         Ok(Ok(())) => {}
         Ok(Err(e)) => tracing::warn!(error = %e, "raft shutdown failed"),
         Err(_) => tracing::warn!("raft did not stop within {RAFT_SHUTDOWN_TIMEOUT:?}"),
     }
-    served
-        .context("the gRPC server task failed")?
-        .context("the gRPC server failed")?;
+    served?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// Where in etcd the lock table lives; every node of one deployment uses the same prefix.
+#[cfg(feature = "etcd")]
+pub const ETCD_PREFIX: &str = "lockd/";
+
+/// Runs a stateless node on `config.backend` (the lock table in PostgreSQL or etcd): the same
+/// serve loop and services as a Raft node, over [`StatelessBackend`], with its reaper.
+#[cfg(any(feature = "pg", feature = "etcd"))]
+async fn serve_stateless(
+    config: Config,
+    listener: Option<TcpListener>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    for field in config.ignored_settings() {
+        tracing::warn!(
+            field,
+            backend = ?config.backend,
+            "this setting is not used by a stateless node and is ignored"
+        );
+    }
+    match config.backend {
+        #[cfg(feature = "pg")]
+        crate::process::config::Backend::Pg => {
+            let url = config
+                .pg_url
+                .clone()
+                .context("field `pg_url` is required")?;
+            let store = crate::store::pg::PgLockStore::connect(&url)
+                .await
+                .context("cannot open the PostgreSQL backend")?;
+            serve_store(store, config, listener, shutdown).await
+        }
+        #[cfg(feature = "etcd")]
+        crate::process::config::Backend::Etcd => {
+            let store =
+                crate::store::etcd::EtcdLockStore::connect(&config.etcd_endpoints, ETCD_PREFIX)
+                    .await
+                    .context("cannot open the etcd backend")?;
+            serve_store(store, config, listener, shutdown).await
+        }
+        other => anyhow::bail!(
+            "backend {other:?} is not served by a stateless node in this build (cargo features `pg`, `etcd`)"
+        ),
+    }
+}
+
+#[cfg(any(feature = "pg", feature = "etcd"))]
+async fn serve_store<S: lock_api::RequestStore + 'static>(
+    store: S,
+    config: Config,
+    listener: Option<TcpListener>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let listener = match listener {
+        Some(l) => l,
+        None => TcpListener::bind(config.listen)
+            .await
+            .with_context(|| format!("cannot listen on {} (field `listen`)", config.listen))?,
+    };
+    let local = listener.local_addr().context("listener has no address")?;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock::with_offset(0));
+    let backend = StatelessBackend::new(store, config.node_id, local.to_string(), clock, stop_rx);
+    let reaper = tokio::spawn(backend.clone().run_reaper());
+    tracing::info!(node_id = config.node_id, backend = ?config.backend, "starting a stateless node");
+    let served = grpc::serve::serve(
+        Serve {
+            backend,
+            node_id: config.node_id,
+            cluster_name: config.cluster_name.clone(),
+            listener,
+            stop: stop_tx,
+        },
+        |router| router,
+        shutdown,
+    )
+    .await;
+    // The stop signal ended the reaper's loop; a reap still in flight is not waited for.
+    reaper.abort();
+    served?;
     tracing::info!("stopped");
     Ok(())
 }
@@ -306,43 +328,6 @@ async fn bootstrap(raft: Raft, peers: BTreeMap<u64, String>) {
                 }
                 tokio::time::sleep(INIT_RETRY).await;
             }
-        }
-    }
-}
-
-/// Serving (health) once the node knows a leader; not serving while it knows none.
-async fn report_health(raft: Raft, health: tonic_health::server::HealthReporter) {
-    use tonic_health::ServingStatus;
-    // The server metrics change only with the vote, the state, the leader or the membership,
-    // not with every entry as the full metrics do.
-    let mut metrics = raft.server_metrics();
-    let mut last = None;
-    loop {
-        let (has_leader, shutting_down) = {
-            let m = metrics.borrow_and_update();
-            (
-                m.current_leader.is_some(),
-                m.state == openraft::ServerState::Shutdown,
-            )
-        };
-        let status = if has_leader && !shutting_down {
-            ServingStatus::Serving
-        } else {
-            ServingStatus::NotServing
-        };
-        if last != Some(status) {
-            for name in [
-                "",
-                "lockd.v1.LockService",
-                "lockd.v1.SessionService",
-                "lockd.v1.AdminService",
-            ] {
-                health.set_service_status(name, status).await;
-            }
-            last = Some(status);
-        }
-        if shutting_down || metrics.changed().await.is_err() {
-            return;
         }
     }
 }

@@ -1,14 +1,72 @@
 //! The conformance suite (issue 8) against the PostgreSQL store (`lockd::store::pg`), on the
 //! database named by `LOCKD_TEST_PG_URL` (scripts/test-services.sh starts a private one).
-//! Fails, naming `scripts/test`, when the variable is unset: it never passes untested.
+//! Fails, naming `scripts/test`, when the variable is unset: it never passes untested. Runs the
+//! C2 cases, then the `RequestStore` cases (conformance/requests.rs), the last of which
+//! terminates the store's `LISTEN` connection.
 
 mod conformance;
 
 use std::net::SocketAddr;
+use std::time::{Duration, Instant};
 
 use conformance::proxy::Proxy;
-use conformance::{Backend, Cut, Cuttable, backend_setting, run_suite};
-use lockd::store::pg::PgLockStore;
+use conformance::requests::{RequestBackend, run_request_suite};
+use conformance::{Backend, Cut, Cuttable, POLL_INTERVAL, backend_setting, run_suite};
+use lockd::store::pg::{LISTEN_APPLICATION_NAME, PgLockStore};
+
+/// How long the store may take to (re)establish its `LISTEN` connection.
+const LISTEN_WAIT_MAX: Duration = Duration::from_secs(20);
+
+/// The `LISTEN` connection's pid once `store` listens.
+async fn listening(store: &PgLockStore) -> i32 {
+    let deadline = Instant::now() + LISTEN_WAIT_MAX;
+    loop {
+        if let Some(pid) = store.listen_pid() {
+            return pid;
+        }
+        assert!(Instant::now() < deadline, "the store never listened");
+        tokio::time::sleep(POLL_INTERVAL).await;
+    }
+}
+
+/// Terminates `store`'s `LISTEN` connection from another connection, as a failover or an
+/// operator would, and returns once the store has noticed (so what the case does next happens
+/// while nothing listens: the first reconnect waits `LISTEN_BACKOFF_MIN`).
+async fn terminate_listener(url: String, store: PgLockStore) {
+    let pid = listening(&store).await;
+    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .expect("an admin connection");
+    let driver = tokio::spawn(connection);
+    let name: String = client
+        .query_one(
+            "SELECT application_name FROM pg_stat_activity WHERE pid = $1",
+            &[&pid],
+        )
+        .await
+        .expect("pg_stat_activity")
+        .get(0);
+    assert_eq!(
+        name, LISTEN_APPLICATION_NAME,
+        "pid {pid} is the store's listener"
+    );
+    let killed: bool = client
+        .query_one("SELECT pg_terminate_backend($1)", &[&pid])
+        .await
+        .expect("pg_terminate_backend")
+        .get(0);
+    assert!(killed, "terminated the LISTEN connection {pid}");
+    drop(client);
+    driver.abort();
+    let deadline = Instant::now() + LISTEN_WAIT_MAX;
+    while store.listen_pid() == Some(pid) {
+        assert!(
+            Instant::now() < deadline,
+            "the store never noticed its listener died"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
 
 /// `host:port` of a `postgres://user@host:port/db` URL, to put the proxy in front of.
 fn upstream_of(url: &str) -> (SocketAddr, String, String) {
@@ -25,6 +83,7 @@ async fn conformance_pg() {
     let store = PgLockStore::connect(&url)
         .await
         .expect("connect to postgres");
+    let requests = store.clone();
     // A second store on the same database, through a proxy the last case cuts.
     let (upstream, head, tail) = upstream_of(&url);
     let proxy = Proxy::start(upstream).await.expect("proxy");
@@ -50,4 +109,17 @@ async fn conformance_pg() {
     )
     .await;
     assert_eq!(ran, 14);
+    let broken = requests.clone();
+    let break_notifications: Cut = Box::new(move || Box::pin(terminate_listener(url, broken)));
+    let ran = run_request_suite(
+        "pg",
+        RequestBackend {
+            store: requests.clone(),
+            break_notifications: Some(break_notifications),
+        },
+    )
+    .await;
+    assert_eq!(ran, 23);
+    let pid = listening(&requests).await;
+    assert!(pid > 0, "the store listens again after the case cut it");
 }

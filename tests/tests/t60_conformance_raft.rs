@@ -1,6 +1,6 @@
 //! The conformance suite (issue 8) against the Raft store, one node and three nodes: real
 //! `lockd` nodes started in-process with `lockd::server::run_with_store`, so the suite drives
-//! the leader's `RaftLockStore` through the `LockStore` SPI directly. Always runs.
+//! the leader's `RaftBackend` through the `LockStore` SPI directly. Always runs.
 
 mod conformance;
 
@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use conformance::{Backend, Cut, Cuttable, run_suite};
+use lockd::backend::raft::RaftBackend;
 use lockd::config::{Config, LogFormat};
-use lockd::store::raft::RaftLockStore;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 
@@ -17,7 +17,7 @@ use tokio::sync::oneshot;
 const LEADER_WAIT: Duration = Duration::from_secs(30);
 
 struct Node {
-    store: RaftLockStore,
+    store: RaftBackend,
     stop: Option<oneshot::Sender<()>>,
     thread: std::thread::JoinHandle<Result<(), String>>,
 }
@@ -99,7 +99,7 @@ impl InProcessCluster {
     }
 
     /// Polls until one node is leader with its leases ready (a session can be opened there).
-    async fn leader(&self) -> RaftLockStore {
+    async fn leader(&self) -> RaftBackend {
         use lock_api::SessionRegistry;
         let deadline = Instant::now() + LEADER_WAIT;
         loop {

@@ -1,9 +1,9 @@
-//! `lockd.v1.LockService` over [`RaftLockStore`]: acquire (with server-side waiting),
+//! `lockd.v1.LockService` over any [`Backend`]: acquire (with server-side waiting),
 //! try-acquire, cancel, renew, release, inspect, force-revoke.
 //!
-//! Owns request unpacking and answer packing only; every rule lives in the store, every
+//! Owns request unpacking and answer packing only; every rule lives in the backend, every
 //! conversion in `convert`, every error status in `lock_proto::error`. A dropped call (the
-//! client disconnected) drops the store's future, which cancels a waiting acquire. The calls of
+//! client disconnected) drops the backend's future, which cancels a waiting acquire. The calls of
 //! a `Pipeline` stream run through these same unary methods (`grpc::pipeline`).
 
 use lock_proto::status_from_lock_error;
@@ -17,18 +17,18 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::convert;
 use super::pipeline::{PipelineAnswers, serve_pipeline};
-use crate::store::raft::RaftLockStore;
+use crate::backend::Backend;
 
 /// The lock service of one node.
 #[derive(Clone, Debug)]
-pub struct LockApi {
-    store: RaftLockStore,
+pub struct LockApi<B> {
+    backend: B,
 }
 
-impl LockApi {
-    /// Serves `store`.
-    pub fn new(store: RaftLockStore) -> Self {
-        Self { store }
+impl<B: Backend> LockApi<B> {
+    /// Serves `backend`.
+    pub fn new(backend: B) -> Self {
+        Self { backend }
     }
 }
 
@@ -37,14 +37,14 @@ fn status(err: lock_api::LockError) -> Status {
 }
 
 #[tonic::async_trait]
-impl LockService for LockApi {
+impl<B: Backend + std::fmt::Debug> LockService for LockApi<B> {
     async fn acquire(
         &self,
         request: Request<AcquireRequest>,
     ) -> Result<Response<AcquireResponse>, Status> {
         let r = request.into_inner();
         let grant = self
-            .store
+            .backend
             .acquire(&r.session_id, r.request_id, &r.key, r.ttl_ms, r.max_wait_ms)
             .await
             .map_err(status)?;
@@ -59,7 +59,7 @@ impl LockService for LockApi {
     ) -> Result<Response<AcquireResponse>, Status> {
         let r = request.into_inner();
         let grant = self
-            .store
+            .backend
             .try_acquire(&r.session_id, r.request_id, &r.key, r.ttl_ms)
             .await
             .map_err(status)?;
@@ -74,7 +74,7 @@ impl LockService for LockApi {
     ) -> Result<Response<CancelAcquireResponse>, Status> {
         let r = request.into_inner();
         let released_grant = self
-            .store
+            .backend
             .cancel_acquire(&r.session_id, r.request_id, &r.key)
             .await
             .map_err(status)?;
@@ -87,7 +87,7 @@ impl LockService for LockApi {
     ) -> Result<Response<RenewResponse>, Status> {
         let r = request.into_inner();
         let grant = self
-            .store
+            .backend
             .renew(
                 &r.session_id,
                 r.request_id,
@@ -108,7 +108,7 @@ impl LockService for LockApi {
     ) -> Result<Response<ReleaseResponse>, Status> {
         let r = request.into_inner();
         let released = self
-            .store
+            .backend
             .release(&r.session_id, r.request_id, &r.key, r.fencing_token)
             .await
             .map_err(status)?;
@@ -121,7 +121,7 @@ impl LockService for LockApi {
     ) -> Result<Response<InspectResponse>, Status> {
         let r = request.into_inner();
         let state = self
-            .store
+            .backend
             .inspect(&r.key, r.leader_confirmed)
             .await
             .map_err(status)?;
@@ -136,7 +136,7 @@ impl LockService for LockApi {
     ) -> Result<Response<ForceRevokeResponse>, Status> {
         let r = request.into_inner();
         let revocation = self
-            .store
+            .backend
             .force_revoke(&r.key, &r.operator, &r.reason, r.request_id)
             .await
             .map_err(status)?;
@@ -151,7 +151,7 @@ impl LockService for LockApi {
         &self,
         request: Request<Streaming<PipelineRequest>>,
     ) -> Result<Response<PipelineAnswers>, Status> {
-        let stop = self.store.stop_signal();
+        let stop = self.backend.stop_signal();
         Ok(Response::new(serve_pipeline(
             self.clone(),
             request.into_inner(),

@@ -1,5 +1,7 @@
-//! The client-facing gRPC services of a node: lock, session and admin, each a thin shell over
-//! [`crate::store::raft::RaftLockStore`], and the proto ↔ domain conversions they share.
+//! The client-facing gRPC face of a node, written once for every backend: the lock, session
+//! and admin services, each a thin shell over a [`crate::backend::Backend`]; the one
+//! conversion module (seam records → proto); and the one serve loop (health, reflection,
+//! limits, drain).
 //!
 //! Nothing here decides a lock outcome or builds an error status by hand.
 
@@ -7,6 +9,7 @@ pub mod admin;
 pub mod convert;
 pub mod lock;
 pub mod pipeline;
+pub mod serve;
 pub mod session;
 
 /// Largest client API message, in bytes, either way. The largest request is a force-revoke

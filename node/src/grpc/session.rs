@@ -1,8 +1,8 @@
-//! `lockd.v1.SessionService` over [`RaftLockStore`]: open, heartbeat, batched heartbeat,
+//! `lockd.v1.SessionService` over any [`Backend`]: open, heartbeat, batched heartbeat,
 //! close, locks-of.
 //!
 //! Owns request unpacking, answer packing and the wire limit of a `HeartbeatBatch`; the lease
-//! rules (leader check, one confirmation round per batch) live in the store.
+//! rules (leader check, one confirmation round per batch) live in the backend.
 
 use lock_proto::error::error_detail_from_lock_error;
 use lock_proto::session::{HEARTBEAT_BATCH_REQUEST_BYTES_MAX, check_heartbeat_batch_len};
@@ -16,8 +16,8 @@ use lock_proto::v1::{
 };
 use tonic::{Request, Response, Status};
 
+use crate::backend::Backend;
 use crate::grpc::CLIENT_MESSAGE_BYTES_MAX;
-use crate::store::raft::RaftLockStore;
 
 // A full batch must fit in one client message, or a client splitting by the batch limit
 // would still be refused by the transport.
@@ -33,14 +33,14 @@ fn heartbeat_answer(ttl_ms: Option<u64>) -> HeartbeatResponse {
 
 /// The session service of one node.
 #[derive(Clone, Debug)]
-pub struct SessionApi {
-    store: RaftLockStore,
+pub struct SessionApi<B> {
+    backend: B,
 }
 
-impl SessionApi {
-    /// Serves `store`.
-    pub fn new(store: RaftLockStore) -> Self {
-        Self { store }
+impl<B: Backend> SessionApi<B> {
+    /// Serves `backend`.
+    pub fn new(backend: B) -> Self {
+        Self { backend }
     }
 }
 
@@ -49,15 +49,15 @@ fn status(err: lock_api::LockError) -> Status {
 }
 
 #[tonic::async_trait]
-impl SessionService for SessionApi {
+impl<B: Backend + std::fmt::Debug> SessionService for SessionApi<B> {
     async fn open_session(
         &self,
         request: Request<OpenSessionRequest>,
     ) -> Result<Response<OpenSessionResponse>, Status> {
         let r = request.into_inner();
         let (session_id, ttl_ms) = self
-            .store
-            .open(&r.owner_id, r.ttl_ms)
+            .backend
+            .open_session(&r.owner_id, r.ttl_ms)
             .await
             .map_err(status)?;
         Ok(Response::new(OpenSessionResponse { session_id, ttl_ms }))
@@ -68,7 +68,11 @@ impl SessionService for SessionApi {
         request: Request<HeartbeatRequest>,
     ) -> Result<Response<HeartbeatResponse>, Status> {
         let r = request.into_inner();
-        let ttl = self.store.keep_alive(&r.session_id).await.map_err(status)?;
+        let ttl = self
+            .backend
+            .keep_alive(&r.session_id)
+            .await
+            .map_err(status)?;
         Ok(Response::new(heartbeat_answer(ttl)))
     }
 
@@ -79,7 +83,7 @@ impl SessionService for SessionApi {
         let r = request.into_inner();
         check_heartbeat_batch_len(r.session_ids.len()).map_err(status)?;
         let answers = self
-            .store
+            .backend
             .keep_alive_batch(&r.session_ids)
             .await
             .map_err(status)?;
@@ -100,7 +104,11 @@ impl SessionService for SessionApi {
         request: Request<CloseSessionRequest>,
     ) -> Result<Response<CloseSessionResponse>, Status> {
         let r = request.into_inner();
-        let locks_released = self.store.close(&r.session_id).await.map_err(status)?;
+        let locks_released = self
+            .backend
+            .close_session(&r.session_id)
+            .await
+            .map_err(status)?;
         Ok(Response::new(CloseSessionResponse { locks_released }))
     }
 
@@ -109,7 +117,7 @@ impl SessionService for SessionApi {
         request: Request<LocksOfRequest>,
     ) -> Result<Response<LocksOfResponse>, Status> {
         let r = request.into_inner();
-        let keys = self.store.keys_of(&r.session_id).await.map_err(status)?;
+        let keys = self.backend.locks_of(&r.session_id).await.map_err(status)?;
         Ok(Response::new(LocksOfResponse {
             keys: keys.into_iter().collect(),
         }))

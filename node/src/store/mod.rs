@@ -1,11 +1,11 @@
-//! The lock store backends behind `lock_api::LockStore` + `lock_api::SessionRegistry`.
+//! The stateless backends' lock tables: C2's `lock_api::LockStore` + `SessionRegistry` and
+//! the `lock_api::RequestStore` extension, each over an external store that every node of a
+//! deployment shares. The node serves them through `backend::stateless`; the Raft cluster's
+//! own table is `backend::raft`.
 //!
-//! - [`raft`]: the store over this node's Raft cluster (the default and only one built now);
-//!   other backends (PostgreSQL, etcd) plug in behind the same traits.
 //! - `pg` (feature `pg`): the lock table in PostgreSQL; `etcd` (feature `etcd`): in etcd.
 
 #[cfg(feature = "etcd")]
 pub mod etcd;
 #[cfg(feature = "pg")]
 pub mod pg;
-pub mod raft;

@@ -1,28 +1,89 @@
-//! [`PgLockStore`]: `lock_api::LockStore` + `lock_api::SessionRegistry` over PostgreSQL
-//! (C2 §2.5, "dev.lock.server.store.pg"), behind cargo feature `pg`.
+//! [`PgLockStore`]: `lock_api::LockStore` + `lock_api::SessionRegistry` (C2 §2.5,
+//! "dev.lock.server.store.pg") and `lock_api::RequestStore` over PostgreSQL, behind cargo
+//! feature `pg`.
 //!
-//! Owns the C2 schema (`lock_entry` with `lock_entry_expiry_idx` and `lock_entry_session_idx`,
-//! `fencing_token_seq`, `lock_revocation`, `lock_session`), its embedded versioned migrations,
-//! and the SQL of each SPI method. Holds no lock state itself: every node that points at the
-//! same database serves the same lock table. Must not decide anything from its own clock — the
-//! database's `now()` is the one clock for expiry — and must never report a driver failure
+//! Owns the schema and its embedded versioned migrations — version 1 is C2's (`lock_entry` with
+//! `lock_entry_expiry_idx` and `lock_entry_session_idx`, `fencing_token_seq`, `lock_revocation`,
+//! `lock_session`), version 2 adds what clients meet on every backend (`lock_waiter`,
+//! `lock_request`, `lock_session.request_floor`, `lock_revocation.request_id`) — and the SQL of
+//! each method. Holds no lock state itself: every node that points at the same database serves
+//! the same lock table. Must not decide anything from its own clock — the database's `now()` is
+//! the one clock for expiry and wait deadlines — and must never report a driver failure
 //! (serialization failure, lock or pool timeout, lost connection) as "lost": those are
 //! `LockError::Contention`.
 //!
-//! Token order. Every grant and every revoke of a key first takes a transaction-scoped advisory
-//! lock on that key and only then calls `nextval('fencing_token_seq')`. Taking `nextval()`
-//! before holding the key would let a slow inserter publish a token lower than one already
-//! granted and released on the same key — tokens out of grant order under contention (INV-04).
+//! # Layout
+//!
+//! - this file: connecting, migrating, and C2's methods;
+//! - `pg/requests.rs`: `RequestStore`, and the revoke, session-ending and reaping transactions
+//!   C2's methods share with it;
+//! - `pg/queue.rs`: the steps inside those transactions (key lock, lapsed waiters, hand-off,
+//!   ending a session, `NOTIFY`);
+//! - `pg/listen.rs`: the `LISTEN` connection and the registry of local waiters.
+//!
+//! # Token order
+//!
+//! Every grant and every revoke of a key first takes a transaction-scoped advisory lock on that
+//! key and only then calls `nextval('fencing_token_seq')`. Taking `nextval()` before holding the
+//! key would let a slow inserter publish a token lower than one already granted and released on
+//! the same key — tokens out of grant order under contention (INV-04). The hand-off takes its
+//! token the same way, inside the freeing transaction that already holds the key.
+//!
+//! # The queue and the hand-off (docs/DESIGN.md D-wait)
+//!
+//! `lock_waiter` is each key's FIFO queue, ordered by `waiter_id` (a `bigserial` drawn under the
+//! key's lock, so arrival order), with the wait's deadline and the session it cascades with.
+//! Everything that frees a key — `release_request`, `delete_if_owner`, `revoke(_request)`,
+//! `cancel_request` with release, `close_session`, a heartbeat that finds its session dead,
+//! and `reap_expired` (expired grants, expired sessions) — grants it to the first live waiter
+//! (deadline not passed, session alive) **in the same transaction**, skipping and dropping the
+//! dead ones, and records the grant in `lock_request`. A new acquire or `try_insert` that finds
+//! the key free but its queue not empty (a lease that ran out before the reaper came) makes that
+//! hand-off first, so it never overtakes a waiter. Waiters whose deadline passed are dropped by
+//! the reaper, by any transaction on their key, and by their own `wait_for_grant` at the
+//! deadline. Lock order is always key(s) first — several in lock-id order — then the session row.
+//!
+//! # Notifications
+//!
+//! Every change of a waited request's state (granted, dropped, withdrawn, its session ended)
+//! `NOTIFY`s channel `lockd_request` in the changing transaction, so it is delivered at commit.
+//! One `LISTEN` connection per store (`pg/listen.rs`) wakes this process's local waiters, which
+//! then read the state; on every (re)connect all of them read again, since notifications sent
+//! while nothing listened are lost. No waiter polls.
+//!
+//! # The request table (docs/DESIGN.md D-idempotency)
+//!
+//! `lock_request` holds `(session_id, request_id)` → the answer of each acquire (granted with
+//! its grant, queued, not granted, or a cancel's tombstone), each release (released or not) and
+//! of a cancel of the same id, written in the effect's transaction and deleted with the session.
+//! A retry is answered from it. `reap_expired` forgets rows older than
+//! `lock_api::limits::REQUEST_RETENTION` and raises the session's `request_floor` past them: an
+//! unremembered id at or below it is answered `Contention` ("unknown outcome"), never guessed.
+//! Revokes are deduplicated by `(key, operator, request_id)` within
+//! `lock_api::limits::REVOKE_RETRY_WINDOW` through `lock_revocation.request_id`.
 
 use std::collections::BTreeSet;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use lock_api::{
-    LockError, LockHandle, LockInfo, LockOutcome, LockStore, SessionRegistry, validate,
+    LockError, LockHandle, LockInfo, LockOutcome, LockStore, RequestStore, SessionRegistry,
+    validate,
 };
 use tokio_postgres::NoTls;
+
+mod listen;
+mod queue;
+mod requests;
+
+pub use requests::REAP_BATCH_MAX;
+
+pub use listen::{
+    LISTEN_APPLICATION_NAME, LISTEN_BACKOFF_MAX, LISTEN_BACKOFF_MIN, LISTEN_CONNECT_TIMEOUT,
+    LISTEN_KEEPALIVE_IDLE,
+};
 
 /// Connections in the pool: enough for a node's concurrent calls on a 2-core machine without
 /// exhausting a default PostgreSQL (`max_connections = 100`) when several nodes share it.
@@ -47,20 +108,37 @@ const KEY_LOCK_SEED: i64 = 8;
 
 /// The schema, one entry per version, applied in order and recorded in
 /// `lockd_schema_migrations`. Never edit a released entry: add a new version.
-const MIGRATIONS: &[(i32, &str)] = &[(1, include_str!("pg/0001_schema.sql"))];
+const MIGRATIONS: &[(i32, &str)] = &[
+    (1, include_str!("pg/0001_schema.sql")),
+    (2, include_str!("pg/0002_requests.sql")),
+];
 
-/// The lock table in PostgreSQL. Cheap to clone (the pool is shared).
+/// The lock table in PostgreSQL. Cheap to clone (the pool and the `LISTEN` connection are
+/// shared; the connection's task ends with the last clone).
 #[derive(Clone)]
 pub struct PgLockStore {
     pool: Pool,
+    listener: Arc<listen::Listener>,
 }
 
 impl std::fmt::Debug for PgLockStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PgLockStore")
             .field("pool", &self.pool.status())
+            .field("listen_pid", &self.listener.pid())
             .finish()
     }
+}
+
+/// A request id as stored: the id XOR 2^63, so that SQL's signed `bigint` order is the ids'
+/// unsigned order (0002_requests.sql) and every `u64` fits.
+pub(crate) fn request_id_sql(request_id: u64) -> i64 {
+    (request_id ^ (1 << 63)) as i64
+}
+
+/// The inverse of [`request_id_sql`].
+pub(crate) fn request_id_of_sql(stored: i64) -> u64 {
+    (stored as u64) ^ (1 << 63)
 }
 
 /// Any driver or pool failure: retry-safe, never "lost" (C2 §2.5). The message names the
@@ -130,6 +208,7 @@ impl PgLockStore {
             config.get_options().unwrap_or("")
         );
         config.options(options.trim());
+        let listener = Arc::new(listen::Listener::start(config.clone()));
         let manager = Manager::from_config(
             config,
             NoTls,
@@ -145,9 +224,16 @@ impl PgLockStore {
             .runtime(Runtime::Tokio1)
             .build()
             .map_err(|e| contention("building the pool", e))?;
-        let store = PgLockStore { pool };
+        let store = PgLockStore { pool, listener };
         store.migrate().await?;
         Ok(store)
+    }
+
+    /// The backend pid of this store's `LISTEN` connection while it listens, `None` while it is
+    /// (re)connecting: for an operator matching it in `pg_stat_activity` (its
+    /// `application_name` is [`LISTEN_APPLICATION_NAME`]).
+    pub fn listen_pid(&self) -> Option<i32> {
+        self.listener.pid()
     }
 
     async fn client(&self) -> Result<deadpool_postgres::Object, LockError> {
@@ -240,15 +326,11 @@ impl LockStore for PgLockStore {
             None => return Err(unknown_session(session_id)),
         };
         // An expired grant, or one whose session expired, is already gone (C2: reaping is
-        // liveness only); clear it so the insert below can take the key.
-        tx.execute(
-            "DELETE FROM lock_entry e WHERE e.lock_key = $1 AND (e.expires_at <= now()
-                 OR NOT EXISTS (SELECT 1 FROM lock_session s
-                                WHERE s.session_id = e.session_id AND s.expires_at > now()))",
-            &[&key],
-        )
-        .await
-        .map_err(|e| contention("try_insert clearing an expired grant", e))?;
+        // liveness only). A key freed that way that has live waiters is theirs, not this
+        // caller's (FIFO, lock_api::request_store): the hand-off grants it to the first of them
+        // and the insert below then finds the key held.
+        queue::drop_lapsed(&tx, key, None).await?;
+        queue::hand_off(&tx, key).await?;
         let row = tx
             .query_opt(
                 "INSERT INTO lock_entry
@@ -315,17 +397,29 @@ impl LockStore for PgLockStore {
         }))
     }
 
+    /// The key goes to its first live waiter in the same transaction (lock_api::request_store).
     async fn delete_if_owner(&self, key: &str, fencing_token: u64) -> Result<bool, LockError> {
         validate::key(key)?;
         let token = token_sql(fencing_token)?;
-        let client = self.client().await?;
-        let deleted = client
+        let mut client = self.client().await?;
+        let tx = client
+            .transaction()
+            .await
+            .map_err(|e| contention("delete_if_owner begin", e))?;
+        queue::lock_key(&tx, key).await?;
+        let deleted = tx
             .execute(
                 "DELETE FROM lock_entry WHERE lock_key = $1 AND fencing_token = $2",
                 &[&key, &token],
             )
             .await
             .map_err(|e| contention("delete_if_owner", e))?;
+        if deleted == 1 {
+            queue::hand_off(&tx, key).await?;
+        }
+        tx.commit()
+            .await
+            .map_err(|e| contention("delete_if_owner commit", e))?;
         Ok(deleted == 1)
     }
 
@@ -334,7 +428,11 @@ impl LockStore for PgLockStore {
         let client = self.client().await?;
         let row = client
             .query_opt(
-                "SELECT e.owner_id, e.fencing_token, e.acquired_at, e.expires_at, e.session_id
+                "SELECT e.owner_id, e.fencing_token, e.acquired_at, e.expires_at, e.session_id,
+                        (SELECT count(*) FROM lock_waiter w JOIN lock_session ws
+                             ON ws.session_id = w.session_id
+                         WHERE w.lock_key = e.lock_key AND w.deadline >= now()
+                           AND ws.expires_at > now())
                  FROM lock_entry e JOIN lock_session s ON s.session_id = e.session_id
                  WHERE e.lock_key = $1 AND e.expires_at > now() AND s.expires_at > now()",
                 &[&key],
@@ -349,7 +447,8 @@ impl LockStore for PgLockStore {
                 fencing_token: token_of(row.get(1))?,
                 acquired_at: row.get(2),
                 expires_at: row.get(3),
-                waiter_count: 0,
+                // Live waiters only: a lapsed or orphaned one not yet dropped is not waiting.
+                waiter_count: u32::try_from(row.get::<_, i64>(5)).unwrap_or(u32::MAX),
             })
         })
         .transpose()
@@ -361,81 +460,17 @@ impl LockStore for PgLockStore {
         operator: &str,
         reason: &str,
     ) -> Result<LockOutcome, LockError> {
-        validate::key(key)?;
-        validate::operator(operator)?;
-        validate::reason(reason)?;
-        let mut client = self.client().await?;
-        let tx = client
-            .transaction()
-            .await
-            .map_err(|e| contention("revoke begin", e))?;
-        tx.execute(
-            "SELECT pg_advisory_xact_lock(hashtextextended($1, $2))",
-            &[&key, &KEY_LOCK_SEED],
-        )
-        .await
-        .map_err(|e| contention("revoke key lock", e))?;
-        // Delete, advance the floor and write the audit row in one transaction (C2 §2.5).
-        let previous = tx
-            .query_opt(
-                "DELETE FROM lock_entry WHERE lock_key = $1 RETURNING owner_id, fencing_token",
-                &[&key],
-            )
-            .await
-            .map_err(|e| contention("revoke delete", e))?;
-        let floor: i64 = tx
-            .query_one("SELECT nextval('fencing_token_seq')", &[])
-            .await
-            .map_err(|e| contention("revoke floor", e))?
-            .get(0);
-        let (previous_owner_id, previous_token): (Option<String>, Option<i64>) = match &previous {
-            Some(row) => (Some(row.get(0)), Some(row.get(1))),
-            None => (None, None),
-        };
-        tx.execute(
-            "INSERT INTO lock_revocation
-                 (lock_key, operator, reason, previous_owner_id, previous_token, new_token_floor)
-             VALUES ($1, $2, $3, $4, $5, $6)",
-            &[
-                &key,
-                &operator,
-                &reason,
-                &previous_owner_id,
-                &previous_token,
-                &floor,
-            ],
-        )
-        .await
-        .map_err(|e| contention("revoke audit row", e))?;
-        tx.commit()
-            .await
-            .map_err(|e| contention("revoke commit", e))?;
-        Ok(LockOutcome {
-            key: key.to_owned(),
-            revoked: previous.is_some(),
-            previous_owner_id,
-            previous_token: previous_token.map(token_of).transpose()?,
-            new_token_floor: token_of(floor)?,
-        })
+        self.revoke_with_id(key, operator, reason, 0).await
     }
 
-    /// Deletes grants whose lease, or whose session's lease, ended before `now`, then the
-    /// expired sessions. Concurrent runs each delete a row at most once, so their counts add up.
+    /// Deletes grants whose lease, or whose session's lease, ended before `now`, ends the
+    /// expired sessions, drops waits that ended before `now`, and forgets request answers older
+    /// than `lock_api::limits::REQUEST_RETENTION`; every freed key goes to its next waiter in
+    /// the transaction that freed it. Each key and each session is its own transaction, so
+    /// concurrent runs each delete a row at most once and their counts add up; one run does at
+    /// most [`REAP_BATCH_MAX`] of each kind (the rest is the next run's).
     async fn reap_expired(&self, now: SystemTime) -> Result<usize, LockError> {
-        let client = self.client().await?;
-        let reaped = client
-            .execute(
-                "DELETE FROM lock_entry e WHERE e.expires_at < $1
-                    OR e.session_id IN (SELECT session_id FROM lock_session WHERE expires_at < $1)",
-                &[&now],
-            )
-            .await
-            .map_err(|e| contention("reap_expired", e))?;
-        client
-            .execute("DELETE FROM lock_session WHERE expires_at < $1", &[&now])
-            .await
-            .map_err(|e| contention("reap_expired sessions", e))?;
-        usize::try_from(reaped).map_err(|e| contention("reap_expired count", e))
+        self.reap(now).await
     }
 
     fn backend_id(&self) -> &'static str {
@@ -445,19 +480,7 @@ impl LockStore for PgLockStore {
 
 impl SessionRegistry for PgLockStore {
     async fn open_session(&self, owner_id: &str, ttl: Duration) -> Result<String, LockError> {
-        validate::owner_id(owner_id)?;
-        let ttl_ms = ttl_ms_sql(ttl)?;
-        let session_id = uuid::Uuid::new_v4().simple().to_string();
-        let client = self.client().await?;
-        client
-            .execute(
-                "INSERT INTO lock_session (session_id, owner_id, ttl_ms, expires_at)
-                 VALUES ($1, $2, $3, now() + $3::bigint * interval '1 millisecond')",
-                &[&session_id, &owner_id, &ttl_ms],
-            )
-            .await
-            .map_err(|e| contention("open_session", e))?;
-        Ok(session_id)
+        Ok(self.open_session_with_ttl(owner_id, ttl).await?.0)
     }
 
     /// `false` (terminal) when the session is unknown or its lease already ended; then its
@@ -465,55 +488,18 @@ impl SessionRegistry for PgLockStore {
     /// and etcd stores, the session keeps the TTL it was opened with; `ttl` must be valid but
     /// does not change it (the wire protocol's heartbeat carries none).
     async fn heartbeat(&self, session_id: &str, ttl: Duration) -> Result<bool, LockError> {
-        validate::session_id(session_id)?;
         ttl_ms_sql(ttl)?;
-        let client = self.client().await?;
-        let alive = client
-            .execute(
-                "UPDATE lock_session SET expires_at = now() + ttl_ms * interval '1 millisecond'
-                 WHERE session_id = $1 AND expires_at > now()",
-                &[&session_id],
-            )
-            .await
-            .map_err(|e| contention("heartbeat", e))?;
-        if alive == 1 {
-            return Ok(true);
-        }
-        client
-            .execute(
-                "DELETE FROM lock_session WHERE session_id = $1",
-                &[&session_id],
-            )
-            .await
-            .map_err(|e| contention("heartbeat cascade", e))?;
-        Ok(false)
+        Ok(self.renew_session(session_id).await?.is_some())
     }
 
+    /// Drops the session's waiters, releases its grants (each handed to the key's next waiter)
+    /// and deletes it, in one transaction.
     async fn close_session(&self, session_id: &str) -> Result<usize, LockError> {
         validate::session_id(session_id)?;
-        let mut client = self.client().await?;
-        let tx = client
-            .transaction()
-            .await
-            .map_err(|e| contention("close_session begin", e))?;
-        let released = tx
-            .execute(
-                "DELETE FROM lock_entry e USING lock_session s
-                 WHERE e.session_id = $1 AND s.session_id = e.session_id
-                   AND e.expires_at > now() AND s.expires_at > now()",
-                &[&session_id],
-            )
-            .await
-            .map_err(|e| contention("close_session", e))?;
-        tx.execute(
-            "DELETE FROM lock_session WHERE session_id = $1",
-            &[&session_id],
-        )
-        .await
-        .map_err(|e| contention("close_session delete", e))?;
-        tx.commit()
-            .await
-            .map_err(|e| contention("close_session commit", e))?;
+        let ended = self
+            .end_session_now(session_id, queue::EndIf::Always)
+            .await?;
+        let released = ended.map_or(0, |e| e.live_grants);
         usize::try_from(released).map_err(|e| contention("close_session count", e))
     }
 

@@ -10,7 +10,7 @@ use lock_raft_store::Event;
 use lock_raft_store::storage::ApplyObserver;
 
 use super::LeaseKeeper;
-use crate::waiters::WaiterRegistry;
+use crate::leader::waiters::WaiterRegistry;
 
 /// Feeds applied events to the lease keeper and the waiter registry.
 #[derive(Debug)]

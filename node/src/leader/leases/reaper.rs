@@ -14,7 +14,7 @@ use openraft::ServerState;
 use openraft::async_runtime::WatchReceiver;
 
 use super::LeaseKeeper;
-use crate::proposer::Proposer;
+use crate::leader::proposer::Proposer;
 
 /// Most expiries the reaper proposes per tick.
 ///

@@ -46,7 +46,7 @@ struct SessionLease {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RenewCheck {
     /// The lease was alive and now runs to `now + ttl`; `previous_ttl_ms` is the lease length
-    /// it had before (a different one must be written to the log, see `store::raft`).
+    /// it had before (a different one must be written to the log, see `backend::raft`).
     Extended {
         /// The lease as extended.
         lease: GrantLease,
@@ -409,10 +409,10 @@ pub(super) mod tests {
     use rand::{Rng, SeedableRng};
 
     use super::*;
-    use crate::leases::REAP_PER_TICK_MAX;
+    use crate::leader::leases::REAP_PER_TICK_MAX;
 
     /// A grant of `key` with `token` and `ttl_ms`, for the keeper's tests too.
-    pub(in crate::leases) fn grant(key: &str, token: u64, ttl_ms: u64) -> Grant {
+    pub(in crate::leader::leases) fn grant(key: &str, token: u64, ttl_ms: u64) -> Grant {
         Grant {
             key: key.into(),
             owner_id: "o".into(),

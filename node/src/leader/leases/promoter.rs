@@ -16,8 +16,8 @@ use openraft::ServerState;
 use openraft::async_runtime::WatchReceiver;
 
 use super::LeaseKeeper;
+use crate::leader::proposer::Proposer;
 use crate::log_limit::{LogLimit, Note};
-use crate::proposer::Proposer;
 
 /// How often the promoter re-checks leadership when no metrics change arrives, so a failed
 /// promote is retried.

@@ -3,7 +3,7 @@
 //!
 //! Owns the table's lock, the clock every deadline is read on, and the promoted term that says
 //! whether this node's leases are authoritative. Never writes a renewal or heartbeat to the
-//! log: those are answered from memory after a quorum round (see `store::raft`). Never decides
+//! log: those are answered from memory after a quorum round (see `backend::raft`). Never decides
 //! a lock outcome: it only tells the reaper which leases lapsed.
 //!
 //! Why the deadlines are monotonic `Instant`s on the leader and not the stamps in the
@@ -174,8 +174,8 @@ impl LeaseKeeper {
 mod tests {
     use super::*;
     use crate::clock::ManualClock;
-    use crate::leases::REAP_PER_TICK_MAX;
-    use crate::leases::table::tests::grant;
+    use crate::leader::leases::REAP_PER_TICK_MAX;
+    use crate::leader::leases::table::tests::grant;
     use lock_raft_store::FreeCause;
 
     fn keeper() -> (Arc<ManualClock>, LeaseKeeper) {

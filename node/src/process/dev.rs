@@ -78,7 +78,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     }
     let reused = dir
         .join("node1")
-        .join(crate::identity::IDENTITY_FILE)
+        .join(crate::process::identity::IDENTITY_FILE)
         .exists();
 
     let mut nodes = Vec::new();
@@ -191,7 +191,7 @@ fn spawn_node(exe: &Path, dir: &Path, id: u16, addr: &str, peers: &str) -> anyho
         // Three nodes share this machine's cores.
         .args([
             "--worker-threads",
-            &crate::config::colocated_worker_threads(usize::from(NODES)).to_string(),
+            &crate::process::config::colocated_worker_threads(usize::from(NODES)).to_string(),
         ])
         .stdin(Stdio::null())
         .stdout(Stdio::from(log))

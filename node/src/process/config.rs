@@ -109,6 +109,13 @@ pub enum Backend {
     Etcd,
 }
 
+impl Backend {
+    /// `true` for a backend whose lock table lives outside the node (pg, etcd).
+    pub fn is_stateless(self) -> bool {
+        self != Backend::Raft
+    }
+}
+
 /// The `lockd run` flags. Every flag also reads `LOCKD_<FLAG>`; every value may be absent here
 /// and come from the TOML file or a default instead.
 #[derive(Args, Clone, Debug, Default)]
@@ -174,7 +181,8 @@ pub struct RunArgs {
     )]
     pub test_clock_offset_ms: Option<i64>,
     /// Where the lock table lives: raft (default), pg or etcd. With pg or etcd the node holds
-    /// no state and any node serves; data_dir and peers are then not used.
+    /// no state and any node serves; data_dir and peers are then not needed (ignored, with a
+    /// warning, if given).
     #[arg(long, env = "LOCKD_BACKEND", value_enum)]
     pub backend: Option<Backend>,
     /// PostgreSQL connection URL for `--backend pg` (`postgres://user@host:port/db`).
@@ -297,9 +305,11 @@ pub struct Config {
     pub node_id: u64,
     /// The address the server binds.
     pub listen: SocketAddr,
-    /// Where the node keeps its data.
+    /// Where the node keeps its data (required with backend raft; empty if not given for a
+    /// stateless backend, which keeps none).
     pub data_dir: PathBuf,
-    /// Every voter, this node included.
+    /// Every voter, this node included (required with backend raft; empty if not given for a
+    /// stateless backend, which has no voters).
     pub peers: BTreeMap<u64, String>,
     /// Raft dial overrides: RPCs to peer id go to this `host:port` instead of the
     /// membership's address (empty: dial the membership's addresses).
@@ -344,81 +354,86 @@ impl Config {
         };
         let file_peers = file_id_addrs(file.peers, "peers")?;
         let file_raft_dial = file_id_addrs(file.raft_dial, "raft_dial")?;
-        let config =
-            Config {
-                node_id: args.node_id.or(file.node_id).ok_or(ConfigError::Missing {
-                    field: "node_id",
-                    flag: "node-id",
-                    env: "NODE_ID",
+        let backend = args.backend.or(file.backend).unwrap_or_default();
+        let data_dir = args.data_dir.clone().or(file.data_dir);
+        let peers = args.peers.clone().map(|p| p.0).or(file_peers);
+        // A stateless node keeps no data and has no voters: it does not ask for either.
+        let (data_dir, peers) = if backend.is_stateless() {
+            (data_dir.unwrap_or_default(), peers.unwrap_or_default())
+        } else {
+            (
+                data_dir.ok_or(ConfigError::Missing {
+                    field: "data_dir",
+                    flag: "data-dir",
+                    env: "DATA_DIR",
                 })?,
-                listen: args.listen.or(file.listen).ok_or(ConfigError::Missing {
-                    field: "listen",
-                    flag: "listen",
-                    env: "LISTEN",
+                peers.ok_or(ConfigError::Missing {
+                    field: "peers",
+                    flag: "peers",
+                    env: "PEERS",
                 })?,
-                data_dir: args
-                    .data_dir
-                    .clone()
-                    .or(file.data_dir)
-                    .ok_or(ConfigError::Missing {
-                        field: "data_dir",
-                        flag: "data-dir",
-                        env: "DATA_DIR",
-                    })?,
-                peers: args.peers.clone().map(|p| p.0).or(file_peers).ok_or(
-                    ConfigError::Missing {
-                        field: "peers",
-                        flag: "peers",
-                        env: "PEERS",
-                    },
-                )?,
-                raft_dial: args
-                    .raft_dial
-                    .clone()
-                    .map(|p| p.0)
-                    .or(file_raft_dial)
-                    .unwrap_or_default(),
-                bootstrap: args.bootstrap.or(file.bootstrap).unwrap_or(false),
-                cluster_name: args
-                    .cluster_name
-                    .clone()
-                    .or(file.cluster_name)
-                    .unwrap_or_else(|| CLUSTER_NAME_DEFAULT.to_owned()),
-                log_format: args.log_format.or(file.log_format).unwrap_or_default(),
-                heartbeat_interval_ms: args
-                    .heartbeat_interval_ms
-                    .or(file.heartbeat_interval_ms)
-                    .unwrap_or(HEARTBEAT_INTERVAL_MS_DEFAULT),
-                election_timeout_min_ms: args
-                    .election_timeout_min_ms
-                    .or(file.election_timeout_min_ms)
-                    .unwrap_or(ELECTION_TIMEOUT_MIN_MS_DEFAULT),
-                election_timeout_max_ms: args
-                    .election_timeout_max_ms
-                    .or(file.election_timeout_max_ms)
-                    .unwrap_or(ELECTION_TIMEOUT_MAX_MS_DEFAULT),
-                safety_margin_ms: args
-                    .safety_margin_ms
-                    .or(file.safety_margin_ms)
-                    .unwrap_or(SAFETY_MARGIN_MS_DEFAULT),
-                snapshot_logs_since_last: args
-                    .snapshot_logs_since_last
-                    .or(file.snapshot_logs_since_last)
-                    .unwrap_or(SNAPSHOT_LOGS_SINCE_LAST_DEFAULT),
-                log_engine: args.log_engine.or(file.log_engine).unwrap_or_default(),
-                worker_threads: args.worker_threads.or(file.worker_threads),
-                test_clock_offset_ms: args
-                    .test_clock_offset_ms
-                    .or(file.test_clock_offset_ms)
-                    .unwrap_or(0),
-                backend: args.backend.or(file.backend).unwrap_or_default(),
-                pg_url: args.pg_url.clone().or(file.pg_url),
-                etcd_endpoints: args
-                    .etcd_endpoints
-                    .clone()
-                    .or(file.etcd_endpoints)
-                    .unwrap_or_default(),
-            };
+            )
+        };
+        let config = Config {
+            node_id: args.node_id.or(file.node_id).ok_or(ConfigError::Missing {
+                field: "node_id",
+                flag: "node-id",
+                env: "NODE_ID",
+            })?,
+            listen: args.listen.or(file.listen).ok_or(ConfigError::Missing {
+                field: "listen",
+                flag: "listen",
+                env: "LISTEN",
+            })?,
+            data_dir,
+            peers,
+            raft_dial: args
+                .raft_dial
+                .clone()
+                .map(|p| p.0)
+                .or(file_raft_dial)
+                .unwrap_or_default(),
+            bootstrap: args.bootstrap.or(file.bootstrap).unwrap_or(false),
+            cluster_name: args
+                .cluster_name
+                .clone()
+                .or(file.cluster_name)
+                .unwrap_or_else(|| CLUSTER_NAME_DEFAULT.to_owned()),
+            log_format: args.log_format.or(file.log_format).unwrap_or_default(),
+            heartbeat_interval_ms: args
+                .heartbeat_interval_ms
+                .or(file.heartbeat_interval_ms)
+                .unwrap_or(HEARTBEAT_INTERVAL_MS_DEFAULT),
+            election_timeout_min_ms: args
+                .election_timeout_min_ms
+                .or(file.election_timeout_min_ms)
+                .unwrap_or(ELECTION_TIMEOUT_MIN_MS_DEFAULT),
+            election_timeout_max_ms: args
+                .election_timeout_max_ms
+                .or(file.election_timeout_max_ms)
+                .unwrap_or(ELECTION_TIMEOUT_MAX_MS_DEFAULT),
+            safety_margin_ms: args
+                .safety_margin_ms
+                .or(file.safety_margin_ms)
+                .unwrap_or(SAFETY_MARGIN_MS_DEFAULT),
+            snapshot_logs_since_last: args
+                .snapshot_logs_since_last
+                .or(file.snapshot_logs_since_last)
+                .unwrap_or(SNAPSHOT_LOGS_SINCE_LAST_DEFAULT),
+            log_engine: args.log_engine.or(file.log_engine).unwrap_or_default(),
+            worker_threads: args.worker_threads.or(file.worker_threads),
+            test_clock_offset_ms: args
+                .test_clock_offset_ms
+                .or(file.test_clock_offset_ms)
+                .unwrap_or(0),
+            backend,
+            pg_url: args.pg_url.clone().or(file.pg_url),
+            etcd_endpoints: args
+                .etcd_endpoints
+                .clone()
+                .or(file.etcd_endpoints)
+                .unwrap_or_default(),
+        };
         config.validate()?;
         Ok(config)
     }
@@ -434,6 +449,14 @@ impl Config {
         if self.node_id == 0 {
             return Err(invalid("node_id", "0 is not a node id; ids start at 1"));
         }
+        if !self.backend.is_stateless() {
+            self.validate_raft_node()?;
+        }
+        self.validate_common()
+    }
+
+    /// The settings only a Raft node uses: its voters, dial overrides and data dir.
+    fn validate_raft_node(&self) -> Result<(), ConfigError> {
         if self.peers.is_empty() {
             return Err(invalid("peers", "lists no node"));
         }
@@ -474,6 +497,11 @@ impl Config {
         if self.data_dir.as_os_str().is_empty() {
             return Err(invalid("data_dir", "is empty"));
         }
+        Ok(())
+    }
+
+    /// The settings every node uses.
+    fn validate_common(&self) -> Result<(), ConfigError> {
         let name = &self.cluster_name;
         if name.trim().is_empty()
             || name.len() > CLUSTER_NAME_LEN_MAX
@@ -553,6 +581,24 @@ impl Config {
         }
         self.raft_config()?;
         Ok(())
+    }
+
+    /// The settings given that this node's backend does not use (a stateless node keeps no
+    /// data dir and has no voters, dial overrides or bootstrap); the node warns about each at
+    /// start-up rather than refusing, so one config file can serve nodes of either kind.
+    pub fn ignored_settings(&self) -> Vec<&'static str> {
+        if !self.backend.is_stateless() {
+            return Vec::new();
+        }
+        [
+            ("data_dir", !self.data_dir.as_os_str().is_empty()),
+            ("peers", !self.peers.is_empty()),
+            ("raft_dial", !self.raft_dial.is_empty()),
+            ("bootstrap", self.bootstrap),
+        ]
+        .into_iter()
+        .filter_map(|(field, given)| given.then_some(field))
+        .collect()
     }
 
     /// `raft_dial`: at most [`RAFT_DIAL_MAX`] entries, non-zero ids, `HOST:PORT` addresses.
@@ -729,6 +775,51 @@ mod tests {
         let mut a = args();
         a.peers = None;
         assert_eq!(field_of(Config::load(&a).unwrap_err()), "peers");
+    }
+
+    fn stateless(backend: Backend) -> RunArgs {
+        RunArgs {
+            node_id: Some(4),
+            listen: Some("127.0.0.1:7104".parse().unwrap()),
+            backend: Some(backend),
+            pg_url: Some("postgres://u@127.0.0.1:5432/db".into()),
+            etcd_endpoints: Some(vec!["http://127.0.0.1:2379".into()]),
+            ..RunArgs::default()
+        }
+    }
+
+    #[test]
+    fn a_stateless_node_needs_no_data_dir_and_no_peers() {
+        for backend in [Backend::Pg, Backend::Etcd] {
+            let c = Config::load(&stateless(backend)).unwrap();
+            assert!(c.data_dir.as_os_str().is_empty());
+            assert!(c.peers.is_empty());
+            assert!(
+                c.ignored_settings().is_empty(),
+                "{:?}",
+                c.ignored_settings()
+            );
+        }
+    }
+
+    #[test]
+    fn a_stateless_node_names_the_settings_it_ignores() {
+        let mut a = stateless(Backend::Pg);
+        a.data_dir = Some("/tmp/x".into());
+        a.peers = Some(parse_peers("4=127.0.0.1:7104").unwrap());
+        let c = Config::load(&a).unwrap();
+        assert_eq!(c.ignored_settings(), vec!["data_dir", "peers"]);
+        // Even a peers list that would be refused on a Raft node is only ignored.
+        a.peers = Some(parse_peers("1=127.0.0.1:7101").unwrap());
+        assert!(Config::load(&a).is_ok());
+    }
+
+    #[test]
+    fn a_raft_node_still_needs_both() {
+        let mut a = args();
+        a.data_dir = None;
+        assert_eq!(field_of(Config::load(&a).unwrap_err()), "data_dir");
+        assert!(Config::load(&args()).unwrap().ignored_settings().is_empty());
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! hand-off grant (`Event::Granted { handed_off: true }`) or a dropped waiter
 //! (`Event::WaiterDropped`). A slot is registered *before* its acquire is proposed, so a
 //! hand-off applied before the proposal's own answer arrives is not missed. Does not propose
-//! anything and does not decide timeouts: the waiting call does (see `store::raft`).
+//! anything and does not decide timeouts: the waiting call does (see `backend::raft`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};

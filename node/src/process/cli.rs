@@ -9,8 +9,8 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
-use crate::config::{Config, LogFormat, RunArgs};
-use crate::dev::{DevArgs, Signals};
+use crate::process::config::{Config, LogFormat, RunArgs};
+use crate::process::dev::{DevArgs, Signals};
 
 /// The default log filter when `RUST_LOG` is not set: lockd at info, openraft at warn (it logs
 /// every vote and membership step at info), and at error the openraft modules whose warnings
@@ -131,7 +131,7 @@ pub fn main() -> ExitCode {
                 Ok(rt) => rt,
                 Err(code) => return code,
             };
-            match rt.block_on(crate::dev::run(args)) {
+            match rt.block_on(crate::process::dev::run(args)) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(err) => {
                     eprintln!("lockd dev: {err:#}");
