@@ -300,6 +300,13 @@ impl PgLockStore {
     /// `reap_expired`: see its doc in `store::pg`.
     pub(super) async fn reap(&self, now: SystemTime) -> Result<usize, LockError> {
         let mut client = self.client().await?;
+        // Never past the database's own clock: a node whose clock runs ahead must not reap a
+        // grant the database still holds live (C2: a grant is expired before the reaper runs).
+        let now: SystemTime = client
+            .query_one("SELECT least($1::timestamptz, now())", &[&now])
+            .await
+            .map_err(|e| contention("reap_expired clock", e))?
+            .get(0);
         let mut reaped: u64 = 0;
         // Grants whose own lease ended.
         let keys: Vec<String> = client
