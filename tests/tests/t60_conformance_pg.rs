@@ -7,11 +7,13 @@
 mod conformance;
 
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use conformance::proxy::Proxy;
 use conformance::requests::{RequestBackend, run_request_suite};
 use conformance::{Backend, Cut, Cuttable, POLL_INTERVAL, backend_setting, run_suite};
+use lock_api::limits::REQUEST_RETENTION;
+use lock_api::{Acquired, LockError, LockStore, RequestStore, SessionRegistry};
 use lockd::store::pg::{LISTEN_APPLICATION_NAME, PgLockStore};
 
 /// How long the store may take to (re)establish its `LISTEN` connection.
@@ -110,6 +112,7 @@ async fn conformance_pg() {
     .await;
     assert_eq!(ran, 14);
     let broken = requests.clone();
+    let url_for_admin = url.clone();
     let break_notifications: Cut = Box::new(move || Box::pin(terminate_listener(url, broken)));
     let ran = run_request_suite(
         "pg",
@@ -122,4 +125,73 @@ async fn conformance_pg() {
     assert_eq!(ran, 23);
     let pid = listening(&requests).await;
     assert!(pid > 0, "the store listens again after the case cut it");
+    a_forgotten_request_is_an_unknown_outcome(&url_for_admin, &requests).await;
+    println!("pg a_forgotten_request_is_an_unknown_outcome ok");
+}
+
+/// PostgreSQL forgets answers after `REQUEST_RETENTION` (the Raft store after its window); a
+/// retry of a forgotten request must be "unknown outcome", never a second effect or a guess.
+/// The case ages the answers with SQL instead of waiting ten minutes.
+async fn a_forgotten_request_is_an_unknown_outcome(url: &str, store: &PgLockStore) {
+    let key = format!("conf/{}/pg/forgotten", conformance::run_nonce());
+    let (s, _) = store
+        .open_session_with_ttl("owner-a", conformance::SESSION_TTL_LONG)
+        .await
+        .expect("open");
+    let h = match store
+        .acquire_request(&s, 5, &key, conformance::LOCK_TTL_LONG, Duration::ZERO)
+        .await
+    {
+        Ok(Acquired::Granted(h)) => h,
+        other => panic!("a free key answered {other:?}"),
+    };
+    assert_eq!(
+        store.release_request(&s, 6, &key, h.fencing_token).await,
+        Ok(true)
+    );
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .expect("an admin connection");
+    let driver = tokio::spawn(connection);
+    let aged = client
+        .execute(
+            "UPDATE lock_request SET created_at = now() - $2::bigint * interval '1 millisecond'
+             WHERE session_id = $1",
+            &[&s, &(REQUEST_RETENTION.as_millis() as i64 + 60_000)],
+        )
+        .await
+        .expect("age the answers");
+    assert_eq!(aged, 2);
+    store.reap_expired(SystemTime::now()).await.expect("reap");
+    let left: i64 = client
+        .query_one(
+            "SELECT count(*) FROM lock_request WHERE session_id = $1",
+            &[&s],
+        )
+        .await
+        .expect("count")
+        .get(0);
+    assert_eq!(left, 0, "the reaper forgot the aged answers");
+    drop(client);
+    driver.abort();
+    match store
+        .acquire_request(&s, 5, &key, conformance::LOCK_TTL_LONG, Duration::ZERO)
+        .await
+    {
+        Err(LockError::Contention { .. }) => {}
+        other => panic!("a forgotten acquire must be an unknown outcome, got {other:?}"),
+    }
+    match store.release_request(&s, 6, &key, h.fencing_token).await {
+        Err(LockError::Contention { .. }) => {}
+        other => panic!("a forgotten release must be an unknown outcome, got {other:?}"),
+    }
+    assert_eq!(store.read(&key).await, Ok(None), "the retries did nothing");
+    match store
+        .acquire_request(&s, 7, &key, conformance::LOCK_TTL_LONG, Duration::ZERO)
+        .await
+    {
+        Ok(Acquired::Granted(g)) => assert!(g.fencing_token > h.fencing_token),
+        other => panic!("a new request id is served, got {other:?}"),
+    }
+    assert_eq!(store.close_session(&s).await, Ok(1));
 }
