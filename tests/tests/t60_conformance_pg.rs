@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant, SystemTime};
 
 use conformance::proxy::Proxy;
-use conformance::requests::{RequestBackend, run_request_suite};
+use conformance::requests::{RequestBackend, WAIT_LONG, WAKE_WAIT_MAX, run_request_suite};
 use conformance::{Backend, Cut, Cuttable, POLL_INTERVAL, backend_setting, run_suite};
 use lock_api::limits::REQUEST_RETENTION;
 use lock_api::{Acquired, LockError, LockStore, RequestStore, SessionRegistry};
@@ -127,6 +127,56 @@ async fn conformance_pg() {
     assert!(pid > 0, "the store listens again after the case cut it");
     a_forgotten_request_is_an_unknown_outcome(&url_for_admin, &requests).await;
     println!("pg a_forgotten_request_is_an_unknown_outcome ok");
+    let other_node = PgLockStore::connect(&url_for_admin)
+        .await
+        .expect("a second store on the database");
+    a_hand_off_wakes_a_waiter_on_another_node(&requests, &other_node).await;
+    println!("pg a_hand_off_wakes_a_waiter_on_another_node ok");
+}
+
+/// Two nodes on one database: a release through one wakes a waiter waiting through the other
+/// (its own `LISTEN` connection), as every node serves the same lock table.
+async fn a_hand_off_wakes_a_waiter_on_another_node(a: &PgLockStore, b: &PgLockStore) {
+    let key = format!("conf/{}/pg/two-nodes", conformance::run_nonce());
+    listening(b).await;
+    let (holder, _) = a
+        .open_session_with_ttl("holder", conformance::SESSION_TTL_LONG)
+        .await
+        .expect("open");
+    let (waiter, _) = b
+        .open_session_with_ttl("waiter", conformance::SESSION_TTL_LONG)
+        .await
+        .expect("open");
+    let h = match a
+        .acquire_request(&holder, 1, &key, conformance::LOCK_TTL_LONG, Duration::ZERO)
+        .await
+    {
+        Ok(Acquired::Granted(h)) => h,
+        other => panic!("a free key answered {other:?}"),
+    };
+    assert_eq!(
+        b.acquire_request(&waiter, 1, &key, conformance::LOCK_TTL_LONG, WAIT_LONG)
+            .await,
+        Ok(Acquired::Queued)
+    );
+    let wait = {
+        let (b, waiter, key) = (b.clone(), waiter.clone(), key.clone());
+        tokio::spawn(async move { b.wait_for_grant(&waiter, 1, &key).await })
+    };
+    assert_eq!(
+        a.release_request(&holder, 2, &key, h.fencing_token).await,
+        Ok(true)
+    );
+    let got = tokio::time::timeout(WAKE_WAIT_MAX, wait)
+        .await
+        .expect("the other node's waiter woke")
+        .expect("wait task")
+        .expect("wait_for_grant")
+        .expect("granted");
+    assert!(got.fencing_token > h.fencing_token);
+    assert_eq!(got.session_id, waiter);
+    assert_eq!(a.close_session(&holder).await, Ok(0));
+    assert_eq!(a.close_session(&waiter).await, Ok(1));
 }
 
 /// PostgreSQL forgets answers after `REQUEST_RETENTION` (the Raft store after its window); a
