@@ -463,7 +463,8 @@ impl LockStore for PgLockStore {
         self.revoke_with_id(key, operator, reason, 0).await
     }
 
-    /// Deletes grants whose lease, or whose session's lease, ended before `now`, ends the
+    /// Deletes grants whose lease, or whose session's lease, ended before `now` (or before the
+    /// database's `now()`, if that is earlier: the node's clock may run ahead), ends the
     /// expired sessions, drops waits that ended before `now`, and forgets request answers older
     /// than `lock_api::limits::REQUEST_RETENTION`; every freed key goes to its next waiter in
     /// the transaction that freed it. Each key and each session is its own transaction, so

@@ -109,11 +109,15 @@ pub(super) async fn drop_lapsed(
     Ok(dropped)
 }
 
-/// A grant made by [`hand_off`].
-#[derive(Debug)]
-pub(super) struct HandedOff {
-    /// The session the key went to.
-    pub session_id: String,
+/// Who holds a key after [`hand_off`].
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Holder {
+    /// A live grant of this session was already there; nothing changed.
+    Held(String),
+    /// The key was free and went to this session, its first live waiter.
+    HandedOff(String),
+    /// The key is free and nobody waits for it.
+    Free,
 }
 
 /// If `key` has no live grant, grants it to its first live waiter (wait deadline not passed,
@@ -121,27 +125,25 @@ pub(super) struct HandedOff {
 /// in the request table and notifies its request. The caller holds the key's lock, so the
 /// `nextval()` below is taken in grant order (token rule). A dead grant still in the table
 /// (expired, not yet reaped) is deleted first: it already ended (C2: reaping is liveness only).
-pub(super) async fn hand_off(
-    tx: &Transaction<'_>,
-    key: &str,
-) -> Result<Option<HandedOff>, LockError> {
+pub(super) async fn hand_off(tx: &Transaction<'_>, key: &str) -> Result<Holder, LockError> {
+    // One statement: the outer query sees the table as it was before the CTE's delete, which
+    // removes only a dead grant, so a live one is still found.
     let holder = tx
         .query_opt(
-            "SELECT e.expires_at > now() AND coalesce(s.expires_at > now(), false)
-             FROM lock_entry e LEFT JOIN lock_session s ON s.session_id = e.session_id
-             WHERE e.lock_key = $1",
+            "WITH dead AS (
+                 DELETE FROM lock_entry e WHERE e.lock_key = $1
+                   AND NOT (e.expires_at > now() AND EXISTS (
+                       SELECT 1 FROM lock_session s
+                       WHERE s.session_id = e.session_id AND s.expires_at > now())))
+             SELECT e.session_id FROM lock_entry e JOIN lock_session s
+                 ON s.session_id = e.session_id
+             WHERE e.lock_key = $1 AND e.expires_at > now() AND s.expires_at > now()",
             &[&key],
         )
         .await
         .map_err(|e| contention("hand-off holder", e))?;
-    match holder {
-        Some(row) if row.get::<_, bool>(0) => return Ok(None),
-        Some(_) => {
-            tx.execute("DELETE FROM lock_entry WHERE lock_key = $1", &[&key])
-                .await
-                .map_err(|e| contention("hand-off clearing a dead grant", e))?;
-        }
-        None => {}
+    if let Some(row) = holder {
+        return Ok(Holder::Held(row.get(0)));
     }
     // Bounded by the queue's length: every turn removes one waiter.
     loop {
@@ -156,7 +158,7 @@ pub(super) async fn hand_off(
             .await
             .map_err(|e| contention("hand-off next waiter", e))?
         else {
-            return Ok(None);
+            return Ok(Holder::Free);
         };
         let session_id: String = waiter.get(0);
         let request_id: i64 = waiter.get(1);
@@ -215,7 +217,7 @@ pub(super) async fn hand_off(
             fencing_token,
             "handed off to the first waiter"
         );
-        return Ok(Some(HandedOff { session_id }));
+        return Ok(Holder::HandedOff(session_id));
     }
 }
 

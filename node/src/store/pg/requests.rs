@@ -16,7 +16,7 @@ use lock_api::{Acquired, Cancelled, LockError, LockHandle, LockOutcome, RequestS
 use lock_raft_store::limits::{LOCKS_PER_SESSION_MAX, WAITERS_PER_KEY_MAX, WAITS_PER_SESSION_MAX};
 use tokio_postgres::Transaction;
 
-use super::queue::{self, EndIf, Ended};
+use super::queue::{self, EndIf, Ended, Holder};
 use super::{
     PgLockStore, contention, handle, request_id_sql, token_of, token_sql, ttl_ms_sql,
     unknown_session,
@@ -300,6 +300,13 @@ impl PgLockStore {
     /// `reap_expired`: see its doc in `store::pg`.
     pub(super) async fn reap(&self, now: SystemTime) -> Result<usize, LockError> {
         let mut client = self.client().await?;
+        // Never past the database's own clock: a node whose clock runs ahead must not reap a
+        // grant the database still holds live (C2: a grant is expired before the reaper runs).
+        let now: SystemTime = client
+            .query_one("SELECT least($1::timestamptz, now())", &[&now])
+            .await
+            .map_err(|e| contention("reap_expired clock", e))?
+            .get(0);
         let mut reaped: u64 = 0;
         // Grants whose own lease ended.
         let keys: Vec<String> = client
@@ -373,18 +380,29 @@ impl PgLockStore {
                 .map_err(|e| contention("reap_expired waiters commit", e))?;
         }
         // Answers past their retention; the session's floor remembers that they were there.
+        // The sessions' rows are locked first, skipping busy ones (the next run takes them):
+        // deleting the answers first and then waiting for a session's row would wait in a
+        // cycle with a transaction ending that session, which holds the row and deletes the
+        // same answers by cascade.
         let retention_ms = REQUEST_RETENTION.as_millis() as i64;
         client
             .execute(
-                "WITH gone AS (
-                     DELETE FROM lock_request
-                     WHERE created_at < now() - $1::bigint * interval '1 millisecond'
-                       AND state <> 'queued'
-                     RETURNING session_id, request_id),
+                "WITH cutoff AS (SELECT now() - $1::bigint * interval '1 millisecond' AS t),
+                 locked AS (
+                     SELECT s.session_id FROM lock_session s
+                     WHERE s.session_id IN (SELECT r.session_id FROM lock_request r, cutoff
+                                            WHERE r.created_at < cutoff.t)
+                     ORDER BY s.session_id LIMIT $2
+                     FOR NO KEY UPDATE SKIP LOCKED),
+                 gone AS (
+                     DELETE FROM lock_request r USING locked l, cutoff
+                     WHERE r.session_id = l.session_id AND r.created_at < cutoff.t
+                       AND r.state <> 'queued'
+                     RETURNING r.session_id, r.request_id),
                  floors AS (SELECT session_id, max(request_id) AS m FROM gone GROUP BY session_id)
                  UPDATE lock_session s SET request_floor = greatest(s.request_floor, f.m)
                  FROM floors f WHERE s.session_id = f.session_id",
-                &[&retention_ms],
+                &[&retention_ms, &REAP_BATCH_MAX],
             )
             .await
             .map_err(|e| contention("reap_expired forgetting old requests", e))?;
@@ -543,47 +561,37 @@ impl RequestStore for PgLockStore {
         if rid <= floor {
             return Err(forgotten(session_id, request_id));
         }
-        let waiting = tx
-            .query_opt(
-                "SELECT request_id FROM lock_waiter WHERE lock_key = $1 AND session_id = $2",
-                &[&key, &session_id],
-            )
-            .await
-            .map_err(|e| contention("acquire_request own wait", e))?;
-        if let Some(row) = waiting {
-            return Err(LockError::invalid(format!(
-                "session {session_id} already waits on key {key} (request id {}); cancel that \
-                 wait before queueing another",
-                super::request_id_of_sql(row.get(0))
-            )));
-        }
-        // A free key whose queue is not empty goes to the queue first (a hand-off this store
-        // could not make earlier: a lease that ran out before the reaper came).
-        let handed = queue::hand_off(&tx, key).await?;
-        let holder = tx
-            .query_opt(
-                "SELECT session_id FROM lock_entry WHERE lock_key = $1",
-                &[&key],
-            )
-            .await
-            .map_err(|e| contention("acquire_request holder", e))?;
-        // `Some(true)`: held by this session; `Some(false)`: by another; `None`: free (hand_off
-        // left no dead grant behind).
-        let held_by_self = holder.map(|row| row.get::<_, String>(0) == session_id);
-        debug_assert!(
-            handed.as_ref().is_none_or(|h| h.session_id != session_id),
-            "a hand-off grants the key to a waiter, and this session does not wait on it"
-        );
         let counts = tx
             .query_one(
-                "SELECT (SELECT count(*) FROM lock_entry WHERE session_id = $1),
+                "SELECT (SELECT request_id FROM lock_waiter WHERE lock_key = $2 AND session_id = $1),
+                        (SELECT count(*) FROM lock_entry WHERE session_id = $1),
                         (SELECT count(*) FROM lock_waiter WHERE session_id = $1),
                         (SELECT count(*) FROM lock_waiter WHERE lock_key = $2)",
                 &[&session_id, &key],
             )
             .await
             .map_err(|e| contention("acquire_request counts", e))?;
-        let (held, waits, queued): (i64, i64, i64) = (counts.get(0), counts.get(1), counts.get(2));
+        if let Some(waiting) = counts.get::<_, Option<i64>>(0) {
+            return Err(LockError::invalid(format!(
+                "session {session_id} already waits on key {key} (request id {}); cancel that \
+                 wait before queueing another",
+                super::request_id_of_sql(waiting)
+            )));
+        }
+        let (held, waits, mut queued): (i64, i64, i64) =
+            (counts.get(1), counts.get(2), counts.get(3));
+        // A free key whose queue is not empty goes to the queue first (a hand-off this store
+        // could not make earlier: a lease that ran out before the reaper came). This session
+        // does not wait on the key (checked above), so the key cannot go to it here.
+        // `Some(true)`: held by this session; `Some(false)`: by another; `None`: free.
+        let held_by_self = match queue::hand_off(&tx, key).await? {
+            Holder::Held(holder) => Some(holder == session_id),
+            Holder::HandedOff(holder) => {
+                queued -= 1;
+                Some(holder == session_id)
+            }
+            Holder::Free => None,
+        };
         let slots_used = held + waits;
         let (answer, state, grant) = match held_by_self {
             // Not re-entrant: waiting on oneself would end only when one's own lease does.
