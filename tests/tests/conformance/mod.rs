@@ -12,6 +12,7 @@
 #![allow(dead_code)]
 
 pub mod proxy;
+pub mod requests;
 
 use std::collections::BTreeSet;
 use std::future::Future;
