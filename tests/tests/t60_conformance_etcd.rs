@@ -6,7 +6,8 @@
 //! Runs the C2 cases, then the `RequestStore` cases (conformance/requests.rs) on a store that
 //! talks to one member only, whose notification channel — the store's watch stream — the last
 //! case breaks by restarting that member; then a case of its own: a hand-off made while the
-//! waiter's only member is down reaches the waiter once the member is back. Restarting a
+//! waiter's only member is down reaches the waiter once the member is back; and that a retry
+//! of a request whose record `reap_expired` forgot is "unknown outcome". Restarting a
 //! member needs the services folder (`LOCKD_TEST_SERVICES_DIR`, which scripts/test-services.sh
 //! exports with the endpoints): the member's command line is read from its pid and it is
 //! started again the same way, on the same data, its new pid written back for `stop`.
@@ -17,7 +18,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use conformance::proxy::Proxy;
 use conformance::requests::{RequestBackend, WAIT_LONG, WAKE_WAIT_MAX, run_request_suite};
@@ -25,7 +26,8 @@ use conformance::{
     Backend, Cut, Cuttable, LOCK_TTL_LONG, POLL_INTERVAL, SESSION_TTL_LONG, backend_setting,
     run_nonce, run_suite,
 };
-use lock_api::{Acquired, LockStore, RequestStore, SessionRegistry};
+use lock_api::limits::REQUEST_RETENTION;
+use lock_api::{Acquired, LockError, LockStore, RequestStore, SessionRegistry};
 use lockd::store::etcd::EtcdLockStore;
 use rustix::process::{Pid, Signal, kill_process, test_kill_process};
 
@@ -226,6 +228,93 @@ async fn conformance_etcd() {
         "etcd a_hand_off_while_the_waiters_member_is_down_reaches_it ok ({} ms)",
         t.elapsed().as_millis()
     );
+
+    let t = Instant::now();
+    a_forgotten_request_is_an_unknown_outcome(&endpoints, &prefix).await;
+    println!(
+        "etcd a_forgotten_request_is_an_unknown_outcome ok ({} ms)",
+        t.elapsed().as_millis()
+    );
+}
+
+/// Request records live `REQUEST_RETENTION`; past it `reap_expired` forgets them, and a retry
+/// of a forgotten request is "unknown outcome" (`Contention`), never taken for a new request.
+/// Time passes by the `now` handed to `reap_expired`, on a prefix of the case's own (that reap
+/// expires everything under it).
+async fn a_forgotten_request_is_an_unknown_outcome(endpoints: &[String], prefix: &str) {
+    let store = EtcdLockStore::connect(endpoints, &format!("{prefix}forget/"))
+        .await
+        .expect("connect");
+    let key = "conf/forget/0";
+    let (s, _) = store
+        .open_session_with_ttl("forgetful", SESSION_TTL_LONG)
+        .await
+        .expect("open");
+    let Ok(Acquired::Granted(h)) = store
+        .acquire_request(&s, 1, key, LOCK_TTL_LONG, Duration::ZERO)
+        .await
+    else {
+        panic!("a free key was not granted");
+    };
+    assert_eq!(
+        store.release_request(&s, 2, key, h.fencing_token).await,
+        Ok(true)
+    );
+    // Within the retention, retries get their first answers.
+    assert_eq!(
+        store
+            .acquire_request(&s, 1, key, LOCK_TTL_LONG, Duration::ZERO)
+            .await
+            .map(|a| match a {
+                Acquired::Granted(g) => g.fencing_token,
+                other => panic!("the retry answered {other:?}"),
+            }),
+        Ok(h.fencing_token)
+    );
+    assert_eq!(
+        store.release_request(&s, 2, key, h.fencing_token).await,
+        Ok(true)
+    );
+    let later = SystemTime::now() + REQUEST_RETENTION + Duration::from_secs(60);
+    store.reap_expired(later).await.expect("reap");
+    let unknown = |r: Result<_, LockError>, what: &str| {
+        assert!(
+            matches!(r, Err(LockError::Contention { .. })),
+            "{what} of a forgotten request: {r:?}"
+        );
+    };
+    unknown(
+        store
+            .acquire_request(&s, 1, key, LOCK_TTL_LONG, Duration::ZERO)
+            .await
+            .map(|_| ()),
+        "an acquire",
+    );
+    unknown(
+        store
+            .release_request(&s, 2, key, h.fencing_token)
+            .await
+            .map(|_| ()),
+        "a release",
+    );
+    unknown(
+        store.cancel_request(&s, 1, key, true).await.map(|_| ()),
+        "a cancel",
+    );
+    assert_eq!(
+        store.read(key).await,
+        Ok(None),
+        "the retries changed nothing"
+    );
+    // A new request is served as ever.
+    let Ok(Acquired::Granted(next)) = store
+        .acquire_request(&s, 3, key, LOCK_TTL_LONG, Duration::ZERO)
+        .await
+    else {
+        panic!("a new request after the forgotten ones was not granted");
+    };
+    assert!(next.fencing_token > h.fencing_token);
+    assert_eq!(store.close_session(&s).await, Ok(1));
 }
 
 /// The waiter's store talks only to `member`, `others` to the other members; the member stops;

@@ -92,7 +92,7 @@ mod queue;
 mod requests;
 mod watch;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -146,6 +146,9 @@ pub struct EtcdLockStore {
     scans_cut: Arc<Mutex<LogLimit>>,
     /// When this store last ran the retention pass over request records (`queue`).
     last_forget: Arc<Mutex<Option<Instant>>>,
+    /// Keys a promote step of this store's waiters is running on, each with "run again when
+    /// done" (`queue::promote_coalesced`).
+    promoting: Arc<Mutex<HashMap<String, bool>>>,
 }
 
 fn contention(what: &str, e: impl std::fmt::Display) -> LockError {
@@ -242,6 +245,7 @@ impl EtcdLockStore {
             hub: WatchHub::start(channel),
             scans_cut: Arc::default(),
             last_forget: Arc::default(),
+            promoting: Arc::default(),
         })
     }
 

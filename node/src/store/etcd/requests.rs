@@ -591,7 +591,7 @@ impl RequestStore for EtcdLockStore {
                                 break;
                             }
                             if deleted {
-                                if let Err(e) = self.promote(key).await {
+                                if let Err(e) = self.promote_coalesced(key).await {
                                     tracing::debug!(%key, error = %e, "promote after a free failed; retrying");
                                     held_until = now_ms().saturating_add(WAIT_RETRY_MAX.as_millis() as u64);
                                 }
