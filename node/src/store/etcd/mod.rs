@@ -71,10 +71,20 @@
 //!
 //! # Differences from the Raft backend
 //!
-//! Session TTLs are etcd lease TTLs, whole seconds (rounded up, and raised to etcd's minimum).
-//! Request answers are kept for `REQUEST_RETENTION` (10 minutes) rather than the last 64 per
-//! session. Wait deadlines and grant expiries are wall-clock times compared with each node's
-//! clock, where the Raft table compares the leader's stamps.
+//! - Session TTLs are etcd lease TTLs, whole seconds (rounded up, and raised to etcd's
+//!   minimum, about 2 s at default settings); `open_session_with_ttl` and `keep_alive` answer
+//!   the TTL etcd granted.
+//! - Request answers are kept for `REQUEST_RETENTION` (10 minutes) rather than as the last 64
+//!   of each session; a retry older than that is `Contention` ("unknown outcome") where the
+//!   Raft table answers `StaleRequest`.
+//! - Wait deadlines and grant expiries are wall-clock times compared with each node's clock,
+//!   where the Raft table compares the leader's stamps.
+//! - The Raft table's bounds are checked exactly once a count is within `BOUND_EXACT_MARGIN`
+//!   of its bound (`requests`); below that, more acquires than the margin racing at one
+//!   instant could overshoot it together, where the Raft table is exact always.
+//! - A hand-off after a free that etcd itself made (a session lease ending) or that the clock
+//!   made (an expired grant) is as fast as the key's local watchers (at once) or the reaper
+//!   (its interval), not part of the same step.
 
 mod layout;
 mod ops;
@@ -82,7 +92,7 @@ mod queue;
 mod requests;
 mod watch;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -119,6 +129,8 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Compare-and-swap rounds one call makes before answering `Contention` (FR-28): each failed
 /// round means another writer changed the same key in between.
 pub const CAS_ROUNDS_MAX: usize = 8;
+/// Reads one read-only transaction makes at most (etcd's default `--max-txn-ops` is 128).
+pub const READS_PER_TXN_MAX: usize = 128;
 /// Keys one scan (`reap_expired`, its waiter and request passes) reads at most.
 pub const SCAN_KEYS_MAX: i64 = 100_000;
 
@@ -134,6 +146,9 @@ pub struct EtcdLockStore {
     scans_cut: Arc<Mutex<LogLimit>>,
     /// When this store last ran the retention pass over request records (`queue`).
     last_forget: Arc<Mutex<Option<Instant>>>,
+    /// Keys a promote step of this store's waiters is running on, each with "run again when
+    /// done" (`queue::promote_coalesced`).
+    promoting: Arc<Mutex<HashMap<String, bool>>>,
 }
 
 fn contention(what: &str, e: impl std::fmt::Display) -> LockError {
@@ -230,6 +245,7 @@ impl EtcdLockStore {
             hub: WatchHub::start(channel),
             scans_cut: Arc::default(),
             last_forget: Arc::default(),
+            promoting: Arc::default(),
         })
     }
 
@@ -801,15 +817,21 @@ impl SessionRegistry for EtcdLockStore {
             return Ok(BTreeSet::new());
         }
         // The slots list what the session holds; a grant whose expiry passed is gone even
-        // before the reaper deletes its slot.
+        // before the reaper deletes its slot. The grants are read in batches, each at one
+        // revision (etcd takes at most 128 operations in one transaction).
+        let held: Vec<String> = self.held_keys(session_id).await?.into_iter().collect();
         let mut live = BTreeSet::new();
-        for key in self.held_keys(session_id).await? {
-            if self
-                .read_grant(&key)
-                .await?
-                .is_some_and(|g| g.session_id == session_id)
-            {
-                live.insert(key);
+        let now = now_ms();
+        for batch in held.chunks(READS_PER_TXN_MAX) {
+            let reads = batch.iter().map(|k| get(self.layout.lock(k))).collect();
+            let read = self.read_all("locks_of", reads).await?;
+            for (i, key) in batch.iter().enumerate() {
+                if let Some(kv) = ops::one(&read, i)? {
+                    let record: GrantRecord = decode(&kv.key, &kv.value)?;
+                    if record.session_id == session_id && record.expires_ms > now {
+                        live.insert(key.clone());
+                    }
+                }
             }
         }
         Ok(live)

@@ -6,7 +6,8 @@
 //! The promote step is conditional — `lock/<key>` absent and every waiter it read unchanged —
 //! so any node may run it at any time, and two nodes running it at once grant once.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Mutex;
 use std::time::Instant;
 
 use lock_api::LockError;
@@ -37,6 +38,21 @@ pub const FORGET_INTERVAL: std::time::Duration = std::time::Duration::from_secs(
 const _: () = assert!(3 * (DROPS_PER_TXN_MAX + 1) + 5 <= 128);
 // Compares: one per record, the session and the mark; operations: one per record and the mark.
 const _: () = assert!(FORGETS_PER_TXN_MAX + 2 <= 128);
+
+/// Removes a key from the store's running promotes when dropped.
+struct Running<'a> {
+    promoting: &'a Mutex<HashMap<String, bool>>,
+    key: &'a str,
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.promoting
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(self.key);
+    }
+}
 
 impl EtcdLockStore {
     /// The operations that drop waiter `kv` of `session_id` on `key`: its key, its slot, and
@@ -195,6 +211,36 @@ impl EtcdLockStore {
             // Dropped a full read of lapsed waiters: more may follow.
         }
         Err(no_decision("promote"))
+    }
+
+    /// [`EtcdLockStore::promote`] for a key freed under this store's waiters: every local
+    /// waiter of the key sees the same delete, and one promote step of the store serves them
+    /// all. A call while one runs on the key returns at once and makes the running one go
+    /// again when it is done (its read may predate the free that woke this caller), so no free
+    /// goes unpromoted; the caller keeps watching and learns the outcome from its events.
+    pub(super) async fn promote_coalesced(&self, key: &str) -> Result<(), LockError> {
+        {
+            let mut running = self.promoting.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(again) = running.get_mut(key) {
+                *again = true;
+                return Ok(());
+            }
+            running.insert(key.to_owned(), false);
+        }
+        // Whichever way this ends (done, failed, or the caller dropped the future), the key
+        // is no longer being promoted by it.
+        let _running = Running {
+            promoting: &self.promoting,
+            key,
+        };
+        loop {
+            let result = self.promote(key).await;
+            let mut running = self.promoting.lock().unwrap_or_else(|e| e.into_inner());
+            match running.get_mut(key) {
+                Some(again) if *again && result.is_ok() => *again = false,
+                _ => return result,
+            }
+        }
     }
 
     /// [`EtcdLockStore::promote`] after a free that already succeeded: a failure here must not

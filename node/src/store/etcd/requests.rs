@@ -29,6 +29,14 @@ use super::{
 /// minute is an operator's loop, not a retry).
 pub const REVOKE_SCAN_MAX: i64 = 64;
 
+/// How close to one of the Raft table's bounds (LOCKS_PER_SESSION_MAX, WAITS_PER_SESSION_MAX,
+/// WAITERS_PER_KEY_MAX) a count must be for an acquire to check it exactly: within the margin
+/// the acquire's transaction also compares that nothing joined the counted range since it was
+/// read, so racing acquires cannot overshoot the bound together; below it, that compare would
+/// make every acquire on a busy key (or of a busy session) conflict with every other and retry,
+/// and the bound holds as long as fewer than this many acquires race at one instant.
+pub const BOUND_EXACT_MARGIN: usize = 64;
+
 /// First pause before `wait_for_grant` reads again after a failed read or promote.
 pub const WAIT_RETRY_MIN: Duration = Duration::from_millis(50);
 /// Longest such pause.
@@ -389,6 +397,18 @@ impl RequestStore for EtcdLockStore {
                 absent(request_key.clone()),
                 unchanged(forgot_key.clone(), mark_rev),
             ];
+            // Near a bound, nothing may join the counted range between the read and the write
+            // (exact, at the price of conflicting with every racing acquire); far from it, a
+            // conflict would only cost retries.
+            if !matches!(plan, Plan::NotGranted)
+                && used + BOUND_EXACT_MARGIN >= LOCKS_PER_SESSION_MAX
+            {
+                compare.push(ops::range_unchanged_since(
+                    slots.clone(),
+                    slots_end.clone(),
+                    revision,
+                ));
+            }
             let remembered = |answer: Answer| -> Result<RequestOp, LockError> {
                 let record = RequestRecord {
                     key: key.to_owned(),
@@ -405,11 +425,6 @@ impl RequestStore for EtcdLockStore {
                 Plan::Grant => {
                     compare.push(absent(lock_key.clone()));
                     compare.push(range_empty(queue.clone(), queue_end.clone()));
-                    compare.push(ops::range_unchanged_since(
-                        slots.clone(),
-                        slots_end.clone(),
-                        revision,
-                    ));
                     let record = GrantRecord {
                         owner_id: owner.clone(),
                         session_id: session_id.to_owned(),
@@ -427,16 +442,21 @@ impl RequestStore for EtcdLockStore {
                 Plan::Queue => {
                     let held_rev = held.as_ref().map(|(kv, _)| kv.mod_revision).unwrap_or(0);
                     compare.push(unchanged(lock_key.clone(), held_rev));
-                    compare.push(ops::range_unchanged_since(
-                        queue.clone(),
-                        queue_end.clone(),
-                        revision,
-                    ));
-                    compare.push(ops::range_unchanged_since(
-                        slots.clone(),
-                        slots_end.clone(),
-                        revision,
-                    ));
+                    if ops::counted(&read, 5)? as usize + BOUND_EXACT_MARGIN >= WAITERS_PER_KEY_MAX
+                    {
+                        compare.push(ops::range_unchanged_since(
+                            queue.clone(),
+                            queue_end.clone(),
+                            revision,
+                        ));
+                    }
+                    if waiting + BOUND_EXACT_MARGIN >= WAITS_PER_SESSION_MAX {
+                        compare.push(ops::range_unchanged_since(
+                            waits.clone(),
+                            prefix_end(&waits),
+                            revision,
+                        ));
+                    }
                     let deadline_ms = now.saturating_add(wait_ms);
                     let waiter = WaiterRecord {
                         request_id,
@@ -571,7 +591,7 @@ impl RequestStore for EtcdLockStore {
                                 break;
                             }
                             if deleted {
-                                if let Err(e) = self.promote(key).await {
+                                if let Err(e) = self.promote_coalesced(key).await {
                                     tracing::debug!(%key, error = %e, "promote after a free failed; retrying");
                                     held_until = now_ms().saturating_add(WAIT_RETRY_MAX.as_millis() as u64);
                                 }

@@ -303,3 +303,111 @@ async fn run(mut client: WatchClient<Channel>, mut cmds: mpsc::UnboundedReceiver
         backoff = (backoff * 2).min(RECONNECT_BACKOFF_MAX);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use lock_proto::etcd::mvccpb::KeyValue;
+
+    use super::*;
+
+    fn event(key: &[u8], mod_revision: i64) -> Event {
+        Event {
+            r#type: 1,
+            kv: Some(KeyValue {
+                key: key.to_vec(),
+                mod_revision,
+                ..Default::default()
+            }),
+            prev_kv: None,
+        }
+    }
+
+    fn add(id: i64, start_revision: i64) -> (Cmd, mpsc::UnboundedReceiver<WatchNote>) {
+        let (notes, rx) = mpsc::unbounded_channel();
+        let cmd = Cmd::Add {
+            id,
+            key: b"k".to_vec(),
+            range_end: Vec::new(),
+            start_revision,
+            notes,
+        };
+        (cmd, rx)
+    }
+
+    /// A re-created watch resumes one past the last event it delivered, so a reconnect
+    /// neither repeats nor skips an event.
+    #[test]
+    fn events_advance_the_restart_revision() {
+        let mut registry = HashMap::new();
+        let (cmd, mut rx) = add(7, 10);
+        apply(cmd, &mut registry, None);
+        deliver(
+            WatchResponse {
+                watch_id: 7,
+                events: vec![event(b"k", 12), event(b"k", 15)],
+                ..Default::default()
+            },
+            &mut registry,
+        );
+        assert_eq!(registry[&7].next_revision, 16);
+        assert!(
+            matches!(rx.try_recv(), Ok(WatchNote::Event(e)) if e.kv.as_ref().is_some_and(|kv| kv.mod_revision == 12))
+        );
+        assert!(matches!(rx.try_recv(), Ok(WatchNote::Event(_))));
+        let Some(RequestUnion::CreateRequest(c)) = create(7, &registry[&7]).request_union else {
+            panic!("a create request");
+        };
+        assert_eq!((c.watch_id, c.start_revision), (7, 16));
+    }
+
+    /// A watch etcd cancels (its start revision compacted) tells its subscriber to read the
+    /// state again, and leaves the registry; other watches are untouched.
+    #[test]
+    fn a_cancelled_watch_is_lost_to_its_subscriber_only() {
+        let mut registry = HashMap::new();
+        let (a, mut rx_a) = add(1, 5);
+        let (b, mut rx_b) = add(2, 5);
+        apply(a, &mut registry, None);
+        apply(b, &mut registry, None);
+        deliver(
+            WatchResponse {
+                watch_id: 1,
+                canceled: true,
+                compact_revision: 9,
+                ..Default::default()
+            },
+            &mut registry,
+        );
+        assert!(matches!(rx_a.try_recv(), Ok(WatchNote::Lost)));
+        assert!(rx_b.try_recv().is_err());
+        assert!(!registry.contains_key(&1) && registry.contains_key(&2));
+    }
+
+    /// Commands reach a live stream as create and cancel requests, and events for a removed
+    /// watch are dropped.
+    #[test]
+    fn commands_reach_the_live_stream() {
+        let mut registry = HashMap::new();
+        let (live, mut sent) = mpsc::unbounded_channel();
+        let (cmd, _rx) = add(3, 4);
+        apply(cmd, &mut registry, Some(&live));
+        apply(Cmd::Remove { id: 3 }, &mut registry, Some(&live));
+        assert!(matches!(
+            sent.try_recv().ok().and_then(|r| r.request_union),
+            Some(RequestUnion::CreateRequest(c)) if c.watch_id == 3 && c.start_revision == 4
+        ));
+        assert!(matches!(
+            sent.try_recv().ok().and_then(|r| r.request_union),
+            Some(RequestUnion::CancelRequest(c)) if c.watch_id == 3
+        ));
+        deliver(
+            WatchResponse {
+                watch_id: 3,
+                events: vec![event(b"k", 6)],
+                ..Default::default()
+            },
+            &mut registry,
+        );
+        assert!(registry.is_empty());
+    }
+}
