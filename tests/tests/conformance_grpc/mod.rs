@@ -184,19 +184,40 @@ impl Target {
         }
     }
 
-    /// `Inspect` of `key` at [`Target::node`] `i`, leader-confirmed (on Raft).
+    /// `Inspect` of `key` at [`Target::node`] `i`, leader-confirmed (on Raft). A retry-safe
+    /// error (a node still reconnecting to its database after a fault, a leader just elected)
+    /// is retried for up to [`QUEUE_WAIT`]: the cases check what Inspect answers, not whether
+    /// the first attempt got through.
     ///
     /// # Panics
-    /// If the node does not answer.
+    /// If the node answers anything else, or only retry-safe errors until then.
     pub async fn inspect_at(&mut self, i: usize, key: &str) -> Option<LockInfo> {
         let node = self.node(i).await;
-        node.inspect(key, true).await.unwrap_or_else(|e| {
-            panic!(
+        let answer = poll_until(
+            &format!("an answer to Inspect({key:?}) at {}", node.endpoint()),
+            QUEUE_WAIT,
+            || {
+                let node = node.clone();
+                let key = key.to_owned();
+                async move {
+                    match node.inspect(&key, true).await {
+                        Ok(info) => Ok(Ok(info)),
+                        Err(e) if e.is_retry_safe() => Err(e.to_string()),
+                        Err(e) => Ok(Err(e)),
+                    }
+                }
+            },
+        )
+        .await;
+        match answer {
+            Ok(Ok(info)) => info,
+            Ok(Err(e)) => panic!(
                 "{}: Inspect({key:?}) at {}: {e}",
                 self.name,
                 node.endpoint()
-            )
-        })
+            ),
+            Err(e) => panic!("{}: {e}", self.name),
+        }
     }
 
     /// Every node's `host:port`, for the SDK.

@@ -308,6 +308,8 @@ async fn leaves_nothing(
                 ));
                 break;
             }
+            // A busy node; the next look decides.
+            Err(e) if e.is_retry_safe() => {}
             Err(e) => panic!("{}: Inspect({key:?}): {e}", t.name),
         }
         if Instant::now() >= watch_until {
