@@ -46,6 +46,9 @@
 //! - [`fence`]: [`FencedRegister`], a resource that accepts a write iff its token is newer.
 //! - [`wait`]: [`poll_until`], the bounded condition wait everything uses.
 //! - [`links`]: [`LinkNet`], proxies on node-to-node links, for partitions.
+//! - [`stateless`]: [`StatelessNodes`] — `lockd run --backend pg|etcd` processes on one
+//!   database, each behind a [`DbLink`] the test can cut.
+//! - [`db_link`]: [`DbLink`], a forwarder between a node and its database that can be cut.
 //! - [`proc_stats`]: [`ProcStats`], a process's CPU time, memory and descriptors from `/proc`.
 //! - [`raw`]: junk for a node's port — raw TCP bytes, HTTP/1, non-protobuf gRPC bodies.
 //! - [`binary`]: where the `lockd` binary is found.
@@ -61,6 +64,7 @@ pub mod binary;
 pub mod client;
 pub mod cluster;
 pub mod config;
+pub mod db_link;
 pub mod error;
 pub mod fence;
 pub mod links;
@@ -68,6 +72,7 @@ pub mod ports;
 pub mod proc_stats;
 mod process;
 pub mod raw;
+pub mod stateless;
 pub mod wait;
 mod watchdog;
 
@@ -75,10 +80,12 @@ pub use binary::{LOCKD_BIN_ENV, lockd_binary};
 pub use client::{ClusterClient, NodeClient, Session, ms, next_request_id};
 pub use cluster::{Cluster, KEEP_DIR_ENV};
 pub use config::ClusterConfig;
+pub use db_link::DbLink;
 pub use error::HarnessError;
 pub use fence::{FencedRegister, FencedWrite};
 pub use links::LinkNet;
 pub use lock_api::LockError;
 pub use lock_proto::v1::{Grant, LockInfo, LockOutcome, Role, StatusResponse};
 pub use proc_stats::{ProcGrowth, ProcStats};
+pub use stateless::{StatelessBackend, StatelessNodes};
 pub use wait::poll_until;
