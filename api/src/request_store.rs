@@ -62,6 +62,13 @@ pub struct Cancelled {
 /// A backend's request-carrying operations; see the module documentation for the rules every
 /// method shares. Implementations are thread-safe and shareable (C2 §2.8).
 pub trait RequestStore: LockStore + SessionRegistry {
+    /// How often every node should call [`LockStore::reap_expired`]. Where the reaper is what
+    /// hands an expired grant's key to its first waiter, this bounds how late that hand-off
+    /// comes after the lease ends; a backend whose reap is cheap asks for a short interval.
+    fn reap_interval(&self) -> Duration {
+        Duration::from_secs(1)
+    }
+
     /// Opens a session for `owner_id` with a lease of `ttl`; returns its id and the TTL the
     /// backend actually keeps (never shorter than `ttl`; etcd, for one, rounds up to whole
     /// seconds), which every heartbeat renews it by.

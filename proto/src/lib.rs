@@ -69,12 +69,12 @@ pub mod v1 {
 /// calls is left out.
 #[cfg(feature = "etcd")]
 pub mod etcd {
-    /// etcd's storage types (`mvccpb.KeyValue`).
+    /// etcd's storage types (`mvccpb.KeyValue`, `mvccpb.Event`).
     #[allow(missing_docs, clippy::all, clippy::pedantic, clippy::nursery)]
     pub mod mvccpb {
         tonic::include_proto!("mvccpb");
     }
-    /// etcd's server API: KV (range, transactions), leases, maintenance status.
+    /// etcd's server API: KV (range, transactions), leases, watches, maintenance status.
     #[allow(missing_docs, clippy::all, clippy::pedantic, clippy::nursery)]
     pub mod etcdserverpb {
         tonic::include_proto!("etcdserverpb");

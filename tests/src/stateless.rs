@@ -301,14 +301,7 @@ impl StatelessNodes {
             node.id.to_string().into(),
             "--listen".into(),
             node.addr().into(),
-            // A stateless node uses neither its data dir nor its peers, but today's
-            // configuration still requires both (docs/NODE_CLI.md "Other backends"): these are
-            // placeholders — a dir of its own and a one-entry peer list naming the node itself.
-            // Drop them once the configuration stops requiring them.
-            "--data-dir".into(),
-            node.data_dir.clone().into(),
-            "--peers".into(),
-            format!("{}={}", node.id, node.addr()).into(),
+            // No --data-dir or --peers: a stateless node needs neither (docs/NODE_CLI.md).
         ];
         args.extend(self.backend.args(&self.links)?);
         Ok(args)

@@ -30,8 +30,6 @@ mod memory;
 #[cfg(test)]
 mod tests;
 
-pub use reaper::REAP_INTERVAL;
-
 /// Most sessions of one `HeartbeatBatch` kept alive at once: each is one round trip to the
 /// store, and a full batch (`lock_proto::session::HEARTBEAT_BATCH_SESSIONS_MAX`) sent all at
 /// once would take that many of the store's connections from every other call.

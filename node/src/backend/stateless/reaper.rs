@@ -1,4 +1,5 @@
-//! The stateless node's reaper: `reap_expired` on the store every [`REAP_INTERVAL`].
+//! The stateless node's reaper: `reap_expired` on the store every
+//! `RequestStore::reap_interval` (the store knows what a reap costs it).
 //!
 //! Expiry is already true before it runs (the store compares deadlines on every call); the
 //! reaper frees storage, keeps `locks_of` scans short and, where the store hands a key on at
@@ -13,13 +14,10 @@ use lock_api::RequestStore;
 use super::StatelessBackend;
 use crate::log_limit::{LogLimit, Note};
 
-/// How often each node runs `reap_expired`.
-pub const REAP_INTERVAL: Duration = Duration::from_secs(1);
-
 impl<S: RequestStore + 'static> StatelessBackend<S> {
     /// Runs the reaper until the node starts shutting down.
     pub async fn run_reaper(self) {
-        let mut tick = tokio::time::interval(REAP_INTERVAL);
+        let mut tick = tokio::time::interval(self.inner.store.reap_interval());
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut failing = LogLimit::default();
         loop {

@@ -291,7 +291,8 @@ async fn a_stateless_node_leads_alone_and_has_no_membership() {
 async fn the_reaper_runs_every_interval_until_stop() {
     let f = fixture();
     let reaper = tokio::spawn(f.backend.clone().run_reaper());
-    tokio::time::sleep(super::REAP_INTERVAL * 3 + Duration::from_millis(1)).await;
+    let interval = lock_api::RequestStore::reap_interval(f.store());
+    tokio::time::sleep(interval * 3 + Duration::from_millis(1)).await;
     let reaps = f.store().calls.load(Ordering::SeqCst);
     assert!((3..=4).contains(&reaps), "{reaps}");
     f.stop.send(true).unwrap();

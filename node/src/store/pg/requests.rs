@@ -483,7 +483,17 @@ impl PgLockStore {
     }
 }
 
+/// How often each node reaps on PostgreSQL: expiry hand-offs (a grant's or a session's lease
+/// running out) happen when the reaper runs, so 100 ms keeps them close to the Raft leader's
+/// (lease end plus its 100 ms safety margin). An idle reap is one clock query, three index range
+/// scans and an empty delete: about 60 cheap statements a second per node.
+pub const PG_REAP_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
+
 impl RequestStore for PgLockStore {
+    fn reap_interval(&self) -> std::time::Duration {
+        PG_REAP_INTERVAL
+    }
+
     async fn open_session_with_ttl(
         &self,
         owner_id: &str,
