@@ -39,8 +39,11 @@
 //! Nothing here reads a clock or decides lock semantics: that is the lock table's job.
 
 mod codec;
+mod disk;
 mod engine;
 pub mod log_store;
+#[cfg(test)]
+mod power_cut_test;
 mod snapshot;
 pub mod state_machine;
 
@@ -80,13 +83,24 @@ pub fn open_with(
     fresh: EngineKind,
     observer: Option<Arc<dyn ApplyObserver>>,
 ) -> Result<(LogStore, StateMachineStore), StorageError> {
-    std::fs::create_dir_all(dir).map_err(|source| StorageError::Io {
-        op: "create directory",
-        path: dir.to_path_buf(),
-        source,
-    })?;
-    let log_store = LogStore::open_with(dir, fresh)?;
-    let state_machine = StateMachineStore::open(&dir.join(SNAPSHOT_DIR_NAME), observer)?;
+    open_on(disk::Disk::Os, dir, fresh, observer)
+}
+
+/// [`open_with`] on `disk`: the operating system's, or in tests a simulated one.
+pub(crate) fn open_on(
+    disk: disk::Disk,
+    dir: &Path,
+    fresh: EngineKind,
+    observer: Option<Arc<dyn ApplyObserver>>,
+) -> Result<(LogStore, StateMachineStore), StorageError> {
+    disk.create_dir_all(dir)
+        .map_err(|source| StorageError::Io {
+            op: "create directory",
+            path: dir.to_path_buf(),
+            source,
+        })?;
+    let log_store = LogStore::open_on(disk.clone(), dir, fresh)?;
+    let state_machine = StateMachineStore::open_on(disk, &dir.join(SNAPSHOT_DIR_NAME), observer)?;
     Ok((log_store, state_machine))
 }
 
