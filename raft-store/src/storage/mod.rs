@@ -30,7 +30,10 @@
 //!
 //! # Modules
 //!
-//! - `engine`: the one seam over the disk: the WAL engine and the sled engine.
+//! - `engine`: the one seam over the log's storage: the WAL engine and the sled engine.
+//! - `disk`: the file-system calls of the WAL and the snapshot files, `std::fs` in production;
+//!   in tests a simulated disk that loses unsynced writes on a power cut (`disk/power_cut.rs`,
+//!   driven by `power_cut_test.rs` and the WAL's own tests).
 //! - `codec`: the `[version][crc32][postcard]` frame of every persisted record.
 //! - [`log_store`]: [`LogStore`] / [`LogReader`], openraft's `RaftLogStorage`.
 //! - [`state_machine`]: [`StateMachineStore`], openraft's `RaftStateMachine`, and [`StateReader`].
