@@ -27,9 +27,10 @@
 //!                    3 first u64 LE, last u64 LE           (remove entries first..=last)
 //! ```
 //!
-//! A frame's checksum covers its length, offset, `synced_to` and body. `offset` is where the
-//! frame starts in its segment, so a frame is recognised only where it was written (never in
-//! random bytes, a stale copy or an entry's record). `synced_to` is the segment's **durable
+//! A frame's checksum covers its segment's sequence number (not stored), its length, offset,
+//! `synced_to` and body. `offset` is where the frame starts in its segment, so a frame is
+//! recognised only where it was written: never in random bytes, in an entry's record, or in a
+//! stale block of another segment that a file system hands back after a crash. `synced_to` is the segment's **durable
 //! sync boundary** when the frame was written: every byte below it had been covered by an
 //! `fdatasync` that returned. A frame with an empty body is a **sync mark**, written right
 //! after each sync (see below).
@@ -303,15 +304,15 @@ impl FrameBuf {
         }
     }
 
-    /// The frame, header and body, to be written at `offset` of a segment durable up to
+    /// The frame, header and body, to be written at `offset` of segment `seq`, durable up to
     /// `synced_to`.
-    fn frame(&self, offset: u64, synced_to: u64) -> Vec<u8> {
+    fn frame(&self, seq: u64, offset: u64, synced_to: u64) -> Vec<u8> {
         let mut frame = Vec::with_capacity(FRAME_HEADER_LEN + self.body.len());
         frame.extend_from_slice(&(self.body.len() as u32).to_le_bytes());
         frame.extend_from_slice(&[0; 4]);
         frame.extend_from_slice(&offset.to_le_bytes());
         frame.extend_from_slice(&synced_to.to_le_bytes());
-        let crc = frame_crc(&frame, &self.body);
+        let crc = frame_crc(seq, &frame, &self.body);
         frame[4..8].copy_from_slice(&crc.to_le_bytes());
         frame.extend_from_slice(&self.body);
         frame
@@ -322,10 +323,14 @@ impl FrameBuf {
     }
 }
 
-/// The checksum of a frame: over its header but the checksum field itself (length, offset,
-/// synced boundary) and its body, so a flipped bit anywhere in the frame is caught.
-fn frame_crc(header: &[u8], body: &[u8]) -> u32 {
+/// The checksum of a frame: over its segment's sequence number (not stored: a frame checks out
+/// only in the segment it was written to, so a block of a deleted segment that a file system
+/// hands back with stale content is never taken for a frame), its header but the checksum
+/// field itself (length, offset, synced boundary) and its body, so a flipped bit anywhere in
+/// the frame is caught.
+fn frame_crc(seq: u64, header: &[u8], body: &[u8]) -> u32 {
     let mut hasher = crc32fast::Hasher::new();
+    hasher.update(&seq.to_le_bytes());
     hasher.update(&header[..4]);
     hasher.update(&header[8..FRAME_HEADER_LEN]);
     hasher.update(body);
@@ -695,7 +700,7 @@ impl WalEngine {
     /// boundary; returns its offset.
     fn append_frame(&self, state: &mut State, frame: &FrameBuf) -> Result<u64, StorageError> {
         let offset = state.active_len;
-        let bytes = frame.frame(offset, state.synced_to);
+        let bytes = frame.frame(state.active_seq, offset, state.synced_to);
         let end = offset + bytes.len() as u64;
         if end > state.allocated_len {
             self.preallocate(state, end)?;
@@ -1003,7 +1008,7 @@ fn install_segment(
     let mut bytes = header_bytes(WAL_FORMAT_VERSION).to_vec();
     if !checkpoint.ops.is_empty() {
         // Nothing of a new segment is durable yet: boundary 0.
-        bytes.extend_from_slice(&checkpoint.frame(HEADER_LEN as u64, 0));
+        bytes.extend_from_slice(&checkpoint.frame(seq, HEADER_LEN as u64, 0));
     }
     file.write_all_at(&bytes, 0)
         .map_err(|source| StorageError::Io {
@@ -1134,8 +1139,8 @@ impl FrameFormat {
         }
     }
 
-    /// Reads the frame starting at `at` of the segment `bytes`.
-    fn read(self, bytes: &[u8], at: usize) -> Result<ReadFrame<'_>, Damage> {
+    /// Reads the frame starting at `at` of segment `seq`, whose content is `bytes`.
+    fn read(self, seq: u64, bytes: &[u8], at: usize) -> Result<ReadFrame<'_>, Damage> {
         let header_len = self.header_len();
         let rest = &bytes[at..];
         if rest.len() < header_len {
@@ -1170,7 +1175,7 @@ impl FrameFormat {
         let stored = u32_at(header, 4);
         let computed = match self {
             FrameFormat::V1 => crc32fast::hash(body),
-            FrameFormat::V2 => frame_crc(header, body),
+            FrameFormat::V2 => frame_crc(seq, header, body),
         };
         if stored != computed {
             return Err(Damage::Checksum {
@@ -1215,7 +1220,7 @@ struct Torn {
 /// many such frames there are. Every byte offset is tried, since the damage may hide where the
 /// next frame starts; a frame is recognised by holding its own offset and passing its checksum,
 /// so neither random bytes nor the bytes of an entry are taken for one.
-fn boundary_after(bytes: &[u8], from: usize) -> (u64, usize) {
+fn boundary_after(seq: u64, bytes: &[u8], from: usize) -> (u64, usize) {
     let mut synced_to = 0;
     let mut frames = 0;
     let mut at = from;
@@ -1225,7 +1230,7 @@ fn boundary_after(bytes: &[u8], from: usize) -> (u64, usize) {
             at += 1;
             continue;
         }
-        match FrameFormat::V2.read(bytes, at) {
+        match FrameFormat::V2.read(seq, bytes, at) {
             Ok(frame) => {
                 synced_to = synced_to.max(frame.synced_to);
                 frames += 1;
@@ -1239,9 +1244,11 @@ fn boundary_after(bytes: &[u8], from: usize) -> (u64, usize) {
 
 /// Judges `damage` found at offset `at` of a segment: a torn tail to cut off, or an error that
 /// refuses to open, naming the file and the offset.
+#[allow(clippy::too_many_arguments)] // the facts of one judgement, each used once
 fn judge(
     recovery: Recovery,
     format: FrameFormat,
+    seq: u64,
     bytes: &[u8],
     at: usize,
     damage: Damage,
@@ -1288,7 +1295,7 @@ fn judge(
             other => Err(refuse(other, String::new())),
         },
         Recovery::SyncBoundary => {
-            let (synced_to, later_frames) = boundary_after(bytes, at + 1);
+            let (synced_to, later_frames) = boundary_after(seq, bytes, at + 1);
             if synced_to > at as u64 {
                 return Err(refuse(
                     damage,
@@ -1374,7 +1381,7 @@ fn replay_segment(
     let mut at = HEADER_LEN;
     let mut torn = None;
     while at < bytes.len() {
-        match format.read(&bytes, at) {
+        match format.read(seq, &bytes, at) {
             Ok(frame) => {
                 let ops = decode_body(frame.body)
                     .map_err(|message| layout(format!("frame at offset {at}: {message}")))?;
@@ -1384,7 +1391,9 @@ fn replay_segment(
             // Preallocated zeros: the end of the log, kept allocated.
             Err(_) if is_last && bytes[at..].iter().all(|b| *b == 0) => break,
             Err(damage) => {
-                torn = Some(judge(recovery, format, &bytes, at, damage, is_last, &path)?);
+                torn = Some(judge(
+                    recovery, format, seq, &bytes, at, damage, is_last, &path,
+                )?);
                 break;
             }
         }
@@ -1574,7 +1583,7 @@ mod tests {
             index: 3,
             record: record(3, 50),
         });
-        let mut bytes = frame.frame(end, synced_to);
+        let mut bytes = frame.frame(1, end, synced_to);
         let body_len = bytes.len() - FRAME_HEADER_LEN;
         bytes[FRAME_HEADER_LEN..].copy_from_slice(&vec![0u8; body_len]);
         let file = OpenOptions::new().write(true).open(&path).expect("open");
@@ -1781,7 +1790,7 @@ mod tests {
     fn assert_cut_at(path: &Path, at: usize) {
         let bytes = std::fs::read(path).expect("read");
         let mark = FrameFormat::V2
-            .read(&bytes, at)
+            .read(1, &bytes, at)
             .expect("the reopen's sync mark");
         assert!(mark.body.is_empty());
         assert!(bytes[mark.end..].iter().all(|b| *b == 0), "cut at {at}");
@@ -1992,7 +2001,7 @@ mod tests {
     }
 
     #[test]
-    fn a_frame_is_recognised_only_at_its_own_offset() {
+    fn a_frame_is_recognised_only_at_its_own_offset_in_its_own_segment() {
         let mut frame = FrameBuf::default();
         frame.push(Op::PutLog {
             index: 9,
@@ -2000,18 +2009,22 @@ mod tests {
         });
         let at = 100;
         let mut bytes = vec![0u8; at];
-        bytes.extend(frame.frame(at as u64, 64));
-        let read = FrameFormat::V2.read(&bytes, at).map(|f| f.synced_to);
+        bytes.extend(frame.frame(7, at as u64, 64));
+        // The same bytes in another segment: a stale block of a deleted segment.
+        let read = FrameFormat::V2.read(8, &bytes, at).map(|f| f.synced_to);
+        assert!(matches!(read, Err(Damage::Checksum { .. })), "{read:?}");
+        let read = FrameFormat::V2.read(7, &bytes, at).map(|f| f.synced_to);
         assert!(matches!(read, Ok(64)), "{read:?}");
         // The same bytes one further on, as a stale copy or a scan would see them.
         let mut shifted = vec![0u8; 1];
         shifted.extend(&bytes);
         assert!(matches!(
-            FrameFormat::V2.read(&shifted, at + 1),
+            FrameFormat::V2.read(7, &shifted, at + 1),
             Err(Damage::Misplaced { found }) if found == at as u64
         ));
-        assert_eq!(boundary_after(&shifted, 0), (0, 0));
-        assert_eq!(boundary_after(&bytes, 0), (64, 1));
+        assert_eq!(boundary_after(7, &shifted, 0), (0, 0));
+        assert_eq!(boundary_after(7, &bytes, 0), (64, 1));
+        assert_eq!(boundary_after(8, &bytes, 0), (0, 0));
     }
 
     /// What a WAL holds: entries and metadata, as a test compares them.
@@ -2150,7 +2163,7 @@ mod tests {
         let after_mark = engine.lock().active_len;
         assert_eq!(after_mark, (span.end + FRAME_HEADER_LEN) as u64);
         let bytes = std::fs::read(segment_path(dir.path(), 1)).expect("read");
-        let mark = FrameFormat::V2.read(&bytes, span.end).expect("mark");
+        let mark = FrameFormat::V2.read(1, &bytes, span.end).expect("mark");
         assert!(mark.body.is_empty());
         assert_eq!(mark.synced_to, span.end as u64);
         engine.sync().expect("sync");
