@@ -15,8 +15,10 @@
 //! varies with the machine). `CRASH_ROUNDS=<n>` runs more rounds than the default.
 //!
 //! A SIGKILL tests the process crash; the page cache survives it, so this cannot by itself show
-//! that `fdatasync` reached the disk (that needs a power cut); it shows that what sled and the
-//! log store acknowledge is what comes back, and that recovery never refuses a killed store.
+//! that `fdatasync` reached the disk (that needs a power cut: `src/storage/power_cut_test.rs`
+//! runs the storage on a simulated disk that loses unsynced writes); it shows that what the
+//! engines and the log store acknowledge is what comes back, and that recovery never refuses a
+//! killed store.
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;

@@ -25,6 +25,7 @@ use serde::de::DeserializeOwned;
 
 use super::StorageError;
 use super::codec;
+use super::disk::Disk;
 use super::engine::{Engine, EngineKind, MetaKey, WriteBatch};
 use crate::{Entry, LogId, TypeConfig, Vote};
 
@@ -56,7 +57,16 @@ impl LogStore {
     /// [`LogStore::open`], creating a fresh log with the engine `fresh` (an existing log keeps
     /// its engine).
     pub fn open_with(dir: &Path, fresh: EngineKind) -> Result<LogStore, StorageError> {
-        let engine = Arc::new(Engine::open(dir, fresh)?);
+        LogStore::open_on(Disk::Os, dir, fresh)
+    }
+
+    /// [`LogStore::open_with`] on `disk`.
+    pub(crate) fn open_on(
+        disk: Disk,
+        dir: &Path,
+        fresh: EngineKind,
+    ) -> Result<LogStore, StorageError> {
+        let engine = Arc::new(Engine::open_on(disk, dir, fresh)?);
         verify_all(&engine)?;
         let flusher = Flusher::start(engine.clone())?;
         Ok(LogStore { engine, flusher })
@@ -70,6 +80,38 @@ impl LogStore {
     /// The engine storing the log.
     pub fn engine_kind(&self) -> EngineKind {
         self.engine.kind()
+    }
+
+    /// Writes `entries` as one batch, replacing the log from the first of them on: readable at
+    /// once, durable after the next sync.
+    fn write_entries(&self, entries: impl IntoIterator<Item = Entry>) -> Result<(), io::Error> {
+        let mut batch = WriteBatch::default();
+        let mut first = true;
+        for entry in entries {
+            let index = entry.log_id.index;
+            if first {
+                // An append replaces the log from its first entry on. openraft truncates a
+                // conflicting tail before appending, so this normally removes nothing; it
+                // guarantees that no entry of an older, longer log survives past this append.
+                batch.remove_logs(Bound::Included(index), Bound::Unbounded);
+                first = false;
+            }
+            let record = codec::encode(&entry)
+                .map_err(|source| StorageError::Encode {
+                    record: entry_name(index),
+                    source,
+                })
+                .map_err(io::Error::other)?;
+            batch.put_log(index, &record).map_err(io::Error::other)?;
+        }
+        self.engine.write(batch).map_err(io::Error::other)
+    }
+
+    /// Writes `entries` as `append` does but queues no flush: what a node has written and not
+    /// yet synced when it loses power, for the power-cut test.
+    #[cfg(test)]
+    pub(crate) fn append_unflushed(&self, entries: Vec<Entry>) -> Result<(), io::Error> {
+        self.write_entries(entries)
     }
 
     /// Makes every write so far durable, through the flush thread so that it is ordered with
@@ -296,26 +338,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        let mut batch = WriteBatch::default();
-        let mut first = true;
-        for entry in entries {
-            let index = entry.log_id.index;
-            if first {
-                // An append replaces the log from its first entry on. openraft truncates a
-                // conflicting tail before appending, so this normally removes nothing; it
-                // guarantees that no entry of an older, longer log survives past this append.
-                batch.remove_logs(Bound::Included(index), Bound::Unbounded);
-                first = false;
-            }
-            let record = codec::encode(&entry)
-                .map_err(|source| StorageError::Encode {
-                    record: entry_name(index),
-                    source,
-                })
-                .map_err(io::Error::other)?;
-            batch.put_log(index, &record).map_err(io::Error::other)?;
-        }
-        self.engine.write(batch).map_err(io::Error::other)?;
+        self.write_entries(entries)?;
         self.flusher
             .submit(FlushJob::Append(callback))
             .map_err(io::Error::other)

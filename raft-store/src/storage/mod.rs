@@ -30,7 +30,10 @@
 //!
 //! # Modules
 //!
-//! - `engine`: the one seam over the disk: the WAL engine and the sled engine.
+//! - `engine`: the one seam over the log's storage: the WAL engine and the sled engine.
+//! - `disk`: the file-system calls of the WAL and the snapshot files, `std::fs` in production;
+//!   in tests a simulated disk that loses unsynced writes on a power cut (`disk/power_cut.rs`,
+//!   driven by `power_cut_test.rs` and the WAL's own tests).
 //! - `codec`: the `[version][crc32][postcard]` frame of every persisted record.
 //! - [`log_store`]: [`LogStore`] / [`LogReader`], openraft's `RaftLogStorage`.
 //! - [`state_machine`]: [`StateMachineStore`], openraft's `RaftStateMachine`, and [`StateReader`].
@@ -39,8 +42,11 @@
 //! Nothing here reads a clock or decides lock semantics: that is the lock table's job.
 
 mod codec;
+mod disk;
 mod engine;
 pub mod log_store;
+#[cfg(test)]
+mod power_cut_test;
 mod snapshot;
 pub mod state_machine;
 
@@ -80,13 +86,24 @@ pub fn open_with(
     fresh: EngineKind,
     observer: Option<Arc<dyn ApplyObserver>>,
 ) -> Result<(LogStore, StateMachineStore), StorageError> {
-    std::fs::create_dir_all(dir).map_err(|source| StorageError::Io {
-        op: "create directory",
-        path: dir.to_path_buf(),
-        source,
-    })?;
-    let log_store = LogStore::open_with(dir, fresh)?;
-    let state_machine = StateMachineStore::open(&dir.join(SNAPSHOT_DIR_NAME), observer)?;
+    open_on(disk::Disk::Os, dir, fresh, observer)
+}
+
+/// [`open_with`] on `disk`: the operating system's, or in tests a simulated one.
+pub(crate) fn open_on(
+    disk: disk::Disk,
+    dir: &Path,
+    fresh: EngineKind,
+    observer: Option<Arc<dyn ApplyObserver>>,
+) -> Result<(LogStore, StateMachineStore), StorageError> {
+    disk.create_dir_all(dir)
+        .map_err(|source| StorageError::Io {
+            op: "create directory",
+            path: dir.to_path_buf(),
+            source,
+        })?;
+    let log_store = LogStore::open_on(disk.clone(), dir, fresh)?;
+    let state_machine = StateMachineStore::open_on(disk, &dir.join(SNAPSHOT_DIR_NAME), observer)?;
     Ok((log_store, state_machine))
 }
 

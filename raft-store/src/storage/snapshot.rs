@@ -19,8 +19,6 @@
 //! This module stores and loads bytes; it does not decide when to snapshot (openraft does) and
 //! never touches the in-memory state machine.
 
-use std::fs::{self, File};
-use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError};
 
@@ -28,6 +26,7 @@ use serde::{Deserialize, Serialize};
 
 use super::StorageError;
 use super::codec;
+use super::disk::Disk;
 use super::engine::sync_dir;
 use crate::table::{ApplyLimits, LockTable};
 use crate::{LogId, SnapshotMeta};
@@ -135,6 +134,7 @@ pub fn file_name(last_log_id: Option<&LogId>) -> String {
 #[derive(Debug)]
 pub struct SnapshotDir {
     dir: PathBuf,
+    disk: Disk,
     /// The current snapshot's metadata and file. The mutex is held across a whole write, so
     /// writes, clean-ups and reads of "current" never interleave.
     current: Mutex<Option<(Meta, PathBuf)>>,
@@ -144,33 +144,29 @@ impl SnapshotDir {
     /// Opens (creating if needed) the snapshot directory: removes leftover temp files, verifies
     /// every snapshot file, keeps the newest as current and removes the others. Returns the
     /// current snapshot's content too, for the state machine to start from.
-    pub fn open(dir: &Path) -> Result<(SnapshotDir, Option<SnapshotFile>), StorageError> {
-        fs::create_dir_all(dir).map_err(|source| StorageError::Io {
-            op: "create directory",
-            path: dir.to_path_buf(),
-            source,
-        })?;
+    pub fn open(
+        disk: Disk,
+        dir: &Path,
+    ) -> Result<(SnapshotDir, Option<SnapshotFile>), StorageError> {
+        disk.create_dir_all(dir)
+            .map_err(|source| StorageError::Io {
+                op: "create directory",
+                path: dir.to_path_buf(),
+                source,
+            })?;
         // The directory's own entry must be durable before a snapshot in it lets the log be
         // purged.
         let parent = dir.parent().filter(|p| !p.as_os_str().is_empty());
-        sync_dir(parent.unwrap_or(Path::new(".")))?;
-        let listing_error = |source| StorageError::Io {
-            op: "list",
-            path: dir.to_path_buf(),
-            source,
-        };
+        sync_dir(&disk, parent.unwrap_or(Path::new(".")))?;
         let mut newest: Option<(SnapshotFile, PathBuf)> = None;
         let mut stale = Vec::new();
-        let mut paths = Vec::new();
-        for entry in fs::read_dir(dir).map_err(listing_error)? {
-            paths.push(entry.map_err(listing_error)?.path());
-        }
+        let mut paths: Vec<PathBuf> = list(&disk, dir)?;
         paths.sort();
         for path in paths {
             match path.extension().and_then(|e| e.to_str()) {
                 Some(TEMP_EXT) => stale.push(path),
                 Some(SNAPSHOT_EXT) => {
-                    let file = read_file(&path)?;
+                    let file = read_file(&disk, &path)?;
                     let newer = match &newest {
                         None => true,
                         Some((best, _)) => file.meta.last_log_id > best.meta.last_log_id,
@@ -189,16 +185,17 @@ impl SnapshotDir {
             }
         }
         for path in &stale {
-            remove_file(path)?;
+            remove_file(&disk, path)?;
         }
         if !stale.is_empty() {
-            sync_dir(dir)?;
+            sync_dir(&disk, dir)?;
         }
         let current = newest
             .as_ref()
             .map(|(file, path)| (file.meta.clone(), path.clone()));
         let snapshot_dir = SnapshotDir {
             dir: dir.to_path_buf(),
+            disk,
             current: Mutex::new(current),
         };
         Ok((snapshot_dir, newest.map(|(file, _)| file)))
@@ -229,7 +226,7 @@ impl SnapshotDir {
             source,
         })?;
         let mut current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
-        write_atomically(&self.dir, &path, &record)?;
+        write_atomically(&self.disk, &self.dir, &path, &record)?;
         let superseded = match current.as_ref() {
             Some((current_meta, _)) => current_meta.last_log_id > meta.last_log_id,
             None => false,
@@ -240,21 +237,15 @@ impl SnapshotDir {
         // Remove every snapshot file but the current one, now that it is durable.
         let keep = current.as_ref().map(|(_, path)| path.clone());
         let mut removed = false;
-        let listing_error = |source| StorageError::Io {
-            op: "list",
-            path: self.dir.clone(),
-            source,
-        };
-        for entry in fs::read_dir(&self.dir).map_err(listing_error)? {
-            let other = entry.map_err(listing_error)?.path();
+        for other in list(&self.disk, &self.dir)? {
             let is_snapshot = other.extension().and_then(|e| e.to_str()) == Some(SNAPSHOT_EXT);
             if is_snapshot && Some(&other) != keep.as_ref() {
-                remove_file(&other)?;
+                remove_file(&self.disk, &other)?;
                 removed = true;
             }
         }
         if removed {
-            sync_dir(&self.dir)?;
+            sync_dir(&self.disk, &self.dir)?;
         }
         Ok(())
     }
@@ -264,13 +255,23 @@ impl SnapshotDir {
         let current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
         match current.as_ref() {
             None => Ok(None),
-            Some((_, path)) => read_file(path).map(Some),
+            Some((_, path)) => read_file(&self.disk, path).map(Some),
         }
     }
 }
 
-fn remove_file(path: &Path) -> Result<(), StorageError> {
-    match fs::remove_file(path) {
+/// The paths of the entries of `dir`.
+fn list(disk: &Disk, dir: &Path) -> Result<Vec<PathBuf>, StorageError> {
+    let names = disk.list_dir(dir).map_err(|source| StorageError::Io {
+        op: "list",
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    Ok(names.into_iter().map(|name| dir.join(name)).collect())
+}
+
+fn remove_file(disk: &Disk, path: &Path) -> Result<(), StorageError> {
+    match disk.remove_file(path) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(source) => Err(StorageError::Io {
@@ -282,41 +283,46 @@ fn remove_file(path: &Path) -> Result<(), StorageError> {
 }
 
 /// temp file, write, fsync, rename, fsync the directory.
-fn write_atomically(dir: &Path, path: &Path, bytes: &[u8]) -> Result<(), StorageError> {
+fn write_atomically(
+    disk: &Disk,
+    dir: &Path,
+    path: &Path,
+    bytes: &[u8],
+) -> Result<(), StorageError> {
     let temp = path.with_extension(TEMP_EXT);
     let io = |op: &'static str, path: &Path| {
         let path = path.to_path_buf();
         move |source| StorageError::Io { op, path, source }
     };
-    let mut file = File::create(&temp).map_err(io("create", &temp))?;
-    file.write_all(bytes).map_err(io("write", &temp))?;
-    file.sync_all().map_err(io("fsync", &temp))?;
-    drop(file);
-    fs::rename(&temp, path).map_err(io("rename into place", path))?;
-    sync_dir(dir)
+    disk.write_synced(&temp, bytes)
+        .map_err(io("write and fsync", &temp))?;
+    disk.rename(&temp, path)
+        .map_err(io("rename into place", path))?;
+    sync_dir(disk, dir)
 }
 
 /// Reads and verifies one snapshot file, and the data record inside it.
-fn read_file(path: &Path) -> Result<SnapshotFile, StorageError> {
+fn read_file(disk: &Disk, path: &Path) -> Result<SnapshotFile, StorageError> {
     let io = |op: &'static str| {
         let path = path.to_path_buf();
         move |source| StorageError::Io { op, path, source }
     };
-    let file = File::open(path).map_err(io("open"))?;
-    let len = file.metadata().map_err(io("stat"))?.len();
+    let len = disk.len(path).map_err(io("stat"))?;
     // The frame around the data adds a few bytes; allow them.
     let max = SNAPSHOT_BYTES_MAX + 1024;
+    let too_large = |len: u64| StorageError::TooLarge {
+        record: format!("snapshot file {}", path.display()),
+        len: usize::try_from(len).unwrap_or(usize::MAX),
+        max,
+    };
     if len > max as u64 {
-        return Err(StorageError::TooLarge {
-            record: format!("snapshot file {}", path.display()),
-            len: usize::try_from(len).unwrap_or(usize::MAX),
-            max,
-        });
+        return Err(too_large(len));
     }
-    let mut bytes = Vec::with_capacity(len as usize);
-    file.take(max as u64 + 1)
-        .read_to_end(&mut bytes)
-        .map_err(io("read"))?;
+    let bytes = disk.read(path).map_err(io("read"))?;
+    // A snapshot file is never rewritten in place, but check what was read, not the stat.
+    if bytes.len() > max {
+        return Err(too_large(bytes.len() as u64));
+    }
     let file: SnapshotFile = codec::decode(&bytes).map_err(|source| StorageError::Corrupt {
         record: "snapshot file".to_string(),
         path: path.to_path_buf(),

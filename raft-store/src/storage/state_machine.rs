@@ -28,6 +28,7 @@ use openraft::storage::{EntryResponder, RaftStateMachine};
 use openraft::{OptionalSend, RaftSnapshotBuilder};
 
 use super::StorageError;
+use super::disk::Disk;
 use super::snapshot::{self, SnapshotDir};
 use crate::command::{Event, Response};
 use crate::table::LockTable;
@@ -95,7 +96,16 @@ impl StateMachineStore {
         snapshot_dir: &Path,
         observer: Option<Arc<dyn ApplyObserver>>,
     ) -> Result<StateMachineStore, StorageError> {
-        let (snapshots, current) = SnapshotDir::open(snapshot_dir)?;
+        StateMachineStore::open_on(Disk::Os, snapshot_dir, observer)
+    }
+
+    /// [`StateMachineStore::open`] with the snapshot files on `disk`.
+    pub(crate) fn open_on(
+        disk: Disk,
+        snapshot_dir: &Path,
+        observer: Option<Arc<dyn ApplyObserver>>,
+    ) -> Result<StateMachineStore, StorageError> {
+        let (snapshots, current) = SnapshotDir::open(disk, snapshot_dir)?;
         let state = match current {
             None => AppliedState::default(),
             Some(file) => AppliedState {

@@ -23,14 +23,15 @@ mod sled_engine;
 mod wal;
 
 use std::fmt;
-use std::fs::File;
 use std::ops::Bound;
 use std::path::Path;
 use std::str::FromStr;
 
 use super::StorageError;
+use super::disk::Disk;
 
 pub use sled_engine::{EngineError, LAYOUT_VERSION};
+pub(crate) use wal::SEGMENT_BYTES as WAL_SEGMENT_BYTES;
 pub use wal::WAL_FORMAT_VERSION;
 
 /// The largest framed log entry the log store accepts: 1 MiB. It must hold the largest entry a
@@ -208,8 +209,15 @@ impl Engine {
     /// Opens the engine of `storage_dir`: the one whose directory exists, or a fresh store of
     /// kind `fresh` when neither does. A directory holding both is refused (an operator copied
     /// one over the other; which one is current cannot be told).
-    pub fn open(storage_dir: &Path, fresh: EngineKind) -> Result<Engine, StorageError> {
-        let present = |kind: EngineKind| storage_dir.join(kind.dir_name()).exists();
+    ///
+    /// Only the WAL engine runs on a disk other than the operating system's (sled opens its
+    /// files itself).
+    pub(crate) fn open_on(
+        disk: Disk,
+        storage_dir: &Path,
+        fresh: EngineKind,
+    ) -> Result<Engine, StorageError> {
+        let present = |kind: EngineKind| disk.exists(&storage_dir.join(kind.dir_name()));
         let kind = match (present(EngineKind::Wal), present(EngineKind::Sled)) {
             (true, true) => {
                 return Err(StorageError::Layout {
@@ -234,9 +242,16 @@ impl Engine {
                 "the data directory already holds a log; keeping its engine"
             );
         }
-        match kind {
-            EngineKind::Wal => wal::WalEngine::open(storage_dir).map(Engine::Wal),
-            EngineKind::Sled => sled_engine::SledEngine::open(storage_dir).map(Engine::Sled),
+        match (kind, &disk) {
+            (EngineKind::Wal, _) => wal::WalEngine::open(disk, storage_dir).map(Engine::Wal),
+            (EngineKind::Sled, Disk::Os) => {
+                sled_engine::SledEngine::open(storage_dir).map(Engine::Sled)
+            }
+            #[cfg(test)]
+            (EngineKind::Sled, Disk::PowerCut(_)) => Err(StorageError::Layout {
+                path: storage_dir.to_path_buf(),
+                message: "the sled engine runs on the operating system's disk only".to_string(),
+            }),
         }
     }
 
@@ -367,15 +382,13 @@ impl fmt::Display for LayoutFound {
     }
 }
 
-/// fsyncs a directory, making the creation, rename or removal of its entries durable.
-pub fn sync_dir(dir: &Path) -> Result<(), StorageError> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|source| StorageError::Io {
-            op: "fsync directory",
-            path: dir.to_path_buf(),
-            source,
-        })
+/// fsyncs a directory of `disk`, making the creation, rename or removal of its entries durable.
+pub(crate) fn sync_dir(disk: &Disk, dir: &Path) -> Result<(), StorageError> {
+    disk.sync_dir(dir).map_err(|source| StorageError::Io {
+        op: "fsync directory",
+        path: dir.to_path_buf(),
+        source,
+    })
 }
 
 #[cfg(test)]
@@ -433,7 +446,7 @@ mod tests {
         both_kinds(|kind| {
             let dir = tempfile::tempdir().expect("temp dir");
             {
-                let engine = Engine::open(dir.path(), kind).expect("open");
+                let engine = Engine::open_on(Disk::Os, dir.path(), kind).expect("open");
                 assert_eq!(engine.kind(), kind);
                 let mut batch = WriteBatch::default();
                 for i in 1..=6 {
@@ -449,7 +462,7 @@ mod tests {
             }
             // sled lets go of its file lock a moment after the handle is dropped.
             let engine = sled_engine::tests::when_unlocked(|| {
-                Engine::open(dir.path(), EngineKind::default())
+                Engine::open_on(Disk::Os, dir.path(), EngineKind::default())
             })
             .expect("reopen");
             assert_eq!(
@@ -487,7 +500,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("temp dir");
         std::fs::create_dir(dir.path().join(EngineKind::Wal.dir_name())).expect("mkdir");
         std::fs::create_dir(dir.path().join(EngineKind::Sled.dir_name())).expect("mkdir");
-        let message = Engine::open(dir.path(), EngineKind::Wal)
+        let message = Engine::open_on(Disk::Os, dir.path(), EngineKind::Wal)
             .expect_err("both")
             .to_string();
         assert!(message.contains("both a wal/ and a log/"), "{message}");

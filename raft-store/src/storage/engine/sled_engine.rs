@@ -46,6 +46,7 @@ use std::ops::Bound;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError};
 
+use super::super::disk::Disk;
 use super::{
     LayoutFound, MetaKey, Op, RECORD_BYTES_MAX, StorageError, WriteBatch, check_record_len,
     sync_dir,
@@ -283,7 +284,7 @@ impl SledEngine {
                 source,
             })?;
         for path in [engine.dir.clone(), storage_dir.to_path_buf()] {
-            sync_dir(&path)?;
+            sync_dir(&Disk::Os, &path)?;
         }
         Ok(engine)
     }
@@ -511,7 +512,7 @@ impl SledEngine {
             present.insert(name);
         }
         if new_blob {
-            sync_dir(&blob_dir)?;
+            sync_dir(&Disk::Os, &blob_dir)?;
         }
         *synced = present;
         Ok(())

@@ -21,11 +21,19 @@
 //!
 //! ```text
 //! header: "LOCKDWAL" | format version u32 LE | crc32 of the previous 12 bytes u32 LE
-//! frame*: body length u32 LE | crc32 of body u32 LE | body
+//! frame*: body length u32 LE | crc32 u32 LE | offset u64 LE | synced_to u64 LE | body
 //! body:   op*, each  1 index u64 LE, len u32 LE, record   (put log entry)
 //!                    2 meta key u8, len u32 LE, record     (put metadata record)
 //!                    3 first u64 LE, last u64 LE           (remove entries first..=last)
 //! ```
+//!
+//! A frame's checksum covers its segment's sequence number (not stored), its length, offset,
+//! `synced_to` and body. `offset` is where the frame starts in its segment, so a frame is
+//! recognised only where it was written: never in random bytes, in an entry's record, or in a
+//! stale block of another segment that a file system hands back after a crash. `synced_to` is the segment's **durable
+//! sync boundary** when the frame was written: every byte below it had been covered by an
+//! `fdatasync` that returned. A frame with an empty body is a **sync mark**, written right
+//! after each sync (see below).
 //!
 //! One [`WriteBatch`] is one frame (a batch larger than [`FRAME_BODY_MAX`] is split between
 //! entries, never before its first entry), so a frame's checksum makes the metadata and removals
@@ -33,19 +41,60 @@
 //! removal. Each segment starts with a checkpoint frame holding every metadata record, so any
 //! segment before the one holding the first live entry can be deleted.
 //!
+//! Format 1 ([`WAL_FORMAT_V1`]) frames were `body length | crc32 of body | body`. Its segments
+//! still open, judged by the rule they were written under; a directory whose last segment is
+//! format 1 continues in a new segment of the current format (segments are versioned one by
+//! one), so no conversion step is needed and a downgrade is refused by the version.
+//!
 //! # Durability and recovery
 //!
 //! [`WalEngine::write`] appends the frame with `pwrite` (readable at once, from the in-memory
 //! index). [`WalEngine::sync`] `fdatasync`s the active segment, then fsyncs the directory if a
-//! segment was created, then deletes segments a purge freed (only after the purge itself is
-//! durable). A segment is `fdatasync`ed before the next one is started, so only the last segment
-//! can end in a torn write. Opening replays every segment in order:
+//! segment was created, then writes a sync mark, then deletes segments a purge freed (only
+//! after the purge itself is durable, each deletion made durable before the next). A segment
+//! is `fdatasync`ed whole before the next one is started. A write is acknowledged only once a
+//! sync covering it returned.
 //!
-//! - in the last segment, a frame cut short by the end of the file, a zero frame header, or a
-//!   frame failing its checksum with nothing but zeros after it is a torn write that was never
-//!   acknowledged: the tail is cut off (and logged, with the bytes dropped);
-//! - anything else that does not check out (a bad frame followed by more data, a bad frame in an
-//!   earlier segment, a bad header) refuses to open, naming the file, the offset and the entry.
+//! After a power loss, which bytes can be garbage? Only bytes written after the last
+//! `fdatasync` of their file that completed: the kernel writes dirty pages back in any order,
+//! so any of them may hold its new content, its old content or an intermediate one (frame k
+//! torn, frame k+1 intact), and the file's length may be the old or the new one. Everything
+//! below the last completed sync's end must read back exactly, or the disk broke its promise.
+//! So the rule for a segment is by position, not by the kind of damage:
+//!
+//! - In a segment that is not the last, any damage refuses to open (it was synced whole).
+//! - In the last segment, zeros from some frame boundary to the end of the file are the end of
+//!   the log (preallocated, kept).
+//! - Other damage at offset `d` in the last segment (a torn frame, a zeroed range, a bad
+//!   length, a bad checksum, a header that does not hold its own offset) is judged by the
+//!   largest `synced_to` among the intact frames after it, found by trying every offset after
+//!   `d`. If that boundary is above `d`, the damaged bytes had been synced, so this is
+//!   corruption of entries this node acknowledged (a voter that forgot them could let a
+//!   committed entry be lost): opening refuses, naming the file, the offset and the entry.
+//!   Otherwise the damage lies after the last durable boundary on record: a torn, never
+//!   acknowledged tail. It is cut off (`set_len` and `fdatasync`, so intact frames after it
+//!   cannot come back later) and logged with the bytes dropped.
+//!
+//! Why a boundary carried in later frames is sound: the boundary a frame carries was durable
+//! before the frame was written, so a surviving frame proves it; a frame that did not survive
+//! proves nothing, and then the damage is treated as torn. A boundary written *before* its
+//! `fdatasync` returned (a "high-water" record inside the same sync) would not be sound: a
+//! power cut during that sync can keep the record and lose the data it claims. A separately
+//! synced record would cost a second `fdatasync` per group. The sync mark closes the gap this
+//! leaves for the last group before an idle spell (no later frame to carry its boundary): one
+//! small `pwrite` per sync, no `fdatasync`; the next sync carries it to the disk.
+//!
+//! The limit, stated: damage to the last acknowledged group *and* the loss of every later
+//! frame and mark (a power cut shortly after the sync, together with a media error in that
+//! group) cannot be told from a torn write, and is cut. Damage that also zeroes everything
+//! after it to the end of the file reads as the end of the log. Nothing on disk could tell
+//! those apart without a second `fdatasync` per group.
+//!
+//! Format 1 segments keep the rule they were written under, which knew no boundary: in the
+//! last segment, an incomplete or zero header, a frame cut short by the end of the file, or a
+//! bad checksum followed by zeros only is a torn tail; anything else refuses. It refused a node
+//! whose torn frame was followed by an intact one, and cut an acknowledged frame whose length
+//! was damaged; format 2 replaced it for that reason.
 //!
 //! # Memory
 //!
@@ -54,20 +103,26 @@
 //! older ones are read back with `pread`.
 
 use std::collections::BTreeMap;
-use std::fs::{File, OpenOptions};
 use std::ops::Bound;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use super::super::codec::CodecError;
+use super::super::disk::{Disk, DiskFile};
 use super::{LayoutFound, MetaKey, Op, RECORD_BYTES_MAX, StorageError, WriteBatch, sync_dir};
 
 /// Sub-directory of the storage directory that the WAL owns.
 pub const WAL_DIR_NAME: &str = "wal";
 
-/// The segment format version this build writes and the only one it reads.
-pub const WAL_FORMAT_VERSION: u32 = 1;
+/// The segment format version this build writes: frames that carry their own offset and the
+/// segment's last durable sync boundary (see the module doc). It also reads segments of
+/// format 1, the first.
+pub const WAL_FORMAT_VERSION: u32 = 2;
+
+/// The first segment format: frames of length and checksum only, recovered by the rule they
+/// were written under ([`Recovery::ZerosAfter`]). Still read; a directory whose last segment is
+/// in it continues in a new segment of [`WAL_FORMAT_VERSION`].
+pub const WAL_FORMAT_V1: u32 = 1;
 
 /// First bytes of every segment.
 const MAGIC: [u8; 8] = *b"LOCKDWAL";
@@ -75,8 +130,11 @@ const MAGIC: [u8; 8] = *b"LOCKDWAL";
 /// Segment header length: magic, version, checksum.
 const HEADER_LEN: usize = 16;
 
-/// Frame header length: body length, body checksum.
-const FRAME_HEADER_LEN: usize = 8;
+/// Frame header length: body length, checksum, the frame's offset, the synced boundary.
+const FRAME_HEADER_LEN: usize = 24;
+
+/// Frame header length of a [`WAL_FORMAT_V1`] segment: body length, body checksum.
+const FRAME_HEADER_LEN_V1: usize = 8;
 
 /// A segment is closed and the next one started once a frame would take it past this size.
 /// Large enough that rotation (one `fdatasync` on the writer's path) is rare, small enough that
@@ -134,10 +192,10 @@ fn parse_segment_name(name: &str) -> Option<u64> {
     u64::from_str_radix(hex, 16).ok()
 }
 
-fn header_bytes() -> [u8; HEADER_LEN] {
+fn header_bytes(version: u32) -> [u8; HEADER_LEN] {
     let mut header = [0u8; HEADER_LEN];
     header[..8].copy_from_slice(&MAGIC);
-    header[8..12].copy_from_slice(&WAL_FORMAT_VERSION.to_le_bytes());
+    header[8..12].copy_from_slice(&version.to_le_bytes());
     let crc = crc32fast::hash(&header[..12]);
     header[12..].copy_from_slice(&crc.to_le_bytes());
     header
@@ -156,7 +214,7 @@ struct Loc {
 
 #[derive(Debug)]
 struct Segment {
-    file: Arc<File>,
+    file: Arc<DiskFile>,
     path: PathBuf,
 }
 
@@ -169,8 +227,17 @@ struct State {
     active_seq: u64,
     /// Bytes in the active segment (the next frame's offset).
     active_len: u64,
+    /// A segment is closed once a frame would take it past this size: [`SEGMENT_BYTES`], or
+    /// less on a simulated disk (`Disk::wal_segment_bytes`).
+    segment_bytes: u64,
     /// Length of the active segment file: `active_len` plus zeros written ahead of it.
     allocated_len: u64,
+    /// The active segment's last durable sync boundary: every byte below it was covered by a
+    /// completed `fdatasync`. Written into each frame's header (see the module doc).
+    synced_to: u64,
+    /// Where the active segment's last sync mark ends (0 for none): a sync that covers only
+    /// that mark adds no new one, so idle syncs do not grow the log.
+    mark_end: u64,
     cached_bytes: usize,
     /// No entry below this index is cached (where eviction resumes).
     cache_floor: u64,
@@ -190,6 +257,7 @@ struct State {
 #[derive(Debug)]
 pub struct WalEngine {
     dir: PathBuf,
+    disk: Disk,
     state: Mutex<State>,
 }
 
@@ -236,14 +304,37 @@ impl FrameBuf {
         }
     }
 
-    /// The frame: header and body.
-    fn frame(&self) -> Vec<u8> {
+    /// The frame, header and body, to be written at `offset` of segment `seq`, durable up to
+    /// `synced_to`.
+    fn frame(&self, seq: u64, offset: u64, synced_to: u64) -> Vec<u8> {
         let mut frame = Vec::with_capacity(FRAME_HEADER_LEN + self.body.len());
         frame.extend_from_slice(&(self.body.len() as u32).to_le_bytes());
-        frame.extend_from_slice(&crc32fast::hash(&self.body).to_le_bytes());
+        frame.extend_from_slice(&[0; 4]);
+        frame.extend_from_slice(&offset.to_le_bytes());
+        frame.extend_from_slice(&synced_to.to_le_bytes());
+        let crc = frame_crc(seq, &frame, &self.body);
+        frame[4..8].copy_from_slice(&crc.to_le_bytes());
         frame.extend_from_slice(&self.body);
         frame
     }
+
+    fn frame_len(&self) -> u64 {
+        (FRAME_HEADER_LEN + self.body.len()) as u64
+    }
+}
+
+/// The checksum of a frame: over its segment's sequence number (not stored: a frame checks out
+/// only in the segment it was written to, so a block of a deleted segment that a file system
+/// hands back with stale content is never taken for a frame), its header but the checksum
+/// field itself (length, offset, synced boundary) and its body, so a flipped bit anywhere in
+/// the frame is caught.
+fn frame_crc(seq: u64, header: &[u8], body: &[u8]) -> u32 {
+    let mut hasher = crc32fast::Hasher::new();
+    hasher.update(&seq.to_le_bytes());
+    hasher.update(&header[..4]);
+    hasher.update(&header[8..FRAME_HEADER_LEN]);
+    hasher.update(body);
+    hasher.finalize()
 }
 
 /// Splits a batch into frames: a new frame starts only before an entry that would overflow the
@@ -410,8 +501,9 @@ impl State {
         }
     }
 
-    /// Makes segment `seq` the active one: frames end at `len`, the file at `allocated`.
-    fn activate(&mut self, seq: u64, file: File, path: PathBuf, len: u64, allocated: u64) {
+    /// Makes segment `seq` the active one: frames end at `len`, the file at `allocated`. No
+    /// sync of it is known yet; the caller syncs before anything is acknowledged.
+    fn activate(&mut self, seq: u64, file: DiskFile, path: PathBuf, len: u64, allocated: u64) {
         self.segments.insert(
             seq,
             Segment {
@@ -422,6 +514,8 @@ impl State {
         self.active_seq = seq;
         self.active_len = len;
         self.allocated_len = allocated;
+        self.synced_to = 0;
+        self.mark_end = 0;
     }
 
     /// A checkpoint frame: every metadata record present.
@@ -440,15 +534,17 @@ impl State {
 }
 
 impl WalEngine {
-    /// Opens (creating if needed) the WAL in `<storage_dir>/wal`, replaying every segment.
-    pub fn open(storage_dir: &Path) -> Result<WalEngine, StorageError> {
+    /// Opens (creating if needed) the WAL in `<storage_dir>/wal` on `disk`, replaying every
+    /// segment.
+    pub(crate) fn open(disk: Disk, storage_dir: &Path) -> Result<WalEngine, StorageError> {
         let dir = storage_dir.join(WAL_DIR_NAME);
-        let fresh = !dir.exists();
-        std::fs::create_dir_all(&dir).map_err(|source| StorageError::Io {
-            op: "create directory",
-            path: dir.clone(),
-            source,
-        })?;
+        let fresh = !disk.exists(&dir);
+        disk.create_dir_all(&dir)
+            .map_err(|source| StorageError::Io {
+                op: "create directory",
+                path: dir.clone(),
+                source,
+            })?;
         let mut state = State {
             entries: BTreeMap::new(),
             meta: [None, None, None],
@@ -456,6 +552,9 @@ impl WalEngine {
             active_seq: 0,
             active_len: 0,
             allocated_len: 0,
+            segment_bytes: disk.wal_segment_bytes(),
+            synced_to: 0,
+            mark_end: 0,
             cached_bytes: 0,
             cache_floor: 0,
             dir_dirty: false,
@@ -463,24 +562,40 @@ impl WalEngine {
             deferred: Vec::new(),
             failed: None,
         };
-        let seqs = list_segments(&dir)?;
+        let seqs = list_segments(&disk, &dir)?;
         let last = seqs.last().copied();
+        let mut last_version = WAL_FORMAT_VERSION;
         for seq in &seqs {
-            replay_segment(&dir, *seq, Some(*seq) == last, &mut state)?;
+            last_version = replay_segment(&disk, &dir, *seq, Some(*seq) == last, &mut state)?;
         }
         let engine = WalEngine {
             dir,
+            disk,
             state: Mutex::new(state),
         };
-        if last.is_none() {
+        {
             let mut state = engine.lock();
-            engine.start_segment(&mut state, 1)?;
+            if last.is_none() {
+                engine.start_segment(&mut state, 1)?;
+            } else if last_version != WAL_FORMAT_VERSION {
+                // Frames of one segment share one format: new writes go to a new segment in
+                // the current one; the old segment is closed (synced whole) like any other.
+                tracing::info!(
+                    dir = %engine.dir.display(),
+                    from = last_version,
+                    to = WAL_FORMAT_VERSION,
+                    "WAL written by an older lockd: older segments stay as they are, new ones use the current format"
+                );
+                engine.rotate(&mut state)?;
+            }
         }
-        // A fresh directory, or one whose only segment was a torn creation: make the segment
-        // and the directory entries durable before anything is acknowledged.
+        // Whatever replay kept (a SIGKILL leaves unsynced writes in the page cache, readable
+        // but not durable), a fresh segment, a rewritten torn creation: make all of it and the
+        // directory entries durable before anything is acknowledged. This also records the
+        // boundary every later frame carries.
         engine.sync()?;
         if fresh {
-            sync_dir(storage_dir)?;
+            sync_dir(&engine.disk, storage_dir)?;
         }
         Ok(engine)
     }
@@ -498,11 +613,9 @@ impl WalEngine {
     /// Its directory entry becomes durable at the next sync.
     fn start_segment(&self, state: &mut State, seq: u64) -> Result<(), StorageError> {
         let path = self.dir.join(segment_name(seq));
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(&path)
+        let file = self
+            .disk
+            .create_new(&path)
             .map_err(|source| StorageError::Io {
                 op: "create WAL segment",
                 path: path.clone(),
@@ -555,29 +668,13 @@ impl WalEngine {
         }
         let mut removed = false;
         for frame in frames_of(batch) {
-            let bytes = frame.frame();
-            if state.active_len + bytes.len() as u64 > SEGMENT_BYTES
+            if state.active_len + frame.frame_len() > state.segment_bytes
                 && state.active_len > HEADER_LEN as u64
             {
                 self.rotate(state)?;
             }
             let seq = state.active_seq;
-            let offset = state.active_len;
-            let end = offset + bytes.len() as u64;
-            if end > state.allocated_len {
-                self.preallocate(state, end)?;
-            }
-            let segment = &state.segments[&seq];
-            if let Err(source) = segment.file.write_all_at(&bytes, offset) {
-                let error = StorageError::Io {
-                    op: "append to WAL segment",
-                    path: segment.path.clone(),
-                    source,
-                };
-                state.failed = Some(error.to_string());
-                return Err(error);
-            }
-            state.active_len += bytes.len() as u64;
+            let offset = self.append_frame(state, &frame)?;
             let body_offset = offset + FRAME_HEADER_LEN as u64;
             let mut record_at = frame.record_at.iter();
             let ops = frame
@@ -597,6 +694,29 @@ impl WalEngine {
             state.doom_unneeded_segments();
         }
         Ok(())
+    }
+
+    /// Writes `frame` at the end of the active segment, carrying the segment's synced
+    /// boundary; returns its offset.
+    fn append_frame(&self, state: &mut State, frame: &FrameBuf) -> Result<u64, StorageError> {
+        let offset = state.active_len;
+        let bytes = frame.frame(state.active_seq, offset, state.synced_to);
+        let end = offset + bytes.len() as u64;
+        if end > state.allocated_len {
+            self.preallocate(state, end)?;
+        }
+        let segment = &state.segments[&state.active_seq];
+        if let Err(source) = segment.file.write_all_at(&bytes, offset) {
+            let error = StorageError::Io {
+                op: "append to WAL segment",
+                path: segment.path.clone(),
+                source,
+            };
+            state.failed = Some(error.to_string());
+            return Err(error);
+        }
+        state.active_len = end;
+        Ok(offset)
     }
 
     /// Writes zeros after the end of the active segment, at least up to `end` and
@@ -658,10 +778,17 @@ impl WalEngine {
     }
 
     /// Makes every write applied before the call durable: `fdatasync` of the active segment,
-    /// an fsync of the directory if a segment was created, then the deletion of segments a
-    /// purge freed. The first failure is final (see the log store's flush loop).
+    /// an fsync of the directory if a segment was created, then a sync mark (below), then the
+    /// deletion of segments a purge freed. The first failure is final (see the log store's
+    /// flush loop).
+    ///
+    /// The sync mark is an empty frame written (not synced) right after the `fdatasync`
+    /// returned, carrying the boundary it covered: so that the boundary of the last sync
+    /// group is on record even if nothing is written after it, and recovery can tell damage
+    /// to that group (acknowledged) from a torn write after it. It costs one small `pwrite`
+    /// per sync and no `fdatasync`; the next sync carries it to the disk with the next group.
     pub fn sync(&self) -> Result<(), StorageError> {
-        let (file, path, dir_dirty, doomed) = {
+        let (file, path, seq, covered, dir_dirty, doomed) = {
             let mut state = self.lock();
             if let Some(message) = &state.failed {
                 return Err(self.failed(message));
@@ -674,6 +801,8 @@ impl WalEngine {
             (
                 taken.0,
                 taken.1,
+                state.active_seq,
+                state.active_len,
                 std::mem::take(&mut state.dir_dirty),
                 std::mem::take(&mut state.doomed),
             )
@@ -687,11 +816,12 @@ impl WalEngine {
             })
             .and_then(|()| {
                 if dir_dirty {
-                    sync_dir(&self.dir)
+                    sync_dir(&self.disk, &self.dir)
                 } else {
                     Ok(())
                 }
             })
+            .and_then(|()| self.mark_synced(seq, covered))
             .and_then(|()| self.delete(&doomed));
         if let Err(e) = &result {
             self.lock().failed = Some(e.to_string());
@@ -699,14 +829,37 @@ impl WalEngine {
         result
     }
 
-    fn delete(&self, doomed: &[PathBuf]) -> Result<(), StorageError> {
-        if doomed.is_empty() {
+    /// Records that segment `seq` is durable below `covered`: later frames carry it, and a
+    /// sync mark is written now (see [`WalEngine::sync`]). Nothing to do if a rotation closed
+    /// the segment meanwhile (a closed segment was synced whole) or nothing new was covered.
+    fn mark_synced(&self, seq: u64, covered: u64) -> Result<(), StorageError> {
+        let mut state = self.lock();
+        if state.active_seq != seq || covered <= state.synced_to {
             return Ok(());
         }
+        state.synced_to = covered;
+        if covered == state.mark_end {
+            // Nothing but the last mark was synced: nothing new to put on record.
+            return Ok(());
+        }
+        if state.active_len + FRAME_HEADER_LEN as u64 > state.segment_bytes {
+            // The segment is about to close, which syncs it whole.
+            return Ok(());
+        }
+        self.append_frame(&mut state, &FrameBuf::default())?;
+        state.mark_end = state.active_len;
+        Ok(())
+    }
+
+    /// Deletes the segments a purge freed, oldest first, each deletion made durable before the
+    /// next: a power cut may bring a deleted segment back, but only the oldest ones, never one
+    /// with a gap before the live segments (which would refuse to open as a missing segment).
+    /// A purge frees a segment per 64 MiB of log, so the extra directory fsyncs are rare.
+    fn delete(&self, doomed: &[PathBuf]) -> Result<(), StorageError> {
         for path in doomed {
-            match std::fs::remove_file(path) {
+            match self.disk.remove_file(path) {
                 Ok(()) => tracing::debug!(path = %path.display(), "deleted a purged WAL segment"),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
                 Err(source) => {
                     return Err(StorageError::Io {
                         op: "delete purged WAL segment",
@@ -715,8 +868,9 @@ impl WalEngine {
                     });
                 }
             }
+            sync_dir(&self.disk, &self.dir)?;
         }
-        sync_dir(&self.dir)
+        Ok(())
     }
 
     /// Calls `f(index, record)` for each live entry with an index in `(start, end)`, in index
@@ -811,7 +965,7 @@ impl WalEngine {
 enum Source {
     Cached(Arc<[u8]>),
     File {
-        file: Arc<File>,
+        file: Arc<DiskFile>,
         path: PathBuf,
         offset: u64,
         len: u32,
@@ -847,13 +1001,14 @@ impl State {
 fn install_segment(
     state: &mut State,
     seq: u64,
-    file: File,
+    file: DiskFile,
     path: PathBuf,
 ) -> Result<(), StorageError> {
     let checkpoint = state.checkpoint();
-    let mut bytes = header_bytes().to_vec();
+    let mut bytes = header_bytes(WAL_FORMAT_VERSION).to_vec();
     if !checkpoint.ops.is_empty() {
-        bytes.extend_from_slice(&checkpoint.frame());
+        // Nothing of a new segment is durable yet: boundary 0.
+        bytes.extend_from_slice(&checkpoint.frame(seq, HEADER_LEN as u64, 0));
     }
     file.write_all_at(&bytes, 0)
         .map_err(|source| StorageError::Io {
@@ -869,15 +1024,14 @@ fn install_segment(
 
 /// The segment sequence numbers in `dir`, ascending. Files that are not segments are refused:
 /// the directory is the WAL's alone.
-fn list_segments(dir: &Path) -> Result<Vec<u64>, StorageError> {
-    let read_dir = |source| StorageError::Io {
+fn list_segments(disk: &Disk, dir: &Path) -> Result<Vec<u64>, StorageError> {
+    let mut seqs = Vec::new();
+    let names = disk.list_dir(dir).map_err(|source| StorageError::Io {
         op: "list WAL directory",
         path: dir.to_path_buf(),
         source,
-    };
-    let mut seqs = Vec::new();
-    for entry in std::fs::read_dir(dir).map_err(read_dir)? {
-        let name = entry.map_err(read_dir)?.file_name();
+    })?;
+    for name in names {
         let parsed = name.to_str().and_then(parse_segment_name);
         match parsed {
             Some(seq) => seqs.push(seq),
@@ -908,24 +1062,274 @@ fn list_segments(dir: &Path) -> Result<Vec<u64>, StorageError> {
     Ok(seqs)
 }
 
-/// Replays segment `seq` into `state`; for the last segment, cuts off a torn tail.
+/// A frame read back from a segment.
+struct ReadFrame<'a> {
+    body: &'a [u8],
+    /// Offset of the body in the segment.
+    body_at: usize,
+    /// Offset just past the frame.
+    end: usize,
+    /// The durable sync boundary the frame carries (0 in a [`WAL_FORMAT_V1`] frame).
+    synced_to: u64,
+}
+
+/// What is wrong with the bytes where a frame should start.
+#[derive(Debug)]
+enum Damage {
+    /// Fewer bytes left than a frame header.
+    ShortHeader,
+    /// A frame header of zeros, with more than zeros after it.
+    ZeroHeader,
+    /// A header that does not hold its own offset: not the start of a frame written there.
+    Misplaced { found: u64 },
+    /// A length above [`FRAME_BODY_MAX`].
+    TooLong { len: usize },
+    /// A length running past the end of the file.
+    CutShort { len: usize },
+    /// The checksum does not match; `name` says what the frame held, as far as it tells.
+    Checksum {
+        stored: u32,
+        computed: u32,
+        name: String,
+    },
+}
+
+impl std::fmt::Display for Damage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Damage::ShortHeader => f.write_str("an incomplete frame header"),
+            Damage::ZeroHeader => f.write_str("a zero frame header"),
+            Damage::Misplaced { found } => {
+                write!(f, "a frame header holding offset {found}, not its own")
+            }
+            Damage::TooLong { len } => write!(
+                f,
+                "a frame claiming {len} bytes, above the limit of {FRAME_BODY_MAX}"
+            ),
+            Damage::CutShort { len } => {
+                write!(f, "a frame of {len} bytes cut short by the end of the file")
+            }
+            Damage::Checksum { name, .. } => write!(f, "{name} failing its checksum"),
+        }
+    }
+}
+
+/// The frame layout of a segment, by its format version.
+#[derive(Clone, Copy, Debug)]
+enum FrameFormat {
+    /// [`WAL_FORMAT_V1`]: length, checksum of the body, body.
+    V1,
+    /// [`WAL_FORMAT_VERSION`]: length, checksum, own offset, synced boundary, body.
+    V2,
+}
+
+fn u32_at(bytes: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap_or([0; 4]))
+}
+
+fn u64_at(bytes: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap_or([0; 8]))
+}
+
+impl FrameFormat {
+    fn header_len(self) -> usize {
+        match self {
+            FrameFormat::V1 => FRAME_HEADER_LEN_V1,
+            FrameFormat::V2 => FRAME_HEADER_LEN,
+        }
+    }
+
+    /// Reads the frame starting at `at` of segment `seq`, whose content is `bytes`.
+    fn read(self, seq: u64, bytes: &[u8], at: usize) -> Result<ReadFrame<'_>, Damage> {
+        let header_len = self.header_len();
+        let rest = &bytes[at..];
+        if rest.len() < header_len {
+            return Err(Damage::ShortHeader);
+        }
+        let header = &rest[..header_len];
+        let zero_header = || header.iter().all(|b| *b == 0);
+        let mut synced_to = 0;
+        if let FrameFormat::V2 = self {
+            // Checked first: it rejects all but the true start of a frame at once, which the
+            // scan for frames after a damaged one relies on.
+            let found = u64_at(header, 8);
+            if found != at as u64 {
+                return Err(if zero_header() {
+                    Damage::ZeroHeader
+                } else {
+                    Damage::Misplaced { found }
+                });
+            }
+            synced_to = u64_at(header, 16);
+        } else if zero_header() {
+            return Err(Damage::ZeroHeader);
+        }
+        let len = u32_at(header, 0) as usize;
+        if len > FRAME_BODY_MAX {
+            return Err(Damage::TooLong { len });
+        }
+        if rest.len() < header_len + len {
+            return Err(Damage::CutShort { len });
+        }
+        let body = &rest[header_len..header_len + len];
+        let stored = u32_at(header, 4);
+        let computed = match self {
+            FrameFormat::V1 => crc32fast::hash(body),
+            FrameFormat::V2 => frame_crc(seq, header, body),
+        };
+        if stored != computed {
+            return Err(Damage::Checksum {
+                stored,
+                computed,
+                name: frame_name(body, at as u64),
+            });
+        }
+        Ok(ReadFrame {
+            body,
+            body_at: at + header_len,
+            end: at + header_len + len,
+            synced_to,
+        })
+    }
+}
+
+/// How damage in a segment is judged: by the rule of the format it was written in.
+#[derive(Clone, Copy, Debug)]
+enum Recovery {
+    /// [`WAL_FORMAT_V1`]'s rule, which knows nothing of syncs: in the last segment, an
+    /// incomplete or zero header, a frame cut short by the end of the file, or a bad checksum
+    /// with nothing but zeros after it is a torn write; anything else refuses. It can go wrong
+    /// both ways (see the module doc), and is kept only for segments written under it.
+    ZerosAfter,
+    /// The current rule: damage in the last segment at or after its last durable sync
+    /// boundary, as recorded by the frames after the damage, is a torn write; damage before it
+    /// is damage to acknowledged entries and refuses.
+    SyncBoundary,
+}
+
+/// A torn tail recovery cuts off.
+#[derive(Debug, Default)]
+struct Torn {
+    /// The last durable sync boundary found (for the log line; `None` under the V1 rule).
+    synced_to: Option<u64>,
+    /// Intact frames found after the damage (written after it, never synced).
+    later_frames: usize,
+}
+
+/// The highest sync boundary recorded by an intact frame starting at or after `from`, and how
+/// many such frames there are. Every byte offset is tried, since the damage may hide where the
+/// next frame starts; a frame is recognised by holding its own offset and passing its checksum,
+/// so neither random bytes nor the bytes of an entry are taken for one.
+fn boundary_after(seq: u64, bytes: &[u8], from: usize) -> (u64, usize) {
+    let mut synced_to = 0;
+    let mut frames = 0;
+    let mut at = from;
+    while at + FRAME_HEADER_LEN <= bytes.len() {
+        // The cheap test first: all but a frame's true start fail it.
+        if u64_at(bytes, at + 8) != at as u64 {
+            at += 1;
+            continue;
+        }
+        match FrameFormat::V2.read(seq, bytes, at) {
+            Ok(frame) => {
+                synced_to = synced_to.max(frame.synced_to);
+                frames += 1;
+                at = frame.end;
+            }
+            Err(_) => at += 1,
+        }
+    }
+    (synced_to, frames)
+}
+
+/// Judges `damage` found at offset `at` of a segment: a torn tail to cut off, or an error that
+/// refuses to open, naming the file and the offset.
+#[allow(clippy::too_many_arguments)] // the facts of one judgement, each used once
+fn judge(
+    recovery: Recovery,
+    format: FrameFormat,
+    seq: u64,
+    bytes: &[u8],
+    at: usize,
+    damage: Damage,
+    is_last: bool,
+    path: &Path,
+) -> Result<Torn, StorageError> {
+    let refuse = |damage: Damage, context: String| match damage {
+        Damage::Checksum {
+            stored,
+            computed,
+            name,
+        } => StorageError::Corrupt {
+            record: format!("{name}{context}"),
+            path: path.to_path_buf(),
+            source: CodecError::Checksum { stored, computed },
+        },
+        other => StorageError::Layout {
+            path: path.to_path_buf(),
+            message: format!("{other} at offset {at}{context}"),
+        },
+    };
+    if !is_last {
+        return Err(refuse(
+            damage,
+            ", in a segment that is not the last one (segments are synced whole before the next \
+             one starts, so this is damage, not a torn write)"
+                .to_string(),
+        ));
+    }
+    match recovery {
+        Recovery::ZerosAfter => match damage {
+            Damage::ShortHeader | Damage::ZeroHeader | Damage::CutShort { .. } => {
+                Ok(Torn::default())
+            }
+            Damage::Checksum { .. } => {
+                let len = u32_at(bytes, at) as usize;
+                let after = &bytes[at + format.header_len() + len..];
+                if after.iter().all(|b| *b == 0) {
+                    Ok(Torn::default())
+                } else {
+                    Err(refuse(damage, String::new()))
+                }
+            }
+            other => Err(refuse(other, String::new())),
+        },
+        Recovery::SyncBoundary => {
+            let (synced_to, later_frames) = boundary_after(seq, bytes, at + 1);
+            if synced_to > at as u64 {
+                return Err(refuse(
+                    damage,
+                    format!(
+                        ", before the segment's durable sync boundary at offset {synced_to} \
+                         (recorded by a later frame): entries this node acknowledged are \
+                         damaged, so it refuses to start rather than forget them"
+                    ),
+                ));
+            }
+            Ok(Torn {
+                synced_to: Some(synced_to),
+                later_frames,
+            })
+        }
+    }
+}
+
+/// Replays segment `seq` into `state`, judging damage by the rule of the segment's format;
+/// for the last segment, cuts off a torn tail. Returns the segment's format version.
 fn replay_segment(
+    disk: &Disk,
     dir: &Path,
     seq: u64,
     is_last: bool,
     state: &mut State,
-) -> Result<(), StorageError> {
+) -> Result<u32, StorageError> {
     let path = dir.join(segment_name(seq));
     let io = |op: &'static str, path: &Path| {
         let path = path.to_path_buf();
         move |source| StorageError::Io { op, path, source }
     };
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&path)
-        .map_err(io("open WAL segment", &path))?;
-    let bytes = std::fs::read(&path).map_err(io("read WAL segment", &path))?;
+    let file = disk.open_rw(&path).map_err(io("open WAL segment", &path))?;
+    let bytes = file.read_all().map_err(io("read WAL segment", &path))?;
     let layout = |message: String| StorageError::Layout {
         path: path.clone(),
         message,
@@ -937,7 +1341,8 @@ fn replay_segment(
     if header_torn && is_last {
         tracing::warn!(path = %path.display(), bytes = bytes.len(), "WAL segment with a torn header (crash while it was created); rewriting it");
         file.set_len(0).map_err(io("truncate WAL segment", &path))?;
-        return install_segment(state, seq, file, path);
+        install_segment(state, seq, file, path)?;
+        return Ok(WAL_FORMAT_VERSION);
     }
     if bytes.len() < HEADER_LEN {
         return Err(layout(format!(
@@ -951,7 +1356,7 @@ fn replay_segment(
             &bytes[..8]
         )));
     }
-    let stored = u32::from_le_bytes(bytes[12..16].try_into().unwrap_or([0; 4]));
+    let stored = u32_at(&bytes, 12);
     let computed = crc32fast::hash(&bytes[..12]);
     if stored != computed {
         return Err(StorageError::Corrupt {
@@ -960,78 +1365,52 @@ fn replay_segment(
             source: CodecError::Checksum { stored, computed },
         });
     }
-    let version = u32::from_le_bytes(bytes[8..12].try_into().unwrap_or([0; 4]));
-    if version != WAL_FORMAT_VERSION {
-        return Err(StorageError::LayoutVersion {
-            path,
-            found: LayoutFound(Some(version)),
-            expected: WAL_FORMAT_VERSION,
-        });
-    }
-
-    let mut at = HEADER_LEN;
-    let end = loop {
-        let rest = &bytes[at..];
-        if rest.is_empty() {
-            break at;
-        }
-        let torn = |why: &str| -> Result<usize, StorageError> {
-            if is_last {
-                Ok(at)
-            } else {
-                Err(StorageError::Layout {
-                    path: path.clone(),
-                    message: format!(
-                        "{why} at offset {at} of a segment that is not the last one (segments \
-                         are synced before the next one starts, so this is damage, not a torn \
-                         write)"
-                    ),
-                })
-            }
-        };
-        if rest.len() < FRAME_HEADER_LEN {
-            break torn("an incomplete frame header")?;
-        }
-        let len = u32::from_le_bytes(rest[..4].try_into().unwrap_or([0; 4])) as usize;
-        let stored = u32::from_le_bytes(rest[4..8].try_into().unwrap_or([0; 4]));
-        if len == 0 && stored == 0 {
-            break torn("a zero frame header")?;
-        }
-        if len > FRAME_BODY_MAX {
-            return Err(layout(format!(
-                "frame at offset {at} claims {len} bytes, above the limit of {FRAME_BODY_MAX}"
-            )));
-        }
-        if rest.len() < FRAME_HEADER_LEN + len {
-            break torn("a frame cut short by the end of the file")?;
-        }
-        let body = &rest[FRAME_HEADER_LEN..FRAME_HEADER_LEN + len];
-        let computed = crc32fast::hash(body);
-        if stored != computed {
-            let after = &rest[FRAME_HEADER_LEN + len..];
-            if is_last && after.iter().all(|b| *b == 0) {
-                break at;
-            }
-            return Err(StorageError::Corrupt {
-                record: frame_name(body, at as u64),
+    let version = u32_at(&bytes, 8);
+    let (format, recovery) = match version {
+        WAL_FORMAT_V1 => (FrameFormat::V1, Recovery::ZerosAfter),
+        WAL_FORMAT_VERSION => (FrameFormat::V2, Recovery::SyncBoundary),
+        _ => {
+            return Err(StorageError::LayoutVersion {
                 path,
-                source: CodecError::Checksum { stored, computed },
+                found: LayoutFound(Some(version)),
+                expected: WAL_FORMAT_VERSION,
             });
         }
-        let ops = decode_body(body)
-            .map_err(|message| layout(format!("frame at offset {at}: {message}")))?;
-        state.apply(seq, (at + FRAME_HEADER_LEN) as u64, ops);
-        at += FRAME_HEADER_LEN + len;
     };
-    // What follows the last good frame: nothing, preallocated zeros (kept), or a torn write
-    // (cut off).
+
+    let mut at = HEADER_LEN;
+    let mut torn = None;
+    while at < bytes.len() {
+        match format.read(seq, &bytes, at) {
+            Ok(frame) => {
+                let ops = decode_body(frame.body)
+                    .map_err(|message| layout(format!("frame at offset {at}: {message}")))?;
+                state.apply(seq, frame.body_at as u64, ops);
+                at = frame.end;
+            }
+            // Preallocated zeros: the end of the log, kept allocated.
+            Err(_) if is_last && bytes[at..].iter().all(|b| *b == 0) => break,
+            Err(damage) => {
+                torn = Some(judge(
+                    recovery, format, seq, &bytes, at, damage, is_last, &path,
+                )?);
+                break;
+            }
+        }
+    }
+    let end = at;
     let mut allocated = bytes.len();
-    if bytes[end..].iter().any(|b| *b != 0) {
+    if let Some(torn) = torn {
+        let written = bytes.iter().rposition(|b| *b != 0).map_or(end, |p| p + 1);
         tracing::warn!(
             path = %path.display(),
             offset = end,
-            dropped_bytes = bytes.len() - end,
-            "cutting a torn write off the end of the WAL (written, never acknowledged)"
+            torn_bytes = written - end,
+            cut_bytes = bytes.len() - end,
+            synced_to = ?torn.synced_to,
+            later_frames = torn.later_frames,
+            "cutting a torn write off the end of the WAL: it lies after the last durable sync \
+             boundary, so nothing in it was acknowledged"
         );
         file.set_len(end as u64)
             .map_err(io("truncate the torn tail of WAL segment", &path))?;
@@ -1040,11 +1419,14 @@ fn replay_segment(
         allocated = end;
     }
     state.activate(seq, file, path, end as u64, allocated as u64);
-    Ok(())
+    Ok(version)
 }
 
 #[cfg(test)]
 mod tests {
+    use std::fs::OpenOptions;
+    use std::os::unix::fs::FileExt;
+
     use super::*;
 
     fn record(index: u64, len: usize) -> Vec<u8> {
@@ -1080,7 +1462,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("temp dir");
         let committed = |engine: &WalEngine| engine.get_meta(MetaKey::Committed);
         {
-            let engine = WalEngine::open(dir.path()).expect("open");
+            let engine = WalEngine::open(Disk::Os, dir.path()).expect("open");
             engine
                 .put_meta_deferred(MetaKey::Committed, b"c1")
                 .expect("defer");
@@ -1088,7 +1470,7 @@ mod tests {
             // Neither written nor synced: not on disk.
         }
         {
-            let engine = WalEngine::open(dir.path()).expect("reopen");
+            let engine = WalEngine::open(Disk::Os, dir.path()).expect("reopen");
             assert_eq!(committed(&engine), None);
             engine
                 .put_meta_deferred(MetaKey::Committed, b"c2")
@@ -1106,7 +1488,7 @@ mod tests {
             assert!(engine.lock().deferred.is_empty());
         }
         {
-            let engine = WalEngine::open(dir.path()).expect("reopen");
+            let engine = WalEngine::open(Disk::Os, dir.path()).expect("reopen");
             assert_eq!(committed(&engine), Some(b"c3".to_vec()));
             assert_eq!(indexes(&engine), vec![1]);
             engine
@@ -1114,7 +1496,7 @@ mod tests {
                 .expect("defer");
             engine.sync().expect("sync writes it first");
         }
-        let engine = WalEngine::open(dir.path()).expect("reopen");
+        let engine = WalEngine::open(Disk::Os, dir.path()).expect("reopen");
         assert_eq!(committed(&engine), Some(b"c4".to_vec()));
     }
 
@@ -1129,7 +1511,7 @@ mod tests {
     fn writes_survive_a_reopen_and_removals_replay() {
         let dir = tempfile::tempdir().expect("temp dir");
         {
-            let engine = WalEngine::open(dir.path()).expect("open");
+            let engine = WalEngine::open(Disk::Os, dir.path()).expect("open");
             put(&engine, 1..=10, 100);
             let mut batch = WriteBatch::default();
             batch.remove_logs(Bound::Included(8), Bound::Unbounded);
@@ -1139,7 +1521,7 @@ mod tests {
             engine.sync().expect("sync");
             assert_eq!(indexes(&engine), (3..=7).collect::<Vec<_>>());
         }
-        let engine = WalEngine::open(dir.path()).expect("reopen");
+        let engine = WalEngine::open(Disk::Os, dir.path()).expect("reopen");
         assert_eq!(indexes(&engine), (3..=7).collect::<Vec<_>>());
         assert_eq!(engine.get_meta(MetaKey::LastPurged), Some(b"two".to_vec()));
     }
@@ -1149,24 +1531,25 @@ mod tests {
         let dir = tempfile::tempdir().expect("temp dir");
         let len;
         {
-            let engine = WalEngine::open(dir.path()).expect("open");
+            let engine = WalEngine::open(Disk::Os, dir.path()).expect("open");
             put(&engine, 1..=3, 50);
-            put(&engine, 4..=4, 50);
             engine.sync().expect("sync");
+            put(&engine, 4..=4, 50);
             len = engine.lock().active_len;
         }
         let path = segment_path(dir.path(), 1);
-        // Cut the last frame (entry 4) in half, as a crash during its write would.
+        // Cut the last frame (entry 4, never synced) in half, as a crash during its write
+        // would.
         let file = OpenOptions::new().write(true).open(&path).expect("open");
         file.set_len(len - 20).expect("truncate");
         drop(file);
-        let engine = WalEngine::open(dir.path()).expect("a torn tail reopens");
+        let engine = WalEngine::open(Disk::Os, dir.path()).expect("a torn tail reopens");
         assert_eq!(indexes(&engine), vec![1, 2, 3]);
         // The cut-off tail is gone from the file, and new writes follow the good prefix.
         put(&engine, 4..=5, 50);
         engine.sync().expect("sync");
         drop(engine);
-        let engine = WalEngine::open(dir.path()).expect("reopen");
+        let engine = WalEngine::open(Disk::Os, dir.path()).expect("reopen");
         assert_eq!(indexes(&engine), vec![1, 2, 3, 4, 5]);
     }
 
@@ -1175,7 +1558,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("temp dir");
         let end;
         {
-            let engine = WalEngine::open(dir.path()).expect("open");
+            let engine = WalEngine::open(Disk::Os, dir.path()).expect("open");
             put(&engine, 1..=2, 50);
             engine.sync().expect("sync");
             end = engine.lock().active_len;
@@ -1186,31 +1569,33 @@ mod tests {
             allocated >= end + PREALLOC_BYTES - 1024,
             "{allocated} vs {end}"
         );
-        {
+        let (end, synced_to) = {
             // Zeros are the end of the log, and stay allocated.
-            let engine = WalEngine::open(dir.path()).expect("reopen");
+            let engine = WalEngine::open(Disk::Os, dir.path()).expect("reopen");
             assert_eq!(indexes(&engine), vec![1, 2]);
             assert_eq!(std::fs::metadata(&path).expect("stat").len(), allocated);
-        }
+            let state = engine.lock();
+            (state.active_len, state.synced_to)
+        };
         // A frame whose header reached the disk but whose body did not.
         let mut frame = FrameBuf::default();
         frame.push(Op::PutLog {
             index: 3,
             record: record(3, 50),
         });
-        let mut bytes = frame.frame();
+        let mut bytes = frame.frame(1, end, synced_to);
         let body_len = bytes.len() - FRAME_HEADER_LEN;
         bytes[FRAME_HEADER_LEN..].copy_from_slice(&vec![0u8; body_len]);
         let file = OpenOptions::new().write(true).open(&path).expect("open");
         file.write_all_at(&bytes, end).expect("torn frame");
         drop(file);
-        let engine = WalEngine::open(dir.path()).expect("reopen");
+        let engine = WalEngine::open(Disk::Os, dir.path()).expect("reopen");
         assert_eq!(indexes(&engine), vec![1, 2]);
-        assert_eq!(std::fs::metadata(&path).expect("stat").len(), end);
+        assert_cut_at(&path, end as usize);
         put(&engine, 3..=3, 50);
         engine.sync().expect("sync");
         drop(engine);
-        let engine = WalEngine::open(dir.path()).expect("reopen");
+        let engine = WalEngine::open(Disk::Os, dir.path()).expect("reopen");
         assert_eq!(indexes(&engine), vec![1, 2, 3]);
     }
 
@@ -1219,7 +1604,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("temp dir");
         let offset_of_second;
         {
-            let engine = WalEngine::open(dir.path()).expect("open");
+            let engine = WalEngine::open(Disk::Os, dir.path()).expect("open");
             put(&engine, 1..=1, 50);
             offset_of_second = engine.lock().active_len;
             put(&engine, 2..=2, 50);
@@ -1231,7 +1616,7 @@ mod tests {
         // A byte inside entry 2's record: the frame fails its checksum, and entry 3 follows.
         bytes[offset_of_second as usize + FRAME_HEADER_LEN + PUT_LOG_OVERHEAD + 5] ^= 0x10;
         std::fs::write(&path, &bytes).expect("write");
-        let err = WalEngine::open(dir.path()).expect_err("corrupt");
+        let err = WalEngine::open(Disk::Os, dir.path()).expect_err("corrupt");
         let message = err.to_string();
         assert!(message.contains("log entry 2"), "{message}");
         assert!(message.contains("checksum mismatch"), "{message}");
@@ -1242,30 +1627,32 @@ mod tests {
     #[test]
     fn a_foreign_file_or_a_missing_segment_refuses_to_open() {
         let dir = tempfile::tempdir().expect("temp dir");
-        drop(WalEngine::open(dir.path()).expect("open"));
+        drop(WalEngine::open(Disk::Os, dir.path()).expect("open"));
         let wal = dir.path().join(WAL_DIR_NAME);
         std::fs::write(wal.join("notes.txt"), b"hello").expect("write");
-        let message = WalEngine::open(dir.path())
+        let message = WalEngine::open(Disk::Os, dir.path())
             .expect_err("foreign")
             .to_string();
         assert!(message.contains("notes.txt"), "{message}");
         std::fs::remove_file(wal.join("notes.txt")).expect("rm");
-        std::fs::write(wal.join(segment_name(3)), header_bytes()).expect("write");
-        let message = WalEngine::open(dir.path()).expect_err("gap").to_string();
+        std::fs::write(wal.join(segment_name(3)), header_bytes(WAL_FORMAT_VERSION)).expect("write");
+        let message = WalEngine::open(Disk::Os, dir.path())
+            .expect_err("gap")
+            .to_string();
         assert!(message.contains("a segment is missing"), "{message}");
     }
 
     #[test]
     fn another_format_version_is_refused() {
         let dir = tempfile::tempdir().expect("temp dir");
-        drop(WalEngine::open(dir.path()).expect("open"));
+        drop(WalEngine::open(Disk::Os, dir.path()).expect("open"));
         let path = segment_path(dir.path(), 1);
-        let mut header = header_bytes();
+        let mut header = header_bytes(WAL_FORMAT_VERSION);
         header[8..12].copy_from_slice(&(WAL_FORMAT_VERSION + 1).to_le_bytes());
         let crc = crc32fast::hash(&header[..12]);
         header[12..].copy_from_slice(&crc.to_le_bytes());
         std::fs::write(&path, header).expect("write");
-        let err = WalEngine::open(dir.path()).expect_err("version");
+        let err = WalEngine::open(Disk::Os, dir.path()).expect_err("version");
         assert!(
             matches!(err, StorageError::LayoutVersion { found: LayoutFound(Some(v)), .. } if v == WAL_FORMAT_VERSION + 1),
             "{err:?}"
@@ -1280,7 +1667,7 @@ mod tests {
         let per_segment = (SEGMENT_BYTES as usize) / (big + 64);
         let total = (3 * per_segment) as u64;
         {
-            let engine = WalEngine::open(dir.path()).expect("open");
+            let engine = WalEngine::open(Disk::Os, dir.path()).expect("open");
             let mut batch = WriteBatch::default();
             batch.put_meta(MetaKey::Vote, b"vote-1");
             engine.write(batch).expect("write");
@@ -1302,13 +1689,13 @@ mod tests {
             assert_eq!(segments, 1, "only the active segment is left");
         }
         // Closed segments lost their preallocated zeros when they were closed.
-        for seq in list_segments(&dir.path().join(WAL_DIR_NAME)).expect("list") {
+        for seq in list_segments(&Disk::Os, &dir.path().join(WAL_DIR_NAME)).expect("list") {
             let bytes = std::fs::read(segment_path(dir.path(), seq)).expect("read");
             assert!(!bytes.is_empty());
         }
-        let files = list_segments(&dir.path().join(WAL_DIR_NAME)).expect("list");
+        let files = list_segments(&Disk::Os, &dir.path().join(WAL_DIR_NAME)).expect("list");
         assert_eq!(files.len(), 1, "{files:?}");
-        let engine = WalEngine::open(dir.path()).expect("reopen");
+        let engine = WalEngine::open(Disk::Os, dir.path()).expect("reopen");
         assert_eq!(indexes(&engine), vec![total]);
         assert_eq!(engine.get_meta(MetaKey::Vote), Some(b"vote-1".to_vec()));
         assert_eq!(
@@ -1322,7 +1709,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("temp dir");
         let end;
         {
-            let engine = WalEngine::open(dir.path()).expect("open");
+            let engine = WalEngine::open(Disk::Os, dir.path()).expect("open");
             let mut batch = WriteBatch::default();
             batch.put_meta(MetaKey::Vote, b"vote");
             engine.write(batch).expect("write");
@@ -1339,12 +1726,12 @@ mod tests {
         file.set_len(end).expect("close segment 1");
         drop(file);
         std::fs::write(segment_path(dir.path(), 2), [0u8; 5]).expect("write");
-        let engine = WalEngine::open(dir.path()).expect("reopen");
+        let engine = WalEngine::open(Disk::Os, dir.path()).expect("reopen");
         assert_eq!(indexes(&engine), vec![1, 2]);
         put(&engine, 3..=3, 10);
         engine.sync().expect("sync");
         drop(engine);
-        let engine = WalEngine::open(dir.path()).expect("reopen");
+        let engine = WalEngine::open(Disk::Os, dir.path()).expect("reopen");
         assert_eq!(indexes(&engine), vec![1, 2, 3]);
         assert_eq!(engine.get_meta(MetaKey::Vote), Some(b"vote".to_vec()));
     }
@@ -1368,5 +1755,420 @@ mod tests {
             .map(|(op, _)| op)
             .collect();
         assert_eq!(decoded.len(), 11);
+    }
+
+    /// The kinds of damage recovery must judge by where they are, not by what they are.
+    #[derive(Clone, Copy, Debug)]
+    enum Harm {
+        /// The second half of the frame reverted to zeros: a write cut short by a power loss.
+        TornFrame,
+        /// The frame's header and first body bytes are zeros: a lost page, the bytes after it
+        /// intact.
+        ZeroedRange,
+        /// Bit 21 of the frame's length flipped: the frame now runs past the end of the file.
+        LengthBit,
+        /// A bit flipped inside the frame's entry record.
+        PayloadBit,
+    }
+
+    const HARMS: [Harm; 4] = [
+        Harm::TornFrame,
+        Harm::ZeroedRange,
+        Harm::LengthBit,
+        Harm::PayloadBit,
+    ];
+
+    /// Where a frame is in its segment.
+    #[derive(Clone, Copy, Debug)]
+    struct Span {
+        start: usize,
+        end: usize,
+    }
+
+    /// Asserts that the file holds nothing after offset `at` but the sync mark the reopen
+    /// wrote there and zeros it preallocated: the torn tail was cut off, not just skipped.
+    fn assert_cut_at(path: &Path, at: usize) {
+        let bytes = std::fs::read(path).expect("read");
+        let mark = FrameFormat::V2
+            .read(1, &bytes, at)
+            .expect("the reopen's sync mark");
+        assert!(mark.body.is_empty());
+        assert!(bytes[mark.end..].iter().all(|b| *b == 0), "cut at {at}");
+    }
+
+    fn harm(bytes: &mut [u8], harm: Harm, frame: Span) {
+        match harm {
+            Harm::TornFrame => bytes[(frame.start + frame.end) / 2..frame.end].fill(0),
+            Harm::ZeroedRange => bytes[frame.start..frame.start + FRAME_HEADER_LEN + 8].fill(0),
+            Harm::LengthBit => bytes[frame.start + 2] ^= 0x20,
+            Harm::PayloadBit => {
+                bytes[frame.start + FRAME_HEADER_LEN + PUT_LOG_OVERHEAD + 3] ^= 0x10
+            }
+        }
+    }
+
+    /// Writes one entry per frame, as `put` does, and returns the frame's span.
+    fn put_one(engine: &WalEngine, index: u64) -> Span {
+        let start = engine.lock().active_len as usize;
+        put(engine, index..=index, 50);
+        let end = engine.lock().active_len as usize;
+        Span { start, end }
+    }
+
+    /// The frames of a scenario: three sync groups of which the last is never synced.
+    struct Scenario {
+        dir: tempfile::TempDir,
+        /// Entry 2, in the first group (synced, acknowledged).
+        older: Span,
+        /// Entry 5, in the second group (synced, acknowledged): the last one before the tail.
+        last_synced: Span,
+        /// Entry 7, in the third group (written, never synced).
+        unsynced: Span,
+    }
+
+    /// Entries 1..=3 and 4..=6 in two synced groups, then (if `tail`) 7 and 8 written but
+    /// never synced: what a node that lost power mid-group leaves, before any damage.
+    fn scenario(tail: bool) -> Scenario {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let engine = WalEngine::open(Disk::Os, dir.path()).expect("open");
+        put_one(&engine, 1);
+        let older = put_one(&engine, 2);
+        put_one(&engine, 3);
+        engine.sync().expect("sync");
+        put_one(&engine, 4);
+        let last_synced = put_one(&engine, 5);
+        put_one(&engine, 6);
+        engine.sync().expect("sync");
+        let mut unsynced = Span { start: 0, end: 0 };
+        if tail {
+            unsynced = put_one(&engine, 7);
+            put_one(&engine, 8);
+        }
+        drop(engine);
+        Scenario {
+            dir,
+            older,
+            last_synced,
+            unsynced,
+        }
+    }
+
+    fn damage(dir: &Path, how: Harm, frame: Span) {
+        let path = segment_path(dir, 1);
+        let mut bytes = std::fs::read(&path).expect("read");
+        harm(&mut bytes, how, frame);
+        std::fs::write(&path, &bytes).expect("write");
+    }
+
+    /// Runs every case and fails once with all the cases that went wrong, so a failure shows
+    /// the whole pattern (which kinds of damage, in which place).
+    fn all_cases(failures: Vec<String>) {
+        assert!(
+            failures.is_empty(),
+            "{} case(s) failed:\n{}",
+            failures.len(),
+            failures.join("\n")
+        );
+    }
+
+    #[test]
+    fn damage_after_the_last_sync_boundary_is_a_torn_tail_and_is_cut() {
+        let mut failures = Vec::new();
+        for how in HARMS {
+            let s = scenario(true);
+            damage(s.dir.path(), how, s.unsynced);
+            let engine = match WalEngine::open(Disk::Os, s.dir.path()) {
+                Ok(engine) => engine,
+                Err(e) => {
+                    failures.push(format!("{how:?} after the boundary: refused to open: {e}"));
+                    continue;
+                }
+            };
+            // Entry 8 was intact but follows the torn frame: it goes with the tail.
+            let held = indexes(&engine);
+            if held != (1..=6).collect::<Vec<_>>() {
+                failures.push(format!("{how:?} after the boundary: holds {held:?}"));
+                continue;
+            }
+            assert_cut_at(&segment_path(s.dir.path(), 1), s.unsynced.start);
+            put(&engine, 7..=7, 50);
+            engine.sync().expect("sync");
+            drop(engine);
+            let engine = WalEngine::open(Disk::Os, s.dir.path()).expect("reopen");
+            assert_eq!(indexes(&engine), (1..=7).collect::<Vec<_>>(), "{how:?}");
+        }
+        all_cases(failures);
+    }
+
+    #[test]
+    fn damage_before_the_last_sync_boundary_refuses_naming_the_file_and_offset() {
+        let mut failures = Vec::new();
+        for how in HARMS {
+            // With an unsynced tail after the boundary, and without one: then only the sync
+            // mark records that the last group was synced.
+            for tail in [true, false] {
+                let s = scenario(tail);
+                for (frame, which) in [(s.older, "older group"), (s.last_synced, "last group")] {
+                    let case = format!("{how:?} in the {which} (unsynced tail: {tail})");
+                    let copy = tempfile::tempdir().expect("temp dir");
+                    let wal = copy.path().join(WAL_DIR_NAME);
+                    std::fs::create_dir(&wal).expect("mkdir");
+                    std::fs::copy(segment_path(s.dir.path(), 1), segment_path(copy.path(), 1))
+                        .expect("copy");
+                    damage(copy.path(), how, frame);
+                    let message = match WalEngine::open(Disk::Os, copy.path()) {
+                        Ok(engine) => {
+                            failures.push(format!(
+                                "{case}: opened holding {:?}, forgetting acknowledged entries",
+                                indexes(&engine)
+                            ));
+                            continue;
+                        }
+                        Err(err) => err.to_string(),
+                    };
+                    let path = segment_path(copy.path(), 1).display().to_string();
+                    let offset = format!("offset {}", frame.start);
+                    let names_it = message.contains(&path)
+                        && message.contains(&offset)
+                        && message.contains("before the segment's durable sync boundary");
+                    if !names_it {
+                        failures.push(format!(
+                            "{case}: refused without naming {path}, {offset} and the \
+                             boundary: {message}"
+                        ));
+                    }
+                }
+            }
+        }
+        all_cases(failures);
+    }
+
+    /// A V1 frame: length, checksum of the body, body.
+    fn v1_frame(ops: Vec<Op>) -> Vec<u8> {
+        let mut frame = FrameBuf::default();
+        for op in ops {
+            frame.push(op);
+        }
+        let mut bytes = (frame.body.len() as u32).to_le_bytes().to_vec();
+        bytes.extend_from_slice(&crc32fast::hash(&frame.body).to_le_bytes());
+        bytes.extend_from_slice(&frame.body);
+        bytes
+    }
+
+    #[test]
+    fn a_v1_segment_opens_under_its_own_rule_and_new_writes_go_to_a_v2_segment() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let wal = dir.path().join(WAL_DIR_NAME);
+        std::fs::create_dir(&wal).expect("mkdir");
+        let mut bytes = header_bytes(WAL_FORMAT_V1).to_vec();
+        bytes.extend(v1_frame(vec![Op::PutMeta {
+            key: MetaKey::Vote,
+            record: b"v1 vote".to_vec(),
+        }]));
+        for index in 1..=3 {
+            bytes.extend(v1_frame(vec![Op::PutLog {
+                index,
+                record: record(index, 40),
+            }]));
+        }
+        // A torn last frame, zeros after it: V1's rule cuts it.
+        let mut torn = v1_frame(vec![Op::PutLog {
+            index: 4,
+            record: record(4, 40),
+        }]);
+        let half = torn.len() / 2;
+        torn[half..].fill(0);
+        bytes.extend(torn);
+        bytes.extend([0u8; 100]);
+        std::fs::write(segment_path(dir.path(), 1), &bytes).expect("write");
+        {
+            let engine = WalEngine::open(Disk::Os, dir.path()).expect("a V1 WAL opens");
+            assert_eq!(indexes(&engine), vec![1, 2, 3]);
+            assert_eq!(engine.get_meta(MetaKey::Vote), Some(b"v1 vote".to_vec()));
+            assert_eq!(
+                engine.lock().active_seq,
+                2,
+                "new writes go to a new segment"
+            );
+            put(&engine, 4..=4, 40);
+            engine.sync().expect("sync");
+        }
+        let segment_2 = std::fs::read(segment_path(dir.path(), 2)).expect("read");
+        assert_eq!(u32_at(&segment_2, 8), WAL_FORMAT_VERSION);
+        let engine = WalEngine::open(Disk::Os, dir.path()).expect("reopen");
+        assert_eq!(indexes(&engine), vec![1, 2, 3, 4]);
+        assert_eq!(engine.get_meta(MetaKey::Vote), Some(b"v1 vote".to_vec()));
+    }
+
+    #[test]
+    fn a_frame_is_recognised_only_at_its_own_offset_in_its_own_segment() {
+        let mut frame = FrameBuf::default();
+        frame.push(Op::PutLog {
+            index: 9,
+            record: record(9, 30),
+        });
+        let at = 100;
+        let mut bytes = vec![0u8; at];
+        bytes.extend(frame.frame(7, at as u64, 64));
+        // The same bytes in another segment: a stale block of a deleted segment.
+        let read = FrameFormat::V2.read(8, &bytes, at).map(|f| f.synced_to);
+        assert!(matches!(read, Err(Damage::Checksum { .. })), "{read:?}");
+        let read = FrameFormat::V2.read(7, &bytes, at).map(|f| f.synced_to);
+        assert!(matches!(read, Ok(64)), "{read:?}");
+        // The same bytes one further on, as a stale copy or a scan would see them.
+        let mut shifted = vec![0u8; 1];
+        shifted.extend(&bytes);
+        assert!(matches!(
+            FrameFormat::V2.read(7, &shifted, at + 1),
+            Err(Damage::Misplaced { found }) if found == at as u64
+        ));
+        assert_eq!(boundary_after(7, &shifted, 0), (0, 0));
+        assert_eq!(boundary_after(7, &bytes, 0), (64, 1));
+        assert_eq!(boundary_after(8, &bytes, 0), (0, 0));
+    }
+
+    /// What a WAL holds: entries and metadata, as a test compares them.
+    #[derive(Clone, Debug, Default, PartialEq, Eq)]
+    struct Held {
+        /// Shared, so the test's history of states costs a map per write, not the records.
+        entries: BTreeMap<u64, Arc<[u8]>>,
+        vote: Option<Vec<u8>>,
+        last_purged: Option<Vec<u8>>,
+    }
+
+    impl Held {
+        fn of(engine: &WalEngine) -> Held {
+            let mut entries = BTreeMap::new();
+            engine
+                .scan_log(Bound::Unbounded, Bound::Unbounded, |i, r| {
+                    entries.insert(i, Arc::from(r));
+                    Ok::<_, StorageError>(true)
+                })
+                .expect("scan");
+            Held {
+                entries,
+                vote: engine.get_meta(MetaKey::Vote),
+                last_purged: engine.get_meta(MetaKey::LastPurged),
+            }
+        }
+
+        fn next_index(&self) -> u64 {
+            self.entries.keys().next_back().map_or(1, |i| i + 1)
+        }
+    }
+
+    /// Power cuts on the engine alone, many of them: after each, the WAL opens and holds
+    /// exactly what it held after one of the writes made since the last completed sync (every
+    /// synced write, then a prefix of the others, in order: the engine's contract). Segments
+    /// are small on the simulated disk, so rotations and purged segments' deletions are cut
+    /// too. Seeded: `SEED=<n>` reruns, `CUT_ROUNDS=<n>` runs more rounds.
+    #[test]
+    fn power_cuts_keep_every_synced_write_and_a_prefix_of_the_rest() {
+        use rand::{Rng, SeedableRng};
+
+        use crate::storage::disk::power_cut::{self, PowerCutDisk};
+
+        let seed = power_cut::seed();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let dir = PathBuf::from("/node");
+        let mut disk = PowerCutDisk::new();
+        disk.create_dir_all(&dir).expect("mkdir");
+        // The states a cut may leave: after the last completed sync, then after each write.
+        let mut history = vec![Held::default()];
+        let mut pages_lost = 0;
+        let mut writes = 0u64;
+        for round in 0..power_cut::rounds(100) {
+            let engine = WalEngine::open(Disk::PowerCut(disk.clone()), &dir).unwrap_or_else(|e| {
+                panic!("SEED={seed} round {round}: the WAL must open after a power cut: {e}")
+            });
+            let held = Held::of(&engine);
+            let Some(at) = history.iter().position(|h| *h == held) else {
+                panic!(
+                    "SEED={seed} round {round}: after the cut the WAL holds entries {:?}, which \
+                     no write since the last sync left (last synced: {:?})",
+                    held.entries.keys().collect::<Vec<_>>(),
+                    history[0].entries.keys().collect::<Vec<_>>()
+                );
+            };
+            assert!(at < history.len(), "{at}");
+            let mut model = held;
+            history = vec![model.clone()];
+            for _ in 0..rng.gen_range(1..40) {
+                let mut batch = WriteBatch::default();
+                match rng.gen_range(0..100) {
+                    0..=59 => {
+                        // An append, sometimes replacing the tail (a new leader's entries).
+                        let last = model.next_index();
+                        let first = if rng.gen_bool(0.15) {
+                            let low = model.entries.keys().next().copied().unwrap_or(1);
+                            rng.gen_range(low..=last)
+                        } else {
+                            last
+                        };
+                        batch.remove_logs(Bound::Included(first), Bound::Unbounded);
+                        model.entries.split_off(&first);
+                        for index in first..first + rng.gen_range(1..=4) {
+                            writes += 1;
+                            let len = if rng.gen_bool(0.02) {
+                                100_000
+                            } else {
+                                rng.gen_range(1..3_000)
+                            };
+                            let record: Vec<u8> = (0..len)
+                                .map(|i| (i as u64 ^ index ^ writes) as u8)
+                                .collect();
+                            batch.put_log(index, &record).expect("put");
+                            model.entries.insert(index, Arc::from(record));
+                        }
+                    }
+                    60..=69 => {
+                        let Some(&last) = model.entries.keys().next_back() else {
+                            continue;
+                        };
+                        let upto = rng.gen_range(0..=last);
+                        let purged = upto.to_le_bytes().to_vec();
+                        batch.put_meta(MetaKey::LastPurged, &purged);
+                        batch.remove_logs(Bound::Unbounded, Bound::Included(upto));
+                        model.last_purged = Some(purged);
+                        model.entries = model.entries.split_off(&(upto + 1));
+                    }
+                    70..=79 => {
+                        let vote = rng.r#gen::<u64>().to_le_bytes().to_vec();
+                        batch.put_meta(MetaKey::Vote, &vote);
+                        model.vote = Some(vote);
+                    }
+                    _ => {
+                        engine.sync().expect("sync");
+                        history = vec![model.clone()];
+                        continue;
+                    }
+                }
+                engine.write(batch).expect("write");
+                history.push(model.clone());
+            }
+            let (next, report) = disk.power_cut(&mut rng);
+            pages_lost += report.pages_lost;
+            drop(engine);
+            disk = next;
+        }
+        assert!(pages_lost > 0, "SEED={seed}: the cuts never lost a page");
+    }
+
+    #[test]
+    fn a_sync_writes_one_mark_and_idle_syncs_add_none() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let engine = WalEngine::open(Disk::Os, dir.path()).expect("open");
+        let span = put_one(&engine, 1);
+        engine.sync().expect("sync");
+        let after_mark = engine.lock().active_len;
+        assert_eq!(after_mark, (span.end + FRAME_HEADER_LEN) as u64);
+        let bytes = std::fs::read(segment_path(dir.path(), 1)).expect("read");
+        let mark = FrameFormat::V2.read(1, &bytes, span.end).expect("mark");
+        assert!(mark.body.is_empty());
+        assert_eq!(mark.synced_to, span.end as u64);
+        engine.sync().expect("sync");
+        engine.sync().expect("sync");
+        assert_eq!(engine.lock().active_len, after_mark);
+        assert_eq!(engine.lock().synced_to, after_mark);
     }
 }
