@@ -767,7 +767,18 @@ async fn a_renewal_sent_late_in_the_lease_is_never_lost() {
             at.heartbeat(&session.id),
             at.renew(&session.id, "k", grant.fencing_token, LEASE)
         );
-        assert!(alive.expect("heartbeat"), "round {round}: session lost");
+        if !alive.expect("heartbeat") {
+            // As for the renewal below: "gone" before the client deadline is a bug; after it
+            // (a loaded machine woke this task late or retried) it is a correct answer.
+            assert!(
+                Instant::now() >= deadline,
+                "round {round}: heartbeat sent {:?} before the client deadline answered the \
+                 session gone before that deadline",
+                deadline.saturating_duration_since(send)
+            );
+            println!("round {round}: heartbeat answered only after the client deadline; stopping");
+            return;
+        }
         match renewed.expect("renew") {
             Some(r) => assert_eq!(r.fencing_token, grant.fencing_token),
             None if Instant::now() < deadline => panic!(
