@@ -668,6 +668,8 @@ impl Cluster {
     /// Restarts a stopped node whose data may be damaged: it either gets ready, or exits
     /// before, which is then not a crash but the answer (with the end of its log).
     pub async fn restart_or_refuse(&mut self, id: u64) -> anyhow::Result<StartOutcome> {
+        // Only what this start logs says why it refused (the log file spans every start).
+        let log_from = std::fs::metadata(&self.node(id)?.log).map_or(0, |m| m.len());
         let ready = self.spawn(id, true)?;
         let outcome = match tokio::time::timeout(NODE_READY_TIMEOUT, ready).await {
             Ok(Ok(())) => StartOutcome::Ready,
@@ -682,7 +684,7 @@ impl Cluster {
                 }
                 StartOutcome::Refused {
                     status,
-                    log_tail: log_tail(&node.log, REFUSAL_LOG_TAIL_BYTES),
+                    log_tail: log_tail(&node.log, log_from, REFUSAL_LOG_TAIL_BYTES),
                 }
             }
             Err(_) => bail!(
@@ -782,20 +784,21 @@ impl Cluster {
     }
 }
 
-/// The last `bytes` of the file at `path` (lossy UTF-8, from a line start), or a note why not.
-fn log_tail(path: &Path, bytes: u64) -> String {
+/// The last `bytes` of the file at `path` written after offset `since` (lossy UTF-8, from a
+/// line start), or a note why not.
+fn log_tail(path: &Path, since: u64, bytes: u64) -> String {
     use std::io::{Read, Seek, SeekFrom};
     let Ok(mut file) = std::fs::File::open(path) else {
         return format!("({} cannot be read)", path.display());
     };
     let len = file.metadata().map(|m| m.len()).unwrap_or(0);
-    let from = len.saturating_sub(bytes);
+    let from = len.saturating_sub(bytes).max(since.min(len));
     let mut text = Vec::new();
     if file.seek(SeekFrom::Start(from)).is_err() || file.read_to_end(&mut text).is_err() {
         return format!("({} cannot be read)", path.display());
     }
     let text = String::from_utf8_lossy(&text).into_owned();
-    match (from > 0, text.find('\n')) {
+    match (from > since, text.find('\n')) {
         (true, Some(i)) => text[i + 1..].to_owned(),
         _ => text,
     }

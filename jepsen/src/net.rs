@@ -49,7 +49,7 @@ use std::process::Stdio;
 use anyhow::{Context, bail};
 use tokio::process::Command;
 
-use crate::proxy::{ProxyNet, Shape};
+use crate::proxy::{ProxyNet, Shape, ShapeCounts};
 
 /// Environment variable set on the harness re-executed inside the namespace, naming it.
 pub const NETNS_ENV: &str = "LOCK_JEPSEN_NETNS";
@@ -600,6 +600,15 @@ impl Firewall {
                 }
                 Ok(())
             }
+        }
+    }
+
+    /// What the proxies' shapes did so far (`None` in the namespace: netem keeps no count the
+    /// harness reads).
+    pub fn shape_counts(&self) -> Option<ShapeCounts> {
+        match &self.backend {
+            Backend::Proxy(net) => Some(net.shape_counts()),
+            Backend::Iptables => None,
         }
     }
 

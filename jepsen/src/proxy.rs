@@ -28,6 +28,8 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -79,8 +81,9 @@ impl Shape {
             || self.reset_per_mille > 0
     }
 
-    /// How long to hold one chunk, or `None` to close the connection.
-    fn hold(&self, rng: &mut StdRng) -> Option<Duration> {
+    /// How long to hold one chunk and whether that includes a stall, or `None` to close the
+    /// connection.
+    fn hold(&self, rng: &mut StdRng) -> Option<(Duration, bool)> {
         if self.reset_per_mille > 0 && rng.gen_range(0..1000) < self.reset_per_mille {
             return None;
         }
@@ -88,11 +91,53 @@ impl Shape {
         if self.jitter_ms > 0 {
             ms += rng.gen_range(0..=self.jitter_ms);
         }
-        if self.stall_per_mille > 0 && rng.gen_range(0..1000) < self.stall_per_mille {
+        let stalled = self.stall_per_mille > 0 && rng.gen_range(0..1000) < self.stall_per_mille;
+        if stalled {
             let (lo, hi) = self.stall_ms;
             ms += rng.gen_range(lo..=hi.max(lo));
         }
-        Some(Duration::from_millis(ms))
+        Some((Duration::from_millis(ms), stalled))
+    }
+}
+
+/// What shaped links did, counted since the proxies started (so a fault's figures are the
+/// difference between its start and its heal).
+#[derive(Debug, Default)]
+pub struct ShapeCounters {
+    held: AtomicU64,
+    stalls: AtomicU64,
+    resets: AtomicU64,
+}
+
+/// A reading of [`ShapeCounters`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ShapeCounts {
+    /// Chunks held before they were written.
+    pub held: u64,
+    /// Of them, chunks stalled.
+    pub stalls: u64,
+    /// Connections closed.
+    pub resets: u64,
+}
+
+impl ShapeCounts {
+    /// What happened between `earlier` and `self`.
+    pub fn since(self, earlier: ShapeCounts) -> ShapeCounts {
+        ShapeCounts {
+            held: self.held.saturating_sub(earlier.held),
+            stalls: self.stalls.saturating_sub(earlier.stalls),
+            resets: self.resets.saturating_sub(earlier.resets),
+        }
+    }
+}
+
+impl ShapeCounters {
+    fn read(&self) -> ShapeCounts {
+        ShapeCounts {
+            held: self.held.load(Ordering::Relaxed),
+            stalls: self.stalls.load(Ordering::Relaxed),
+            resets: self.resets.load(Ordering::Relaxed),
+        }
     }
 }
 
@@ -105,6 +150,7 @@ pub struct LinkProxy {
     target: watch::Sender<Option<String>>,
     cut: watch::Sender<bool>,
     shape: watch::Sender<Shape>,
+    counters: Arc<ShapeCounters>,
     /// The accept loop; it owns every connection's task, so aborting it ends them all.
     task: JoinHandle<()>,
 }
@@ -134,12 +180,20 @@ impl LinkProxy {
         let (target, target_rx) = watch::channel(None);
         let (cut, cut_rx) = watch::channel(false);
         let (shape, shape_rx) = watch::channel(Shape::default());
-        let task = tokio::spawn(accept_loop(listener, target_rx, cut_rx, shape_rx));
+        let counters = Arc::new(ShapeCounters::default());
+        let task = tokio::spawn(accept_loop(
+            listener,
+            target_rx,
+            cut_rx,
+            shape_rx,
+            Arc::clone(&counters),
+        ));
         Ok(Self {
             addr,
             target,
             cut,
             shape,
+            counters,
             task,
         })
     }
@@ -184,6 +238,11 @@ impl LinkProxy {
     pub fn shape(&self) -> Shape {
         *self.shape.borrow()
     }
+
+    /// What the link's shapes did so far.
+    pub fn shape_counts(&self) -> ShapeCounts {
+        self.counters.read()
+    }
 }
 
 impl Drop for LinkProxy {
@@ -197,6 +256,7 @@ async fn accept_loop(
     target: watch::Receiver<Option<String>>,
     cut: watch::Receiver<bool>,
     shape: watch::Receiver<Shape>,
+    counters: Arc<ShapeCounters>,
 ) {
     let mut connections = JoinSet::new();
     let mut accepted: u64 = 0;
@@ -205,7 +265,14 @@ async fn accept_loop(
             Ok((inbound, _)) => {
                 let target = target.borrow().clone();
                 accepted += 1;
-                connections.spawn(serve(inbound, target, cut.clone(), shape.clone(), accepted));
+                connections.spawn(serve(
+                    inbound,
+                    target,
+                    cut.clone(),
+                    shape.clone(),
+                    Arc::clone(&counters),
+                    accepted,
+                ));
             }
             Err(_) => tokio::time::sleep(ACCEPT_ERROR_BACKOFF).await,
         }
@@ -231,6 +298,7 @@ async fn serve(
     target: Option<String>,
     mut cut: watch::Receiver<bool>,
     shape: watch::Receiver<Shape>,
+    counters: Arc<ShapeCounters>,
     connection: u64,
 ) {
     if *cut.borrow_and_update() {
@@ -256,9 +324,17 @@ async fn serve(
         out_write,
         cut.clone(),
         shape.clone(),
+        Arc::clone(&counters),
         connection * 2
     ));
-    let mut back = std::pin::pin!(pump(out_read, in_write, cut, shape, connection * 2 + 1));
+    let mut back = std::pin::pin!(pump(
+        out_read,
+        in_write,
+        cut,
+        shape,
+        counters,
+        connection * 2 + 1
+    ));
     // One side's clean end (EOF) is passed on and the other direction runs on; an error on
     // either side ends both.
     tokio::select! {
@@ -276,6 +352,7 @@ async fn pump(
     mut to: impl AsyncWrite + Unpin,
     mut cut: watch::Receiver<bool>,
     shape: watch::Receiver<Shape>,
+    counters: Arc<ShapeCounters>,
     stream: u64,
 ) -> std::io::Result<()> {
     let mut buf = vec![0u8; COPY_BUF_BYTES];
@@ -297,8 +374,17 @@ async fn pump(
                 StdRng::seed_from_u64(now_shape.seed ^ stream.wrapping_mul(0x9E37_79B9_7F4A_7C15))
             });
             match now_shape.hold(rng) {
-                Some(hold) => tokio::time::sleep(hold).await,
-                None => return Err(std::io::ErrorKind::ConnectionReset.into()),
+                Some((hold, stalled)) => {
+                    counters.held.fetch_add(1, Ordering::Relaxed);
+                    if stalled {
+                        counters.stalls.fetch_add(1, Ordering::Relaxed);
+                    }
+                    tokio::time::sleep(hold).await;
+                }
+                None => {
+                    counters.resets.fetch_add(1, Ordering::Relaxed);
+                    return Err(std::io::ErrorKind::ConnectionReset.into());
+                }
             }
         }
         let mut written = 0;
@@ -402,6 +488,18 @@ impl ProxyNet {
             }
         }
         Ok(())
+    }
+
+    /// What every link's shapes did so far, summed.
+    pub fn shape_counts(&self) -> ShapeCounts {
+        self.links
+            .values()
+            .map(LinkProxy::shape_counts)
+            .fold(ShapeCounts::default(), |a, b| ShapeCounts {
+                held: a.held + b.held,
+                stalls: a.stalls + b.stalls,
+                resets: a.resets + b.resets,
+            })
     }
 
     /// Removes every link's shape.
@@ -566,6 +664,8 @@ mod tests {
         // Unshaped, a new connection relays at once.
         proxy.set_shape(Shape::default());
         assert!(!proxy.shape().is_active());
+        let counts = proxy.shape_counts();
+        assert!(counts.held >= 1 && counts.resets == 1, "{counts:?}");
     }
 
     #[tokio::test]

@@ -265,11 +265,11 @@ pub async fn heal(ctx: &Ctx, damaged: Damaged) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The part of a refusing node's log that says why: from the first line naming `file` (or
-/// the last lines), at most [`LOG_EXCERPT_BYTES`].
+/// The part of a refusing node's log that says why: from the last line naming `file` (its
+/// final error), or the last lines, at most [`LOG_EXCERPT_BYTES`].
 fn excerpt(log: &str, file: &str) -> String {
     let from = (!file.is_empty())
-        .then(|| log.find(file))
+        .then(|| log.rfind(file))
         .flatten()
         .and_then(|i| log[..i].rfind('\n').map(|n| n + 1).or(Some(0)))
         .unwrap_or_else(|| log.len().saturating_sub(LOG_EXCERPT_BYTES));
@@ -367,12 +367,7 @@ mod tests {
             }
         }
         assert!(flips > 0 && cuts > 0);
-        assert!(
-            excerpt(
-                "a\nb wal 0000000000000001.wal bad\nc",
-                "0000000000000001.wal"
-            )
-            .starts_with("b wal")
-        );
+        let log = "a 0000000000000001.wal cut\nb wal 0000000000000001.wal bad\nc";
+        assert!(excerpt(log, "0000000000000001.wal").starts_with("b wal"));
     }
 }

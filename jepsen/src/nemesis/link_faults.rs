@@ -111,6 +111,7 @@ pub async fn run(ctx: Arc<Ctx>, kinds: Vec<Kind>, mut rng: StdRng) -> anyhow::Re
         } else {
             value["proxy"] = json!(shape);
         }
+        let before = ctx.firewall.shape_counts();
         match ctx.firewall.degrade(&links, shape, &netem_args).await {
             Ok(()) => ctx.record(f, Phase::Start, Outcome::Installed, value),
             Err(e) => {
@@ -121,13 +122,14 @@ pub async fn run(ctx: Arc<Ctx>, kinds: Vec<Kind>, mut rng: StdRng) -> anyhow::Re
         ctx.sleep(between(&mut rng, HOLD_MS)).await;
         // A degradation that cannot be removed leaves the rest of the run on a network the
         // harness no longer controls: a harness failure, as for cuts.
+        let after = ctx.firewall.shape_counts();
         ctx.firewall.restore().await?;
-        ctx.record(
-            f,
-            Phase::Heal,
-            Outcome::Installed,
-            json!({"links": links.len()}),
-        );
+        let mut healed = json!({"links": links.len()});
+        if let (Some(before), Some(after)) = (before, after) {
+            // What the proxies did under this fault: chunks held, stalls, resets.
+            healed["did"] = json!(after.since(before));
+        }
+        ctx.record(f, Phase::Heal, Outcome::Installed, healed);
     }
 }
 
