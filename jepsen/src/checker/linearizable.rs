@@ -46,6 +46,8 @@
 //! Wing & Gong's search with Lowe's memo (as Porcupine does it), per key: an operation may be
 //! linearized next at point max(floor, its invocation, what it waits for) if that point is no
 //! later than its own completion and the completion of every other operation not yet placed.
+//! An operation of unknown outcome only ever frees the key, so it is tried only right before
+//! an operation it may let in (or let in earlier), and at a segment's end.
 //! The key's history is cut into segments at quiet moments (no operation open); the states
 //! each segment may end in carry into the next, so the cut loses nothing. The search of one key
 //! stops after [`SEARCH_STEPS_MAX`] steps, or when a segment may end in more than
@@ -447,15 +449,25 @@ impl Search<'_> {
             }
         }
         if remaining_mandatory == 0 {
+            // The segment may end here, or with one operation of unknown outcome still freeing
+            // the key (its effect outlives the segment; one is enough: it frees the holder).
             self.ends.insert(state);
+            for (i, op) in self.ops.iter().enumerate() {
+                if !op.mandatory && !is_placed(placed, i) {
+                    let lo = floor.max(op.invoke);
+                    if let Some((freed, _)) = state.apply(op.step, lo, op.cap) {
+                        self.ends.insert(freed);
+                    }
+                }
+            }
             if self.ends.len() > END_STATES_MAX {
                 self.overflow = true;
-                return;
             }
+            return;
         }
         let mut stuck = Vec::new();
         for (i, op) in self.ops.iter().enumerate() {
-            if is_placed(placed, i) {
+            if !op.mandatory || is_placed(placed, i) {
                 continue;
             }
             let others = if first.1 == i { second } else { first.0 };
@@ -469,13 +481,40 @@ impl Search<'_> {
                 self.overflow = true;
                 return;
             }
-            match state.apply(op.step, lo, hi) {
-                Some((next, point)) => {
-                    placed[i / 64] |= 1 << (i % 64);
-                    self.run(placed, count + 1, next, point);
-                    placed[i / 64] &= !(1 << (i % 64));
+            let mut placed_any = false;
+            if let Some((next, point)) = state.apply(op.step, lo, hi) {
+                placed_any = true;
+                placed[i / 64] |= 1 << (i % 64);
+                self.run(placed, count + 1, next, point);
+                placed[i / 64] &= !(1 << (i % 64));
+            }
+            // An operation of unknown outcome matters only where it frees the key for the
+            // next one (earlier it would only end the holder's lease sooner than anything
+            // needs), so it is tried only right before a mandatory operation, which it may let
+            // in at all or at an earlier point.
+            if state.holder.is_some() {
+                for (j, maybe) in self.ops.iter().enumerate() {
+                    if maybe.mandatory || is_placed(placed, j) {
+                        continue;
+                    }
+                    let maybe_lo = floor.max(maybe.invoke);
+                    let Some((freed, at)) = state.apply(maybe.step, maybe_lo, maybe.cap.min(hi))
+                    else {
+                        continue;
+                    };
+                    *self.steps += 1;
+                    if let Some((next, point)) = freed.apply(op.step, at.max(op.invoke), hi) {
+                        placed_any = true;
+                        placed[i / 64] |= 1 << (i % 64);
+                        placed[j / 64] |= 1 << (j % 64);
+                        self.run(placed, count + 2, next, point);
+                        placed[i / 64] &= !(1 << (i % 64));
+                        placed[j / 64] &= !(1 << (j % 64));
+                    }
                 }
-                None => stuck.push(i),
+            }
+            if !placed_any {
+                stuck.push(i);
             }
         }
         if remaining_mandatory > 0 && count >= self.deepest.0 {
