@@ -104,7 +104,29 @@ pub struct ClusterConfig {
     pub raft_dial: BTreeMap<u64, String>,
     /// libfaketime to preload, for the clock nemesis.
     pub libfaketime: Option<PathBuf>,
+    /// Ids of nodes prepared (address, folders, status channel) but not started: the
+    /// membership and corrupt nemeses start them as new members ([`Cluster::start_new`]).
+    pub spare_ids: Vec<u64>,
+    /// Extra `lockd run` arguments for every node (e.g. a shorter snapshot interval).
+    pub extra_args: Vec<String>,
 }
+
+/// How a (re)start that may fail went ([`Cluster::restart_or_refuse`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StartOutcome {
+    /// The node printed its ready line.
+    Ready,
+    /// The node exited before it was ready; the end of its log, which should say why.
+    Refused {
+        /// How it exited.
+        status: String,
+        /// The last lines it logged (at most [`REFUSAL_LOG_TAIL_BYTES`]).
+        log_tail: String,
+    },
+}
+
+/// How much of a refusing node's log [`StartOutcome::Refused`] keeps.
+pub const REFUSAL_LOG_TAIL_BYTES: u64 = 4 * 1024;
 
 /// An unexpected exit of a node: a crash, a finding of the run.
 #[derive(Clone, Debug, serde::Serialize)]
@@ -154,20 +176,27 @@ pub struct Cluster {
 #[derive(Clone, Debug)]
 pub struct Processes {
     pids: Arc<Mutex<BTreeMap<u64, i32>>>,
-    logs: BTreeMap<u64, PathBuf>,
+    /// Nodes that were ever started, with their log files (a spare joins at its first start).
+    logs: Arc<Mutex<BTreeMap<u64, PathBuf>>>,
 }
 
 impl Processes {
-    /// Every node with its running process (none while it is down) and its log file.
-    pub fn snapshot(&self) -> Vec<(u64, Option<i32>, &Path)> {
+    /// Every node ever started with its running process (none while it is down) and its log
+    /// file.
+    pub fn snapshot(&self) -> Vec<(u64, Option<i32>, PathBuf)> {
         let pids = self.pids.lock().unwrap_or_else(|p| p.into_inner());
-        self.logs
-            .iter()
-            .map(|(id, log)| (*id, pids.get(id).copied(), log.as_path()))
+        let logs = self.logs.lock().unwrap_or_else(|p| p.into_inner());
+        logs.iter()
+            .map(|(id, log)| (*id, pids.get(id).copied(), log.clone()))
             .collect()
     }
 
-    fn started(&self, id: u64, pid: i32) {
+    fn started(&self, id: u64, pid: i32, log: &Path) {
+        self.logs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(id)
+            .or_insert_with(|| log.to_path_buf());
         self.pids
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -216,10 +245,30 @@ impl StatusProbe {
             .map(|(id, _)| id)
     }
 
-    /// Whether every node answers and all agree on one leader.
-    pub async fn settled(&self) -> bool {
+    /// A channel to node `id`'s gRPC service.
+    pub fn channel(&self, id: u64) -> Option<tonic::transport::Channel> {
+        self.channels
+            .iter()
+            .find(|(n, _)| *n == id)
+            .map(|(_, c)| c.clone())
+    }
+
+    /// Node `id`'s own status, if it answers within [`STATUS_TIMEOUT`].
+    pub async fn status(&self, id: u64) -> Option<v1::StatusResponse> {
+        let channel = self.channel(id)?;
+        let mut client = v1::admin_service_client::AdminServiceClient::new(channel);
+        let mut request = tonic::Request::new(v1::StatusRequest {});
+        request.set_timeout(STATUS_TIMEOUT);
+        match tokio::time::timeout(STATUS_TIMEOUT, client.status(request)).await {
+            Ok(Ok(status)) => Some(status.into_inner()),
+            _ => None,
+        }
+    }
+
+    /// Whether every node in `ids` answers and all agree on one leader.
+    pub async fn settled(&self, ids: &[u64]) -> bool {
         let mut leaders = Vec::new();
-        for (_, channel) in &self.channels {
+        for (_, channel) in self.channels.iter().filter(|(id, _)| ids.contains(id)) {
             let mut client = v1::admin_service_client::AdminServiceClient::new(channel.clone());
             let mut request = tonic::Request::new(v1::StatusRequest {});
             request.set_timeout(STATUS_TIMEOUT);
@@ -282,7 +331,10 @@ impl Cluster {
         let mut nodes = BTreeMap::new();
         let mut peers = Vec::new();
         let mut channels = Vec::new();
-        for id in 1..=config.nodes {
+        let all_ids: Vec<u64> = (1..=config.nodes)
+            .chain(config.spare_ids.iter().copied())
+            .collect();
+        for &id in &all_ids {
             let addr = node_addr(config.in_netns, id)?;
             let data_dir = config.work_dir.join(format!("n{id}"));
             std::fs::create_dir_all(&data_dir)
@@ -295,7 +347,9 @@ impl Cluster {
                 std::os::unix::fs::chown(&data_dir, Some(uid), Some(uid))
                     .with_context(|| format!("chown {} to {uid}", data_dir.display()))?;
             }
-            peers.push(format!("{id}={addr}"));
+            if id <= config.nodes {
+                peers.push(format!("{id}={addr}"));
+            }
             let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
                 .context("building a status endpoint")?
                 .connect_timeout(STATUS_TIMEOUT)
@@ -316,7 +370,7 @@ impl Cluster {
         }
         let processes = Processes {
             pids: Arc::new(Mutex::new(BTreeMap::new())),
-            logs: nodes.iter().map(|(id, n)| (*id, n.log.clone())).collect(),
+            logs: Arc::new(Mutex::new(BTreeMap::new())),
         };
         let mut cluster = Self {
             config,
@@ -327,16 +381,16 @@ impl Cluster {
             probe: StatusProbe { channels },
             processes,
         };
-        let ids: Vec<u64> = cluster.nodes.keys().copied().collect();
+        let ids: Vec<u64> = (1..=cluster.config.nodes).collect();
         let mut ready = Vec::new();
         for id in &ids {
-            ready.push(cluster.spawn(*id)?);
+            ready.push(cluster.spawn(*id, false)?);
         }
         for (id, rx) in ids.iter().zip(ready) {
             cluster.await_ready(*id, rx).await?;
         }
         let deadline = Instant::now() + NODE_READY_TIMEOUT;
-        while !cluster.probe.settled().await {
+        while !cluster.probe.settled(&ids).await {
             if Instant::now() > deadline {
                 bail!(
                     "the cluster did not agree on a leader within {NODE_READY_TIMEOUT:?}; see {}",
@@ -348,14 +402,28 @@ impl Cluster {
         Ok(cluster)
     }
 
-    /// The client addresses of every node.
+    /// The client addresses of the nodes the cluster started with.
     pub fn endpoints(&self) -> Vec<String> {
-        self.nodes.values().map(|n| n.addr.clone()).collect()
+        self.nodes
+            .iter()
+            .filter(|(id, _)| **id <= self.config.nodes)
+            .map(|(_, n)| n.addr.clone())
+            .collect()
     }
 
-    /// Node ids.
+    /// Ids of the nodes the cluster started with.
     pub fn ids(&self) -> Vec<u64> {
-        self.nodes.keys().copied().collect()
+        (1..=self.config.nodes).collect()
+    }
+
+    /// Node `id`'s address (clients' and peers').
+    pub fn addr(&self, id: u64) -> Option<&str> {
+        self.nodes.get(&id).map(|n| n.addr.as_str())
+    }
+
+    /// Node `id`'s log file.
+    pub fn log(&self, id: u64) -> Option<&Path> {
+        self.nodes.get(&id).map(|n| n.log.as_path())
     }
 
     /// A status probe usable without holding the cluster.
@@ -391,13 +459,16 @@ impl Cluster {
             .with_context(|| format!("no node {id}"))
     }
 
-    /// Spawns node `id`'s process; the receiver fires when its ready line is printed.
-    fn spawn(&mut self, id: u64) -> anyhow::Result<oneshot::Receiver<()>> {
+    /// Spawns node `id`'s process; the receiver fires when its ready line is printed. With
+    /// `expect_exit`, an exit is not a crash until [`Cluster::restart_or_refuse`] saw it ready.
+    fn spawn(&mut self, id: u64, expect_exit: bool) -> anyhow::Result<oneshot::Receiver<()>> {
         let lockd = self.config.lockd.clone();
         let in_netns = self.config.in_netns;
         let libfaketime = self.config.libfaketime.clone();
         let peers = self.peers.clone();
         let raft_dial = self.config.raft_dial.get(&id).cloned();
+        let extra_args = self.config.extra_args.clone();
+        let initial = id <= self.config.nodes;
         let started = self.started;
         let crashes = Arc::clone(&self.crashes);
         let processes = self.processes.clone();
@@ -405,6 +476,12 @@ impl Cluster {
         if node.process.is_some() {
             bail!("node {id} is already running");
         }
+        // `--peers` must list this node; a node added later is not among the initial ones.
+        let peers = if initial {
+            peers
+        } else {
+            format!("{peers},{id}={}", node.addr)
+        };
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -430,6 +507,7 @@ impl Cluster {
                 "--election-timeout-max-ms",
                 &ELECTION_TIMEOUT_MAX_MS.to_string(),
             ])
+            .args(&extra_args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::from(
@@ -487,10 +565,10 @@ impl Cluster {
                     .await;
             }
         });
-        let expected_exit = Arc::new(AtomicBool::new(false));
+        let expected_exit = Arc::new(AtomicBool::new(expect_exit));
         let expected = Arc::clone(&expected_exit);
         let (exit_tx, exit_rx) = oneshot::channel();
-        processes.started(id, pid);
+        processes.started(id, pid, &node.log);
         tokio::spawn(async move {
             let status = child.wait().await;
             processes.exited(id, pid);
@@ -574,8 +652,73 @@ impl Cluster {
 
     /// Restarts a killed node on its data and waits for its ready line.
     pub async fn restart(&mut self, id: u64) -> anyhow::Result<()> {
-        let ready = self.spawn(id)?;
+        let ready = self.spawn(id, false)?;
         self.await_ready(id, ready).await
+    }
+
+    /// Starts spare node `id` for the first time: a fresh data dir, no `--bootstrap`; it
+    /// serves once a leader adds it.
+    pub async fn start_new(&mut self, id: u64) -> anyhow::Result<()> {
+        if self.node(id)?.starts > 0 {
+            bail!("node {id} was started before; a new member needs a new id");
+        }
+        self.restart(id).await
+    }
+
+    /// Restarts a stopped node whose data may be damaged: it either gets ready, or exits
+    /// before, which is then not a crash but the answer (with the end of its log).
+    pub async fn restart_or_refuse(&mut self, id: u64) -> anyhow::Result<StartOutcome> {
+        // Only what this start logs says why it refused (the log file spans every start).
+        let log_from = std::fs::metadata(&self.node(id)?.log).map_or(0, |m| m.len());
+        let ready = self.spawn(id, true)?;
+        let outcome = match tokio::time::timeout(NODE_READY_TIMEOUT, ready).await {
+            Ok(Ok(())) => StartOutcome::Ready,
+            Ok(Err(_)) => {
+                let node = self.node_mut(id)?;
+                let mut status = "exited".to_owned();
+                if let Some(mut process) = node.process.take() {
+                    if let Some(exited) = process.exited.take() {
+                        let _ = tokio::time::timeout(NODE_STOP_TIMEOUT, exited).await;
+                    }
+                    status = format!("exited before its ready line (pid {})", process.pid);
+                }
+                StartOutcome::Refused {
+                    status,
+                    log_tail: log_tail(&node.log, log_from, REFUSAL_LOG_TAIL_BYTES),
+                }
+            }
+            Err(_) => bail!(
+                "node {id} printed no ready line within {NODE_READY_TIMEOUT:?} and did not \
+                 exit; see {}",
+                self.node(id)?.log.display()
+            ),
+        };
+        if outcome == StartOutcome::Ready
+            && let Some(process) = &self.node(id)?.process
+        {
+            // From now on an exit is a crash again.
+            process.expected_exit.store(false, Ordering::SeqCst);
+        }
+        Ok(outcome)
+    }
+
+    /// Deletes stopped node `id`'s data directory and makes it afresh (for a node that is
+    /// never started again under this id).
+    pub fn wipe(&mut self, id: u64) -> anyhow::Result<()> {
+        let in_netns = self.config.in_netns;
+        let node = self.node(id)?;
+        if node.process.is_some() {
+            bail!("node {id} is running; stop it before wiping its data");
+        }
+        let dir = node.data_dir.clone();
+        std::fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        if in_netns {
+            let uid = net::node_uid(id);
+            std::os::unix::fs::chown(&dir, Some(uid), Some(uid))
+                .with_context(|| format!("chown {} to {uid}", dir.display()))?;
+        }
+        Ok(())
     }
 
     /// SIGSTOPs node `id`.
@@ -605,7 +748,7 @@ impl Cluster {
     /// Stops every node: SIGCONT (a paused node cannot exit), SIGTERM, then SIGKILL after
     /// [`NODE_STOP_TIMEOUT`].
     pub async fn stop(&mut self) {
-        let ids = self.ids();
+        let ids: Vec<u64> = self.nodes.keys().copied().collect();
         for id in &ids {
             if let Some(node) = self.nodes.get(id)
                 && let Some(process) = &node.process
@@ -638,6 +781,26 @@ impl Cluster {
     /// The data directory of node `id` (for the report).
     pub fn data_dir(&self, id: u64) -> Option<&Path> {
         self.nodes.get(&id).map(|n| n.data_dir.as_path())
+    }
+}
+
+/// The last `bytes` of the file at `path` written after offset `since` (lossy UTF-8, from a
+/// line start), or a note why not.
+fn log_tail(path: &Path, since: u64, bytes: u64) -> String {
+    use std::io::{Read, Seek, SeekFrom};
+    let Ok(mut file) = std::fs::File::open(path) else {
+        return format!("({} cannot be read)", path.display());
+    };
+    let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+    let from = len.saturating_sub(bytes).max(since.min(len));
+    let mut text = Vec::new();
+    if file.seek(SeekFrom::Start(from)).is_err() || file.read_to_end(&mut text).is_err() {
+        return format!("({} cannot be read)", path.display());
+    }
+    let text = String::from_utf8_lossy(&text).into_owned();
+    match (from > since, text.find('\n')) {
+        (true, Some(i)) => text[i + 1..].to_owned(),
+        _ => text,
     }
 }
 

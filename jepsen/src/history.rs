@@ -19,8 +19,10 @@
 //! - `type`: `invoke`, then exactly one of `ok` (it happened), `fail` (it certainly did not
 //!   happen) or `info` (unknown: it may or may not have happened, now or later).
 //! - `f`: `acquire` | `renew` | `release` | `write` | `revoke` for operations on a key, or a
-//!   nemesis op (`partition`, `kill`, `pause`, `clock`, `pause-client`, `outage`; an outage's
-//!   `value` names its `node` and `how`: `kill` or `isolate`). A nemesis op is one line
+//!   nemesis op (`partition`, `kill`, `pause`, `clock`, `pause-client`, `outage`, `slow-net`,
+//!   `flaky-net`, `membership`, `corrupt`; an outage's `value` names its `node` and `how`:
+//!   `kill` or `isolate`; a `membership` heal's value lists the removed node's `leader_answers`,
+//!   a `corrupt` heal's value its `result`: `recovered` or `refused-rebuilt`). A nemesis op is one line
 //!   per `phase` (`start` or `heal`) whose `outcome` is `installed`, `skipped` or `indeterminate`
 //!   (and whose `type` is `ok`, `fail` or `info` to match).
 //! - Per `f`: an acquire `ok` carries `token` and `deadline_ns`; an acquire not granted within its
@@ -129,6 +131,14 @@ pub enum F {
     PauseClient,
     /// One node killed or cut off from its peers for a long time, then brought back.
     Outage,
+    /// Links between nodes given latency and jitter.
+    SlowNet,
+    /// Links between nodes that lose, stall, duplicate or reset.
+    FlakyNet,
+    /// A membership change: a node added, a voter removed and added back.
+    Membership,
+    /// A stopped node's newest WAL segment or snapshot damaged, then the node restarted.
+    Corrupt,
 }
 
 impl F {
@@ -142,6 +152,10 @@ impl F {
                 | Self::Clock
                 | Self::PauseClient
                 | Self::Outage
+                | Self::SlowNet
+                | Self::FlakyNet
+                | Self::Membership
+                | Self::Corrupt
         )
     }
 
@@ -159,6 +173,10 @@ impl F {
             Self::Clock => "clock",
             Self::PauseClient => "pause-client",
             Self::Outage => "outage",
+            Self::SlowNet => "slow-net",
+            Self::FlakyNet => "flaky-net",
+            Self::Membership => "membership",
+            Self::Corrupt => "corrupt",
         }
     }
 }

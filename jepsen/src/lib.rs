@@ -12,6 +12,7 @@
 //! - [`proxy`] — the per-link TCP proxies that cut links without root.
 //! - [`lockd_bin`] — the `lockd` binary: found, and copied where the nodes' uids can run it.
 //! - [`cluster`] — the `lockd` processes: start, kill, restart, pause, clock offsets.
+//! - [`admin`] — membership changes through lockd's `AdminService`, at the leader.
 //! - [`resources`] — each node's CPU, RSS and log bytes, sampled from `/proc` during the run.
 //! - [`workload`] — the clients and the fenced register they write to.
 //! - [`nemesis`] — the faults and their schedule.
@@ -22,6 +23,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod admin;
 pub mod args;
 pub mod checker;
 pub mod cluster;

@@ -61,8 +61,10 @@ enum Command {
         #[arg(long, default_value_t = 4)]
         keys: u32,
         /// Comma-separated nemeses: partition, kill, pause, clock, client-pause, revoke,
-        /// outage (or `none`). Default: all but outage, and clock only if libfaketime is
-        /// installed (a clock asked for by name without it is a harness failure).
+        /// slow-net, flaky-net, membership, corrupt, outage (or `none`). Default: all but
+        /// membership, corrupt and outage; clock only if libfaketime is installed, and in the
+        /// namespace slow-net and flaky-net only if tc netem works (asked for by name without
+        /// them, the run is a harness failure).
         #[arg(long)]
         nemesis: Option<String>,
         /// How long the outage nemesis keeps its node out (default 60s).
@@ -185,6 +187,25 @@ async fn run(cli: Cli) -> anyhow::Result<Exit> {
                 }
                 NetPlan::Run(mode) => mode,
             };
+            // In the namespace, slow and flaky links need netem; asked for by name without it
+            // the run fails (as the clock does without libfaketime), left to the defaults they
+            // are left out and the header says so.
+            let mut nemeses = nemeses;
+            let mut nemesis_note = nemesis_note;
+            if net_mode == net::NetMode::Netns
+                && nemeses.iter().any(|k| k.is_link_fault())
+                && let Err(why) = net::netem_available().await
+            {
+                if nemesis.is_some() {
+                    anyhow::bail!("--nemesis slow-net / flaky-net in --net netns: {why}");
+                }
+                nemeses.retain(|k| !k.is_link_fault());
+                let note = format!("slow-net and flaky-net are left out: {why}");
+                nemesis_note = Some(match nemesis_note {
+                    Some(n) => format!("{n}; {note}"),
+                    None => note,
+                });
+            }
             let config = RunConfig {
                 nodes,
                 time,

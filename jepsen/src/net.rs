@@ -49,7 +49,7 @@ use std::process::Stdio;
 use anyhow::{Context, bail};
 use tokio::process::Command;
 
-use crate::proxy::ProxyNet;
+use crate::proxy::{ProxyNet, Shape, ShapeCounts};
 
 /// Environment variable set on the harness re-executed inside the namespace, naming it.
 pub const NETNS_ENV: &str = "LOCK_JEPSEN_NETNS";
@@ -63,6 +63,12 @@ pub const NODE_ADDR_BASE: u8 = 10;
 
 /// The iptables chain holding every cut, jumped to from `OUTPUT`.
 pub const CHAIN: &str = "LOCKJEPSEN";
+
+/// The `mangle` chain marking the packets of degraded links for `tc`, jumped to from `OUTPUT`.
+pub const MARK_CHAIN: &str = "LOCKJEPSEN_MARK";
+
+/// The firewall mark of a degraded link's packets, which the `tc` filter sends to netem.
+pub const DEGRADED_MARK: &str = "0x1d";
 
 /// Folders searched for a tool after `PATH`: `ip` and `iptables` live in sbin, which the `PATH`
 /// of a non-login shell, a sudo session or a test runner often lacks.
@@ -87,6 +93,12 @@ pub const IP: Tool = Tool {
 pub const IPTABLES: Tool = Tool {
     name: "iptables",
     package: "iptables",
+};
+
+/// `tc`: the netem qdisc of degraded links inside the namespace.
+pub const TC: Tool = Tool {
+    name: "tc",
+    package: "iproute2",
 };
 
 impl Tool {
@@ -182,6 +194,29 @@ async fn run(tool: Tool, args: &[&str]) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// Whether `tc netem` works here (inside the harness's namespace): `Err` says why not. A
+/// kernel without the netem qdisc (module `sch_netem`) answers "Specified qdisc kind is
+/// unknown".
+pub async fn netem_available() -> Result<(), String> {
+    let probe = run(
+        TC,
+        &[
+            "qdisc", "add", "dev", "lo", "root", "handle", "1:", "netem", "delay", "1ms",
+        ],
+    )
+    .await;
+    match probe {
+        Ok(()) => {
+            let _ = run(TC, &["qdisc", "del", "dev", "lo", "root"]).await;
+            Ok(())
+        }
+        Err(e) => Err(format!(
+            "tc netem is not available ({e:#}); it needs tc (package iproute2) and the kernel's \
+             netem qdisc (module sch_netem); use --net proxy for the proxy's stream model"
+        )),
+    }
 }
 
 /// Creates a fresh namespace named `name` with its loopback up.
@@ -450,6 +485,152 @@ impl Firewall {
                         )
                         .await?;
                     }
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// How this network degrades a link, for the header and the history.
+    pub fn degrade_model(&self) -> &'static str {
+        match self.backend {
+            Backend::Iptables => {
+                "netem: tc netem on the packets each node sends to a degraded peer's address \
+                 (delay, jitter, loss, duplication at the IP level)"
+            }
+            Backend::Proxy(_) => {
+                "proxy stream model: chunks held for latency + jitter in order, random stalls \
+                 (a retransmission's delay), random connection resets (no bytes dropped)"
+            }
+        }
+    }
+
+    /// Degrades every link in `links` (pairs of node ids), both directions: in proxy mode with
+    /// `shape`, in the namespace with netem `netem` (e.g. `delay 20ms 10ms loss 5%`).
+    pub async fn degrade(
+        &self,
+        links: &[(u64, u64)],
+        shape: Shape,
+        netem: &[&str],
+    ) -> anyhow::Result<()> {
+        match &self.backend {
+            Backend::Proxy(net) => net.shape(links, shape),
+            Backend::Iptables => {
+                // Marked packets go to a netem class; the rest to a plain one. htb, not prio:
+                // it is the classful qdisc every kernel with netem also has.
+                let _ = run(TC, &["qdisc", "del", "dev", "lo", "root"]).await;
+                run(
+                    TC,
+                    &[
+                        "qdisc", "add", "dev", "lo", "root", "handle", "1:", "htb", "default", "1",
+                    ],
+                )
+                .await?;
+                for class in ["1:1", "1:2"] {
+                    run(
+                        TC,
+                        &[
+                            "class", "add", "dev", "lo", "parent", "1:", "classid", class, "htb",
+                            "rate", "10gbit",
+                        ],
+                    )
+                    .await?;
+                }
+                let mut qdisc = vec![
+                    "qdisc", "add", "dev", "lo", "parent", "1:2", "handle", "20:", "netem",
+                ];
+                qdisc.extend_from_slice(netem);
+                run(TC, &qdisc).await?;
+                run(
+                    TC,
+                    &[
+                        "filter",
+                        "add",
+                        "dev",
+                        "lo",
+                        "parent",
+                        "1:",
+                        "protocol",
+                        "ip",
+                        "prio",
+                        "1",
+                        "handle",
+                        DEGRADED_MARK,
+                        "fw",
+                        "flowid",
+                        "1:2",
+                    ],
+                )
+                .await?;
+                let _ = run(IPTABLES, &["-w", "-t", "mangle", "-N", MARK_CHAIN]).await;
+                let jump = ["-w", "-t", "mangle", "-C", "OUTPUT", "-j", MARK_CHAIN];
+                if run(IPTABLES, &jump).await.is_err() {
+                    run(
+                        IPTABLES,
+                        &["-w", "-t", "mangle", "-A", "OUTPUT", "-j", MARK_CHAIN],
+                    )
+                    .await?;
+                }
+                for &(a, b) in links {
+                    for (from, to) in [(a, b), (b, a)] {
+                        let uid = node_uid(from).to_string();
+                        let dest = node_ip(to);
+                        run(
+                            IPTABLES,
+                            &[
+                                "-w",
+                                "-t",
+                                "mangle",
+                                "-A",
+                                MARK_CHAIN,
+                                "-m",
+                                "owner",
+                                "--uid-owner",
+                                &uid,
+                                "-d",
+                                &dest,
+                                "-j",
+                                "MARK",
+                                "--set-mark",
+                                DEGRADED_MARK,
+                            ],
+                        )
+                        .await?;
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// What the proxies' shapes did so far (`None` in the namespace: netem keeps no count the
+    /// harness reads).
+    pub fn shape_counts(&self) -> Option<ShapeCounts> {
+        match &self.backend {
+            Backend::Proxy(net) => Some(net.shape_counts()),
+            Backend::Iptables => None,
+        }
+    }
+
+    /// Removes every degradation.
+    pub async fn restore(&self) -> anyhow::Result<()> {
+        match &self.backend {
+            Backend::Proxy(net) => {
+                net.unshape();
+                Ok(())
+            }
+            Backend::Iptables => {
+                let _ = run(IPTABLES, &["-w", "-t", "mangle", "-F", MARK_CHAIN]).await;
+                // Deleting fails when nothing is installed; what matters is that no netem is.
+                let _ = run(TC, &["qdisc", "del", "dev", "lo", "root"]).await;
+                let shown = Command::new(TC.require()?)
+                    .args(["qdisc", "show", "dev", "lo"])
+                    .output()
+                    .await
+                    .context("running tc qdisc show dev lo")?;
+                let shown = String::from_utf8_lossy(&shown.stdout);
+                if shown.contains("netem") {
+                    bail!("a netem qdisc is still on lo after removing it: {shown}");
                 }
                 Ok(())
             }

@@ -13,12 +13,28 @@
 //! cut ([`crate::nemesis::partition`] does, through [`crate::net::Firewall`]; lock-tests'
 //! `LinkNet` builds its partitions on [`ProxyNet`] too, binding it before its nodes' ports are
 //! known and setting the targets afterwards).
+//!
+//! # Slow and flaky links ([`Shape`])
+//!
+//! A link can also be *shaped* instead of cut. The proxy relays a TCP byte stream, so it cannot
+//! drop or duplicate a packet — dropping bytes inside a relay corrupts the stream, which no real
+//! network does to TCP. What loss does to a TCP connection, seen from the application, is
+//! delay: the stream stalls until a retransmission fills the gap, and under heavy loss the
+//! connection eventually breaks. So a shaped link holds every chunk it reads for a latency plus
+//! a random jitter before writing it (chunks of one direction leave in order), stalls now and
+//! then for a random time (a retransmission timeout), and now and then closes the connection
+//! (both sides; the dialler reconnects). Packet-level loss and duplication are the namespace
+//! mode's, through `tc netem` ([`crate::net`]).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -37,6 +53,94 @@ pub const UPSTREAM_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// persistent failure does not spin a core.
 const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(50);
 
+/// What a shaped link does to the chunks it relays (see the module doc). The default does
+/// nothing.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Shape {
+    /// Every chunk is held this long before it is written.
+    pub delay_ms: u64,
+    /// Plus a random extra in `[0, jitter_ms]` (order is kept: a chunk never overtakes).
+    pub jitter_ms: u64,
+    /// Chance per chunk, in parts per thousand, of a stall of `stall_ms` (a lost segment's
+    /// retransmission).
+    pub stall_per_mille: u32,
+    /// The stall's length range, in ms.
+    pub stall_ms: (u64, u64),
+    /// Chance per chunk, in parts per thousand, that the connection is closed.
+    pub reset_per_mille: u32,
+    /// Seeds the per-connection random choices (mixed with a connection counter).
+    pub seed: u64,
+}
+
+impl Shape {
+    /// Whether the shape changes anything.
+    pub fn is_active(&self) -> bool {
+        self.delay_ms > 0
+            || self.jitter_ms > 0
+            || self.stall_per_mille > 0
+            || self.reset_per_mille > 0
+    }
+
+    /// How long to hold one chunk and whether that includes a stall, or `None` to close the
+    /// connection.
+    fn hold(&self, rng: &mut StdRng) -> Option<(Duration, bool)> {
+        if self.reset_per_mille > 0 && rng.gen_range(0..1000) < self.reset_per_mille {
+            return None;
+        }
+        let mut ms = self.delay_ms;
+        if self.jitter_ms > 0 {
+            ms += rng.gen_range(0..=self.jitter_ms);
+        }
+        let stalled = self.stall_per_mille > 0 && rng.gen_range(0..1000) < self.stall_per_mille;
+        if stalled {
+            let (lo, hi) = self.stall_ms;
+            ms += rng.gen_range(lo..=hi.max(lo));
+        }
+        Some((Duration::from_millis(ms), stalled))
+    }
+}
+
+/// What shaped links did, counted since the proxies started (so a fault's figures are the
+/// difference between its start and its heal).
+#[derive(Debug, Default)]
+pub struct ShapeCounters {
+    held: AtomicU64,
+    stalls: AtomicU64,
+    resets: AtomicU64,
+}
+
+/// A reading of [`ShapeCounters`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ShapeCounts {
+    /// Chunks held before they were written.
+    pub held: u64,
+    /// Of them, chunks stalled.
+    pub stalls: u64,
+    /// Connections closed.
+    pub resets: u64,
+}
+
+impl ShapeCounts {
+    /// What happened between `earlier` and `self`.
+    pub fn since(self, earlier: ShapeCounts) -> ShapeCounts {
+        ShapeCounts {
+            held: self.held.saturating_sub(earlier.held),
+            stalls: self.stalls.saturating_sub(earlier.stalls),
+            resets: self.resets.saturating_sub(earlier.resets),
+        }
+    }
+}
+
+impl ShapeCounters {
+    fn read(&self) -> ShapeCounts {
+        ShapeCounts {
+            held: self.held.load(Ordering::Relaxed),
+            stalls: self.stalls.load(Ordering::Relaxed),
+            resets: self.resets.load(Ordering::Relaxed),
+        }
+    }
+}
+
 /// One link i→j: a listener forwarding every connection to j's address, cut or not.
 #[derive(Debug)]
 pub struct LinkProxy {
@@ -45,6 +149,8 @@ pub struct LinkProxy {
     /// accepted connection, so a new target applies to connections made from then on.
     target: watch::Sender<Option<String>>,
     cut: watch::Sender<bool>,
+    shape: watch::Sender<Shape>,
+    counters: Arc<ShapeCounters>,
     /// The accept loop; it owns every connection's task, so aborting it ends them all.
     task: JoinHandle<()>,
 }
@@ -73,11 +179,21 @@ impl LinkProxy {
             .context("reading the proxy listener's address")?;
         let (target, target_rx) = watch::channel(None);
         let (cut, cut_rx) = watch::channel(false);
-        let task = tokio::spawn(accept_loop(listener, target_rx, cut_rx));
+        let (shape, shape_rx) = watch::channel(Shape::default());
+        let counters = Arc::new(ShapeCounters::default());
+        let task = tokio::spawn(accept_loop(
+            listener,
+            target_rx,
+            cut_rx,
+            shape_rx,
+            Arc::clone(&counters),
+        ));
         Ok(Self {
             addr,
             target,
             cut,
+            shape,
+            counters,
             task,
         })
     }
@@ -112,6 +228,21 @@ impl LinkProxy {
     pub fn is_cut(&self) -> bool {
         *self.cut.borrow()
     }
+
+    /// Shapes the link from now on, existing connections included.
+    pub fn set_shape(&self, shape: Shape) {
+        self.shape.send_replace(shape);
+    }
+
+    /// The link's shape now.
+    pub fn shape(&self) -> Shape {
+        *self.shape.borrow()
+    }
+
+    /// What the link's shapes did so far.
+    pub fn shape_counts(&self) -> ShapeCounts {
+        self.counters.read()
+    }
 }
 
 impl Drop for LinkProxy {
@@ -124,13 +255,24 @@ async fn accept_loop(
     listener: TcpListener,
     target: watch::Receiver<Option<String>>,
     cut: watch::Receiver<bool>,
+    shape: watch::Receiver<Shape>,
+    counters: Arc<ShapeCounters>,
 ) {
     let mut connections = JoinSet::new();
+    let mut accepted: u64 = 0;
     loop {
         match listener.accept().await {
             Ok((inbound, _)) => {
                 let target = target.borrow().clone();
-                connections.spawn(serve(inbound, target, cut.clone()));
+                accepted += 1;
+                connections.spawn(serve(
+                    inbound,
+                    target,
+                    cut.clone(),
+                    shape.clone(),
+                    Arc::clone(&counters),
+                    accepted,
+                ));
             }
             Err(_) => tokio::time::sleep(ACCEPT_ERROR_BACKOFF).await,
         }
@@ -151,7 +293,14 @@ async fn until_cut(cut: &mut watch::Receiver<bool>) {
     }
 }
 
-async fn serve(inbound: TcpStream, target: Option<String>, mut cut: watch::Receiver<bool>) {
+async fn serve(
+    inbound: TcpStream,
+    target: Option<String>,
+    mut cut: watch::Receiver<bool>,
+    shape: watch::Receiver<Shape>,
+    counters: Arc<ShapeCounters>,
+    connection: u64,
+) {
     if *cut.borrow_and_update() {
         // Accepted while cut: read nothing, forward nothing, and close it at the heal.
         let _held = inbound;
@@ -170,8 +319,22 @@ async fn serve(inbound: TcpStream, target: Option<String>, mut cut: watch::Recei
     let _ = outbound.set_nodelay(true);
     let (in_read, in_write) = inbound.into_split();
     let (out_read, out_write) = outbound.into_split();
-    let mut there = std::pin::pin!(pump(in_read, out_write, cut.clone()));
-    let mut back = std::pin::pin!(pump(out_read, in_write, cut));
+    let mut there = std::pin::pin!(pump(
+        in_read,
+        out_write,
+        cut.clone(),
+        shape.clone(),
+        Arc::clone(&counters),
+        connection * 2
+    ));
+    let mut back = std::pin::pin!(pump(
+        out_read,
+        in_write,
+        cut,
+        shape,
+        counters,
+        connection * 2 + 1
+    ));
     // One side's clean end (EOF) is passed on and the other direction runs on; an error on
     // either side ends both.
     tokio::select! {
@@ -181,13 +344,19 @@ async fn serve(inbound: TcpStream, target: Option<String>, mut cut: watch::Recei
 }
 
 /// Copies `from` to `to` while the link is not cut; while it is, reads nothing and writes
-/// nothing, holding whatever was read. Ends at EOF (shutting `to` down) or on an error.
+/// nothing, holding whatever was read. A shaped link holds each chunk before writing it, or
+/// ends the connection (an error, so both directions close). Ends at EOF (shutting `to` down)
+/// or on an error.
 async fn pump(
     mut from: impl AsyncRead + Unpin,
     mut to: impl AsyncWrite + Unpin,
     mut cut: watch::Receiver<bool>,
+    shape: watch::Receiver<Shape>,
+    counters: Arc<ShapeCounters>,
+    stream: u64,
 ) -> std::io::Result<()> {
     let mut buf = vec![0u8; COPY_BUF_BYTES];
+    let mut rng: Option<StdRng> = None;
     loop {
         if !until_healed(&mut cut).await {
             return Ok(());
@@ -198,6 +367,25 @@ async fn pump(
         };
         if n == 0 {
             return to.shutdown().await;
+        }
+        let now_shape = *shape.borrow();
+        if now_shape.is_active() {
+            let rng = rng.get_or_insert_with(|| {
+                StdRng::seed_from_u64(now_shape.seed ^ stream.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+            });
+            match now_shape.hold(rng) {
+                Some((hold, stalled)) => {
+                    counters.held.fetch_add(1, Ordering::Relaxed);
+                    if stalled {
+                        counters.stalls.fetch_add(1, Ordering::Relaxed);
+                    }
+                    tokio::time::sleep(hold).await;
+                }
+                None => {
+                    counters.resets.fetch_add(1, Ordering::Relaxed);
+                    return Err(std::io::ErrorKind::ConnectionReset.into());
+                }
+            }
         }
         let mut written = 0;
         while written < n {
@@ -287,6 +475,37 @@ impl ProxyNet {
     pub fn heal(&self) {
         for proxy in self.links.values() {
             proxy.heal();
+        }
+    }
+
+    /// Shapes every link in `links` (pairs of node ids), both directions.
+    pub fn shape(&self, links: &[(u64, u64)], shape: Shape) -> anyhow::Result<()> {
+        for &(a, b) in links {
+            for (from, to) in [(a, b), (b, a)] {
+                self.link(from, to)
+                    .with_context(|| format!("no proxy for link {from}→{to}"))?
+                    .set_shape(shape);
+            }
+        }
+        Ok(())
+    }
+
+    /// What every link's shapes did so far, summed.
+    pub fn shape_counts(&self) -> ShapeCounts {
+        self.links
+            .values()
+            .map(LinkProxy::shape_counts)
+            .fold(ShapeCounts::default(), |a, b| ShapeCounts {
+                held: a.held + b.held,
+                stalls: a.stalls + b.stalls,
+                resets: a.resets + b.resets,
+            })
+    }
+
+    /// Removes every link's shape.
+    pub fn unshape(&self) {
+        for proxy in self.links.values() {
+            proxy.set_shape(Shape::default());
         }
     }
 
@@ -413,6 +632,40 @@ mod tests {
         assert_eq!(read_exact(&mut fresh_server, 3).await, b"new");
         fresh_server.write_all(b"ok").await.unwrap();
         assert_eq!(read_exact(&mut fresh, 2).await, b"ok");
+    }
+
+    #[tokio::test]
+    async fn a_shaped_link_delays_in_order_and_may_reset() {
+        let (_target, proxy, mut client, mut server) = setup().await;
+        proxy.set_shape(Shape {
+            delay_ms: 150,
+            jitter_ms: 50,
+            seed: 1,
+            ..Shape::default()
+        });
+        let sent = std::time::Instant::now();
+        for chunk in [b"one".as_slice(), b"two", b"three"] {
+            client.write_all(chunk).await.unwrap();
+        }
+        // Every byte arrives, in order, none sooner than the latency.
+        assert_eq!(read_exact(&mut server, 11).await, b"onetwothree");
+        assert!(sent.elapsed() >= Duration::from_millis(150));
+        proxy.set_shape(Shape {
+            reset_per_mille: 1000,
+            seed: 1,
+            ..Shape::default()
+        });
+        client.write_all(b"boom").await.unwrap();
+        let mut buf = [0u8; 8];
+        let closed = tokio::time::timeout(ARRIVES, server.read(&mut buf))
+            .await
+            .expect("the connection is closed in time");
+        assert!(matches!(closed, Ok(0) | Err(_)), "{closed:?}");
+        // Unshaped, a new connection relays at once.
+        proxy.set_shape(Shape::default());
+        assert!(!proxy.shape().is_active());
+        let counts = proxy.shape_counts();
+        assert!(counts.held >= 1 && counts.resets == 1, "{counts:?}");
     }
 
     #[tokio::test]

@@ -121,7 +121,7 @@ pub async fn sample_until(
             }
         }
         for (node, pid, log) in processes.snapshot() {
-            samples.push(sample(recorder.now_ns(), node, pid, log));
+            samples.push(sample(recorder.now_ns(), node, pid, &log));
         }
         if *stop.borrow() {
             return samples;

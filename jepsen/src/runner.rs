@@ -79,6 +79,16 @@ pub struct RunConfig {
     pub outage_hold: Duration,
 }
 
+/// The highest node id a run prepares as a spare (for the membership and corrupt nemeses):
+/// each node dials its peers through at most `RAFT_DIAL_MAX` = 7 proxies (node/src/config.rs),
+/// so ids 1..=8 in all.
+pub const NODE_ID_MAX: u64 = 8;
+
+/// Log entries between snapshots when the corrupt nemesis runs: lockd's default (5000) is more
+/// than a short run writes, and the nemesis damages snapshot files too. 500 is lockd's
+/// minimum times five: a snapshot every few seconds of this workload.
+pub const CORRUPT_SNAPSHOT_LOGS: u64 = 500;
+
 /// Mode of the run's work folder (data directories, clock files, a copy of lockd): the node
 /// uids must enter it, whatever the harness's umask.
 const WORK_DIR_MODE: u32 = 0o755;
@@ -143,6 +153,9 @@ pub async fn run(config: RunConfig) -> anyhow::Result<RunOutcome> {
         "net_why": config.net_why,
         "nemesis_note": config.nemesis_note,
         "outage_hold_s": config.outage_hold.as_secs_f64(),
+        "spare_ids": setup.spare_ids,
+        "net_faults": setup.net_faults,
+        "lockd_extra_args": setup.extra_args,
         "libfaketime": setup.libfaketime.map(|p| p.display().to_string()),
         "lockd": setup.lockd.display().to_string(),
         "lockd_note": setup.lockd_note,
@@ -161,6 +174,10 @@ struct Setup {
     libfaketime: Option<PathBuf>,
     lockd: PathBuf,
     lockd_note: String,
+    spare_ids: Vec<u64>,
+    /// How links are degraded, if a link nemesis runs.
+    net_faults: Option<&'static str>,
+    extra_args: Vec<String>,
 }
 
 /// Prepares the work folder, the binary and the network, prints the header and starts the
@@ -187,19 +204,55 @@ async fn start(
     } else {
         (config.lockd.clone(), "run in place".to_owned())
     };
-    print_header(config, libfaketime.as_deref(), &lockd, &lockd_note);
+    let spare_ids: Vec<u64> = if config.nemeses.iter().any(|k| k.needs_spares()) {
+        if config.nodes >= NODE_ID_MAX {
+            bail!(
+                "--nemesis membership and corrupt need spare node ids above --nodes, up to \
+                 {NODE_ID_MAX}; use at most {} nodes",
+                NODE_ID_MAX - 1
+            );
+        }
+        (config.nodes + 1..=NODE_ID_MAX).collect()
+    } else {
+        Vec::new()
+    };
+    let extra_args: Vec<String> = if config.nemeses.contains(&Kind::Corrupt) {
+        vec![
+            "--snapshot-logs-since-last".to_owned(),
+            CORRUPT_SNAPSHOT_LOGS.to_string(),
+        ]
+    } else {
+        Vec::new()
+    };
+    let all_ids: Vec<u64> = (1..=config.nodes)
+        .chain(spare_ids.iter().copied())
+        .collect();
     let firewall = Arc::new(match config.net {
         NetMode::Netns => Firewall::iptables().await?,
         NetMode::Proxy => {
             let mut addrs = BTreeMap::new();
-            for id in 1..=config.nodes {
+            for &id in &all_ids {
                 addrs.insert(id, node_addr(false, id)?);
             }
             Firewall::proxy(&addrs).await?
         }
     });
-    let raft_dial = (1..=config.nodes)
-        .filter_map(|id| firewall.raft_dial(id).map(|dial| (id, dial)))
+    let net_faults = config
+        .nemeses
+        .iter()
+        .any(|k| k.is_link_fault())
+        .then(|| firewall.degrade_model());
+    print_header(
+        config,
+        libfaketime.as_deref(),
+        &lockd,
+        &lockd_note,
+        net_faults,
+        &spare_ids,
+    );
+    let raft_dial = all_ids
+        .iter()
+        .filter_map(|&id| firewall.raft_dial(id).map(|dial| (id, dial)))
         .collect();
     let cluster = Cluster::start(ClusterConfig {
         lockd: lockd.clone(),
@@ -209,6 +262,8 @@ async fn start(
         in_netns,
         raft_dial,
         libfaketime: libfaketime.clone(),
+        spare_ids: spare_ids.clone(),
+        extra_args: extra_args.clone(),
     })
     .await
     .context("starting the cluster")?;
@@ -219,13 +274,23 @@ async fn start(
             libfaketime,
             lockd,
             lockd_note,
+            spare_ids,
+            net_faults,
+            extra_args,
         },
     ))
 }
 
 /// Prints the run's header on stdout: what runs, and how and why — the network mode and the
 /// reason it was chosen, the clock faking, the binary the nodes run.
-fn print_header(config: &RunConfig, libfaketime: Option<&Path>, lockd: &Path, lockd_note: &str) {
+fn print_header(
+    config: &RunConfig,
+    libfaketime: Option<&Path>,
+    lockd: &Path,
+    lockd_note: &str,
+    net_faults: Option<&str>,
+    spare_ids: &[u64],
+) {
     let nemeses: Vec<&str> = config.nemeses.iter().map(|k| k.name()).collect();
     println!(
         "lock-jepsen run: {} nodes, {} clients, {} keys, nemeses [{}], {:?} of faults + {:?} \
@@ -244,10 +309,28 @@ fn print_header(config: &RunConfig, libfaketime: Option<&Path>, lockd: &Path, lo
         config.net.describe(),
         config.net_why
     );
-    match (libfaketime, &config.nemesis_note) {
-        (Some(lib), _) => println!("clock:   faked per node through {}", lib.display()),
-        (None, Some(note)) => println!("clock:   {note}"),
-        (None, None) => println!("clock:   not faked (no clock nemesis)"),
+    match libfaketime {
+        Some(lib) => println!("clock:   faked per node through {}", lib.display()),
+        None => println!("clock:   not faked (no clock nemesis)"),
+    }
+    if let Some(note) = &config.nemesis_note {
+        println!("note:    {note}");
+    }
+    if let Some(model) = net_faults {
+        println!("links:   slow-net/flaky-net through {model}");
+    }
+    if !spare_ids.is_empty() {
+        let ids: Vec<String> = spare_ids.iter().map(u64::to_string).collect();
+        println!(
+            "members: spare node ids {} for added and rebuilt members",
+            ids.join(",")
+        );
+    }
+    if config.nemeses.contains(&Kind::Corrupt) {
+        println!(
+            "storage: snapshots every {CORRUPT_SNAPSHOT_LOGS} log entries, so the corrupt \
+             nemesis finds snapshot files to damage"
+        );
     }
     if config.nemeses.contains(&Kind::Outage) {
         println!(
@@ -265,9 +348,15 @@ async fn run_phases(
     cluster: &Arc<Mutex<Cluster>>,
     firewall: &Arc<Firewall>,
 ) -> anyhow::Result<(Arc<Recorder>, Vec<Sample>)> {
-    let (endpoints, probe, nodes, processes) = {
+    let (endpoints, probe, nodes, processes, spares) = {
         let c = cluster.lock().await;
-        (c.endpoints(), c.probe(), c.ids(), c.processes())
+        (
+            c.endpoints(),
+            c.probe(),
+            c.ids(),
+            c.processes(),
+            c.config().spare_ids.clone(),
+        )
     };
     let recorder = Arc::new(Recorder::create(
         &config.out.join(HISTORY_FILE),
@@ -321,7 +410,9 @@ async fn run_phases(
         shared: Arc::clone(&shared),
         lock_client,
         stop: stop_rx,
-        nodes,
+        members: std::sync::Mutex::new(nodes),
+        spares: std::sync::Mutex::new(spares),
+        grown: AtomicBool::new(false),
         clients: config.clients,
         keys: config.keys,
         ttl: config.ttl,
@@ -357,6 +448,19 @@ async fn run_phases(
         nemeses.push(tokio::spawn(nemesis::revoke::run(
             Arc::clone(&ctx),
             seed_for(4),
+        )));
+    }
+    let link_kinds: Vec<Kind> = config
+        .nemeses
+        .iter()
+        .copied()
+        .filter(|k| k.is_link_fault())
+        .collect();
+    if !link_kinds.is_empty() {
+        nemeses.push(tokio::spawn(nemesis::link_faults::run(
+            Arc::clone(&ctx),
+            link_kinds,
+            seed_for(5),
         )));
     }
 

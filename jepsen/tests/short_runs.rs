@@ -10,7 +10,9 @@
 //! installed and the proxy otherwise (the header says which and why); one partition run forces
 //! `--net proxy`, so both ways of cutting links are exercised; t16 runs `--net netns` with a
 //! lockd binary the node users cannot reach. t17 holds a node out for 20 s twice and judges
-//! the survivors' cost.
+//! the survivors' cost. t18–t19 degrade links through the proxy's stream model (t18b asks the
+//! namespace for netem, which a kernel without `sch_netem` cannot give: then the run must fail
+//! naming it), t20 changes the membership under load, t21 damages a node's WAL or snapshot.
 //! The runs are serialised within this binary; nextest's `cluster` group bounds them across
 //! binaries.
 
@@ -312,5 +314,102 @@ fn t17_outage() {
         minutes >= 3,
         "per node, per minute figures: {}",
         summary["resources"]
+    );
+}
+
+/// The property called `name` in `results.json`.
+fn property(summary: &serde_json::Value, name: &str) -> serde_json::Value {
+    summary["properties"]
+        .as_array()
+        .and_then(|ps| ps.iter().find(|p| p["name"] == name))
+        .unwrap_or_else(|| panic!("no property {name} in {summary}"))
+        .clone()
+}
+
+/// Latency and jitter through the proxies (the stream model; the header says so).
+#[test]
+fn t18_slow_net() {
+    let summary = short_run_with("slow-net", "slow-net", TIME, &["--net", "proxy"]);
+    let model = summary["run"]["net_faults"].as_str().unwrap_or_default();
+    assert!(
+        model.starts_with("proxy stream model"),
+        "{}",
+        summary["run"]
+    );
+    assert_eq!(property(&summary, "linearizable")["status"], "pass");
+}
+
+/// Stalls and resets through the proxies.
+#[test]
+fn t19_flaky_net() {
+    let summary = short_run_with("flaky-net", "flaky-net", TIME, &["--net", "proxy"]);
+    let model = summary["run"]["net_faults"].as_str().unwrap_or_default();
+    assert!(
+        model.starts_with("proxy stream model"),
+        "{}",
+        summary["run"]
+    );
+}
+
+/// In the namespace the link faults are netem's: with it the run must pass; a kernel without
+/// the netem qdisc must make the run a harness failure naming it, not a run without the fault.
+#[test]
+fn t18b_netem_in_the_namespace_or_a_failure_naming_it() {
+    let host = Host::probe();
+    if !host.root {
+        // No namespace without root; t16 checks that refusal.
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let run = run("flaky-net", TIME, &["--net", "netns"]);
+    match run.output.status.code() {
+        Some(0) => {
+            let summary = run.results.expect("results.json is written");
+            let model = summary["run"]["net_faults"].as_str().unwrap_or_default();
+            assert!(model.starts_with("netem"), "{}", summary["run"]);
+            assert!(
+                summary["stats"]["faults"]["flaky-net"]["installed"]
+                    .as_u64()
+                    .unwrap_or(0)
+                    >= 1,
+                "{}",
+                summary["stats"]
+            );
+        }
+        code => {
+            assert_eq!(code, Some(2), "{}\n{}", run.stdout, run.stderr);
+            assert!(
+                run.stderr.contains("netem") && run.stderr.contains("sch_netem"),
+                "{}",
+                run.stderr
+            );
+        }
+    }
+}
+
+/// A fourth node added and promoted, voters removed and added back while the clients run: every
+/// property holds, and a removed node never answers as leader.
+#[test]
+fn t20_membership() {
+    let summary = short_run("membership", "membership");
+    let removed = property(&summary, "removed_not_leader");
+    assert_eq!(removed["status"], "pass", "{removed}");
+    assert!(
+        removed["checked"].as_u64().unwrap_or(0) >= 1,
+        "no removal was watched: {removed}"
+    );
+    assert_eq!(summary["run"]["spare_ids"][0], 4, "{}", summary["run"]);
+}
+
+/// A node's newest WAL segment or snapshot damaged while it is down: it recovers, or refuses
+/// naming the file and is rebuilt under a new id; every property holds.
+#[test]
+fn t21_corrupt() {
+    let summary = short_run("corrupt", "corrupt");
+    let damage = property(&summary, "damage_detected");
+    assert_eq!(damage["status"], "pass", "{damage}");
+    assert!(
+        damage["checked"].as_u64().unwrap_or(0) >= 1,
+        "no damaged node was restarted: {damage}"
     );
 }

@@ -15,15 +15,24 @@
 //! - [`no_overlap`] — §5.2/§5.4: validity windows of one key's grants never overlap.
 //! - [`fenced_writes`] — §5.1/§5.4: accepted writes' tokens strictly increase and were granted.
 //! - [`no_lost_grants`] — §5.3: an acknowledged grant is not lost while it is valid.
+//! - [`linearizable`] — §5.1–§5.3 as one model: per key, the acquires, renewals, releases and
+//!   revokes linearize against a mutex with leases and increasing tokens (a bounded search).
+//! - [`removed_not_leader`] — §5.2: a voter removed by the membership nemesis never answers
+//!   as leader once its removal took effect.
+//! - [`damage_detected`] — §3.2/§5.3: a node whose WAL or snapshot was damaged either starts
+//!   or refuses naming the file.
 //! - [`recovery`] — §5.5: after the last fault heals, acquires succeed within a bound.
 //! - [`outage_cost`] — D-cost: while a node is out, the survivors' CPU and log rates stay
 //!   bounded.
 
+pub mod damage_detected;
 pub mod fenced_writes;
+pub mod linearizable;
 pub mod no_lost_grants;
 pub mod no_overlap;
 pub mod outage_cost;
 pub mod recovery;
+pub mod removed_not_leader;
 pub mod token_order;
 pub mod unique_tokens;
 
@@ -181,6 +190,9 @@ pub fn check_analysis(analysis: &Analysis, config: &CheckConfig) -> Verdict {
         no_overlap::check(analysis),
         fenced_writes::check(analysis),
         no_lost_grants::check(analysis),
+        linearizable::check(analysis),
+        removed_not_leader::check(analysis),
+        damage_detected::check(analysis),
         recovery::check(analysis, config),
         outage_cost::check(analysis),
     ];
@@ -215,6 +227,8 @@ pub struct ClientOp {
     pub completion: Option<Op>,
     /// Position of the completion line in the history (`usize::MAX` if none).
     pub complete_index: usize,
+    /// The lease asked for, from an acquire's invocation (`None` on other operations).
+    pub ttl_ms: Option<u64>,
 }
 
 impl ClientOp {
@@ -278,6 +292,9 @@ pub struct FaultSpan {
     pub heal_outcome: Option<Outcome>,
     /// The start line's value (targets, mode).
     pub value: serde_json::Value,
+    /// The heal line's value (what the heal found, e.g. a membership fault's leader answers),
+    /// `Null` without a heal.
+    pub heal_value: serde_json::Value,
 }
 
 impl FaultSpan {
@@ -410,6 +427,7 @@ impl Analysis {
                             outcome: OpType::Info,
                             completion: None,
                             complete_index: usize::MAX,
+                            ttl_ms: op.ttl_ms,
                         });
                     } else {
                         let open = pending_client.remove(&p).with_context(|| {
@@ -510,6 +528,7 @@ impl Analysis {
                                 heal_t: None,
                                 heal_outcome: None,
                                 value: op.value.clone().unwrap_or(serde_json::Value::Null),
+                                heal_value: serde_json::Value::Null,
                             });
                         }
                         Phase::Heal => {
@@ -521,6 +540,8 @@ impl Analysis {
                                 })?;
                             faults[open].heal_t = Some(op.t_ns);
                             faults[open].heal_outcome = Some(outcome);
+                            faults[open].heal_value =
+                                op.value.clone().unwrap_or(serde_json::Value::Null);
                         }
                     }
                 }

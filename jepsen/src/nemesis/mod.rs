@@ -3,9 +3,14 @@
 //!
 //! Owns the schedule (which fault when, for how long, from the run's seed) and the shared
 //! context. Each fault lives in its own module with a `start` and a `heal`. Node-level faults
-//! (partition, kill, pause, outage) run one at a time so that between them a majority is up;
-//! the clock, client-pause and revoke nemeses run alongside. Must not perform client operations
-//! other than force-revoke, and must not judge the history.
+//! (partition, kill, pause, membership, corrupt, outage) run one at a time so that between
+//! them a majority is up; the clock, client-pause, revoke and link (slow-net, flaky-net)
+//! nemeses run alongside. Must not perform client operations other than force-revoke, and must
+//! not judge the history.
+//!
+//! The members' list ([`Ctx::nodes`]) is what node faults pick their targets from; the
+//! membership and corrupt nemeses change it (a node added, removed, rebuilt under a new id)
+//! and take new ids from the spare ids the cluster was prepared with.
 //!
 //! A step that fails in a way that leaves the cluster in an unknown state the harness cannot
 //! repair (a firewall rule that cannot be removed) is a harness failure: the run aborts with
@@ -13,7 +18,10 @@
 
 pub mod client_pause;
 pub mod clock;
+pub mod corrupt;
 pub mod kill;
+pub mod link_faults;
+pub mod membership;
 pub mod outage;
 pub mod partition;
 pub mod pause;
@@ -40,10 +48,21 @@ pub const QUIET_MS: (u64, u64) = (1_500, 4_000);
 /// lease expiries to happen inside it (leases are a few seconds).
 pub const HOLD_MS: (u64, u64) = (3_000, 8_000);
 
-/// The nemeses of a run when `--nemesis` is not given: every one but the outage, which holds a
-/// node out for a minute and is asked for by name in long runs (it is last in [`Kind::ALL`]).
-pub const DEFAULT_NEMESES: &[Kind] = Kind::ALL.split_at(Kind::ALL.len() - 1).0;
-const _: () = assert!(matches!(Kind::ALL[Kind::ALL.len() - 1], Kind::Outage));
+/// The nemeses of a run when `--nemesis` is not given: the kinds [`Kind::in_default`] admits,
+/// which come first in [`Kind::ALL`].
+pub const DEFAULT_NEMESES: &[Kind] = Kind::ALL.split_at(DEFAULT_COUNT).0;
+
+/// How many kinds, from the start of [`Kind::ALL`], are in [`DEFAULT_NEMESES`].
+const DEFAULT_COUNT: usize = 8;
+
+/// Exactly the first [`DEFAULT_COUNT`] kinds of [`Kind::ALL`] are in the default set.
+const _: () = {
+    let mut i = 0;
+    while i < Kind::ALL.len() {
+        assert!(Kind::ALL[i].in_default() == (i < DEFAULT_COUNT));
+        i += 1;
+    }
+};
 
 /// A kind of nemesis, as named on the command line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
@@ -61,22 +80,54 @@ pub enum Kind {
     ClientPause,
     /// Force-revokes of random keys.
     Revoke,
+    /// Latency and jitter on links between nodes ([`link_faults`]).
+    SlowNet,
+    /// Loss, duplication, stalls and resets on links between nodes ([`link_faults`]).
+    FlakyNet,
+    /// A node added, a voter removed and added back ([`membership`]).
+    Membership,
+    /// A stopped node's WAL or snapshot damaged, then restarted or rebuilt ([`corrupt`]).
+    Corrupt,
     /// A node killed or cut off for a long time ([`outage`]), for the cost of a fault.
     Outage,
 }
 
 impl Kind {
-    /// Every kind, in the order the help text lists them; the outage last (see
+    /// Every kind, in the order the help text lists them; the default ones first (see
     /// [`DEFAULT_NEMESES`]).
-    pub const ALL: [Kind; 7] = [
+    pub const ALL: [Kind; 11] = [
         Kind::Partition,
         Kind::Kill,
         Kind::Pause,
         Kind::Clock,
         Kind::ClientPause,
         Kind::Revoke,
+        Kind::SlowNet,
+        Kind::FlakyNet,
+        Kind::Membership,
+        Kind::Corrupt,
         Kind::Outage,
     ];
+
+    /// Whether a run without `--nemesis` includes it. Every fault that leaves the cluster as
+    /// it found it, within seconds, is in. Out, asked for by name: the outage (it holds a node
+    /// out for a minute: a cost test for long runs), membership (after its first fault the
+    /// cluster has a voter more for the rest of the run, which changes what every other fault
+    /// means) and corrupt (it destroys a node's data, and each refusal spends a node id on a
+    /// rebuild).
+    pub const fn in_default(self) -> bool {
+        !matches!(self, Self::Membership | Self::Corrupt | Self::Outage)
+    }
+
+    /// Whether it needs spare node ids (new members).
+    pub fn needs_spares(self) -> bool {
+        matches!(self, Self::Membership | Self::Corrupt)
+    }
+
+    /// Whether it degrades links ([`link_faults`]).
+    pub fn is_link_fault(self) -> bool {
+        matches!(self, Self::SlowNet | Self::FlakyNet)
+    }
 
     /// The name on the command line.
     pub fn name(self) -> &'static str {
@@ -87,6 +138,10 @@ impl Kind {
             Self::Clock => "clock",
             Self::ClientPause => "client-pause",
             Self::Revoke => "revoke",
+            Self::SlowNet => "slow-net",
+            Self::FlakyNet => "flaky-net",
+            Self::Membership => "membership",
+            Self::Corrupt => "corrupt",
             Self::Outage => "outage",
         }
     }
@@ -95,7 +150,12 @@ impl Kind {
     pub fn is_node_fault(self) -> bool {
         matches!(
             self,
-            Self::Partition | Self::Kill | Self::Pause | Self::Outage
+            Self::Partition
+                | Self::Kill
+                | Self::Pause
+                | Self::Membership
+                | Self::Corrupt
+                | Self::Outage
         )
     }
 }
@@ -167,8 +227,12 @@ pub struct Ctx {
     pub lock_client: LockClient,
     /// Flips to `true` when faults must stop (each nemesis heals what it holds, then exits).
     pub stop: watch::Receiver<bool>,
-    /// Node ids.
-    pub nodes: Vec<u64>,
+    /// The voters now, as the harness believes (see [`Ctx::nodes`]).
+    pub members: std::sync::Mutex<Vec<u64>>,
+    /// Node ids prepared but never started, for new members (lowest first).
+    pub spares: std::sync::Mutex<Vec<u64>>,
+    /// Whether the membership nemesis has added its node yet.
+    pub grown: std::sync::atomic::AtomicBool,
     /// Number of workload clients.
     pub clients: u32,
     /// Number of keys.
@@ -182,6 +246,46 @@ pub struct Ctx {
 }
 
 impl Ctx {
+    /// The voters now: node faults pick their targets among them.
+    pub fn nodes(&self) -> Vec<u64> {
+        self.members
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Replaces the members' list (sorted).
+    pub fn set_members(&self, mut voters: Vec<u64>) {
+        voters.sort_unstable();
+        voters.dedup();
+        *self.members.lock().unwrap_or_else(|p| p.into_inner()) = voters;
+    }
+
+    /// Takes the lowest spare node id, if any is left.
+    pub fn take_spare(&self) -> Option<u64> {
+        let mut spares = self.spares.lock().unwrap_or_else(|p| p.into_inner());
+        (!spares.is_empty()).then(|| spares.remove(0))
+    }
+
+    /// Whether a spare node id is left.
+    pub fn has_spare(&self) -> bool {
+        !self
+            .spares
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_empty()
+    }
+
+    /// Whether the membership nemesis has grown the cluster.
+    pub fn grown(&self) -> bool {
+        self.grown.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Notes that the membership nemesis grew the cluster.
+    pub fn set_grown(&self) {
+        self.grown.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
     /// Sleeps `d`, or less if the run is stopping; `false` if it is.
     pub async fn sleep(&self, d: Duration) -> bool {
         let mut stop = self.stop.clone();
@@ -224,10 +328,17 @@ impl Ctx {
     pub async fn pick_node(&self, rng: &mut StdRng) -> (u64, bool) {
         if rng.gen_bool(0.5)
             && let Some(leader) = self.probe.leader().await
+            && self.nodes().contains(&leader)
         {
             return (leader, true);
         }
-        let node = self.nodes[rng.gen_range(0..self.nodes.len())];
+        let nodes = self.nodes();
+        // The members' list is never empty (a change that would empty it fails at the leader);
+        // node 1 stands in should it ever be.
+        let node = nodes
+            .get(rng.gen_range(0..nodes.len().max(1)))
+            .copied()
+            .unwrap_or(1);
         let leader = self.probe.leader().await == Some(node);
         (node, leader)
     }
@@ -270,6 +381,16 @@ pub async fn run_node_faults(
                 ctx.sleep(hold).await;
                 pause::heal(&ctx, paused).await?;
             }
+            Kind::Membership => {
+                let mut removed = membership::start(&ctx, &mut rng).await;
+                membership::watch(&ctx, &mut removed, hold).await;
+                membership::heal(&ctx, removed).await?;
+            }
+            Kind::Corrupt => {
+                let damaged = corrupt::start(&ctx, &mut rng).await;
+                ctx.sleep(hold).await;
+                corrupt::heal(&ctx, damaged).await?;
+            }
             Kind::Outage => {
                 let how = outage::How::nth(outages);
                 outages += 1;
@@ -295,11 +416,28 @@ mod tests {
             ("clock", Kind::Clock),
             ("client-pause", Kind::ClientPause),
             ("revoke", Kind::Revoke),
+            ("slow-net", Kind::SlowNet),
+            ("flaky-net", Kind::FlakyNet),
+            ("membership", Kind::Membership),
+            ("corrupt", Kind::Corrupt),
             ("outage", Kind::Outage),
         ] {
             assert_eq!(name.parse::<Kind>(), Ok(kind));
         }
         assert!("partitions".parse::<Kind>().is_err());
+    }
+
+    #[test]
+    fn the_default_set_leaves_out_the_outage_membership_and_corrupt() {
+        for kind in Kind::ALL {
+            assert_eq!(
+                DEFAULT_NEMESES.contains(&kind),
+                !matches!(kind, Kind::Outage | Kind::Membership | Kind::Corrupt),
+                "{kind:?}"
+            );
+        }
+        assert!(DEFAULT_NEMESES.contains(&Kind::SlowNet));
+        assert!(DEFAULT_NEMESES.contains(&Kind::FlakyNet));
     }
 
     #[test]

@@ -77,7 +77,7 @@ pub async fn start(ctx: &Ctx, rng: &mut StdRng, how: How) -> Out {
         }
         How::Isolate => {
             let cut: Vec<(u64, u64)> = ctx
-                .nodes
+                .nodes()
                 .iter()
                 .filter(|&&peer| peer != node)
                 .map(|&peer| (node.min(peer), node.max(peer)))

@@ -71,7 +71,7 @@ pub async fn start(ctx: &Ctx, rng: &mut StdRng) -> Cut {
     let modes = ["halves", "isolate-leader", "majority-ring"];
     let mode = modes[rng.gen_range(0..modes.len())];
     let leader = ctx.probe.leader().await;
-    let cut = links(mode, &ctx.nodes, leader, rng);
+    let cut = links(mode, &ctx.nodes(), leader, rng);
     if cut.is_empty() {
         ctx.record(
             F::Partition,

@@ -22,12 +22,16 @@ pub(super) const RIGHT: f64 = 20.0;
 const POINTS_PER_SERIES_MAX: usize = 6000;
 
 /// Every fault kind, in the order of the timeline's lanes and the legend.
-const FAULTS: [F; 6] = [
+const FAULTS: [F; 10] = [
     F::Partition,
     F::Kill,
     F::Pause,
     F::Clock,
     F::PauseClient,
+    F::SlowNet,
+    F::FlakyNet,
+    F::Membership,
+    F::Corrupt,
     F::Outage,
 ];
 
@@ -40,6 +44,10 @@ fn fault_colour(f: F) -> &'static str {
         F::Clock => "#1f77b4",
         F::PauseClient => "#2ca02c",
         F::Outage => "#8c564b",
+        F::SlowNet => "#bcbd22",
+        F::FlakyNet => "#17becf",
+        F::Membership => "#e377c2",
+        F::Corrupt => "#000000",
         _ => "#888888",
     }
 }

@@ -125,6 +125,13 @@ pub fn html(analysis: &Analysis, verdict: &Verdict, results: &Results) -> String
                 esc(field("net_why"))
             );
         }
+        if !field("net_faults").is_empty() {
+            let _ = write!(
+                out,
+                "<p><b>slow/flaky links:</b> {}</p>",
+                esc(field("net_faults"))
+            );
+        }
         if !field("nemesis_note").is_empty() {
             let _ = write!(out, "<p><b>nemeses:</b> {}</p>", esc(field("nemesis_note")));
         }
