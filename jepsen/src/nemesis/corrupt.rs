@@ -50,10 +50,16 @@ pub const WAL_SUBDIR: &str = "wal";
 /// See [`STORAGE_SUBDIR`].
 pub const SNAPSHOT_SUBDIR: &str = "snapshots";
 
-/// WAL segment header length (magic, version, crc).
+/// WAL segment header length (magic 8 bytes, format version u32 LE, crc).
 const WAL_HEADER_LEN: u64 = 16;
-/// WAL frame header length (body length, body crc).
-const WAL_FRAME_HEADER_LEN: u64 = 8;
+/// Where the segment header keeps its format version.
+const WAL_VERSION_AT: usize = 8;
+/// WAL frame header length in format 1 (body length, crc).
+const WAL_FRAME_HEADER_LEN_V1: u64 = 8;
+/// WAL frame header length in format 2 (body length, crc, the frame's own offset, the sync
+/// boundary); a format-2 frame may have an empty body (the mark written after each sync), so
+/// its end is where a header stops holding its own offset, not where a length is zero.
+const WAL_FRAME_HEADER_LEN_V2: u64 = 24;
 
 /// Most bits flipped by one fault.
 pub const FLIP_BITS_MAX: u32 = 8;
@@ -71,16 +77,32 @@ pub struct Damaged {
 /// Where the written frames of a WAL segment end (the preallocated zeros after them are not
 /// data), and where its last frame starts. `None` if the file has no frame or cannot be read.
 fn wal_frames(bytes: &[u8]) -> Option<(u64, u64)> {
+    let version = u32::from_le_bytes(
+        bytes
+            .get(WAL_VERSION_AT..WAL_VERSION_AT + 4)?
+            .try_into()
+            .ok()?,
+    );
+    let frame_header = match version {
+        1 => WAL_FRAME_HEADER_LEN_V1,
+        2 => WAL_FRAME_HEADER_LEN_V2,
+        _ => return None,
+    };
     let mut at = WAL_HEADER_LEN;
     let mut last = None;
     let len = bytes.len() as u64;
-    while at + WAL_FRAME_HEADER_LEN <= len {
+    while at + frame_header <= len {
         let i = usize::try_from(at).ok()?;
         let body = u32::from_le_bytes(bytes.get(i..i + 4)?.try_into().ok()?) as u64;
-        if body == 0 {
+        let ended = if version == 1 {
+            body == 0
+        } else {
+            u64::from_le_bytes(bytes.get(i + 8..i + 16)?.try_into().ok()?) != at
+        };
+        if ended {
             break;
         }
-        let end = at + WAL_FRAME_HEADER_LEN + body;
+        let end = at + frame_header + body;
         if end > len {
             break;
         }
@@ -316,8 +338,37 @@ mod tests {
     use rand::SeedableRng;
 
     /// A segment: header, two frames, preallocated zeros.
+    /// A format-2 segment: an entry, a sync mark (empty body), another entry, then zeros.
+    fn segment_v2() -> Vec<u8> {
+        let mut bytes = vec![7u8; WAL_HEADER_LEN as usize];
+        bytes[WAL_VERSION_AT..WAL_VERSION_AT + 4].copy_from_slice(&2u32.to_le_bytes());
+        for body in [&b"first"[..], &b""[..], &b"second!"[..]] {
+            let at = bytes.len() as u64;
+            bytes.extend_from_slice(&(body.len() as u32).to_le_bytes());
+            bytes.extend_from_slice(&[0xAB; 4]);
+            bytes.extend_from_slice(&at.to_le_bytes());
+            bytes.extend_from_slice(&16u64.to_le_bytes());
+            bytes.extend_from_slice(body);
+        }
+        bytes.extend_from_slice(&[0u8; 64]);
+        bytes
+    }
+
+    #[test]
+    fn format_2_frames_end_where_a_header_stops_holding_its_offset() {
+        let bytes = segment_v2();
+        let (end, last) = wal_frames(&bytes).unwrap();
+        // 16 header + (24 + 5) + 24 (the mark) = 69: the last frame, then its 24 + 7 bytes.
+        assert_eq!(last, 16 + 24 + 5 + 24);
+        assert_eq!(end, last + 24 + 7);
+        let mut unknown = bytes.clone();
+        unknown[WAL_VERSION_AT] = 9;
+        assert_eq!(wal_frames(&unknown), None);
+    }
+
     fn segment() -> Vec<u8> {
         let mut bytes = vec![7u8; WAL_HEADER_LEN as usize];
+        bytes[WAL_VERSION_AT..WAL_VERSION_AT + 4].copy_from_slice(&1u32.to_le_bytes());
         for body in [&b"first"[..], &b"second!"[..]] {
             bytes.extend_from_slice(&(body.len() as u32).to_le_bytes());
             bytes.extend_from_slice(&[0xAB; 4]);
