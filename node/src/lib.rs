@@ -22,6 +22,7 @@
 //! - [`grpc`]: the lock, session and admin services, their conversions and the serve loop.
 //! - [`server`]: assembles a node, Raft or stateless (`--backend pg|etcd`, cargo features
 //!   `pg`, `etcd`), and serves it.
+//! - [`peer`]: who is at the other end of a connection (address, certificate principal).
 //! - [`clock`]: the injected wall and monotonic clocks; [`log_limit`]: a repeating failure
 //!   logged as a change of state with a summary a minute. At the root because every folder
 //!   uses them.
@@ -34,6 +35,7 @@ pub mod clock;
 pub mod grpc;
 pub mod leader;
 pub mod log_limit;
+pub mod peer;
 pub mod process;
 pub mod raft;
 pub mod server;
