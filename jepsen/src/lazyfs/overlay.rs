@@ -17,6 +17,13 @@ use rand::seq::SliceRandom;
 /// The unit of loss: a page cache writes back, and a power cut loses, whole 4 KiB pages.
 pub const PAGE_BYTES: usize = 4096;
 
+/// The least probability with which a cut loses each unsynced page of a file (the most is
+/// 1). A kernel writes a dirty page back only seconds after it was dirtied (Linux's
+/// `dirty_expire_centisecs` is 30 s) unless an fsync pushes it, so of the pages written just
+/// before a power cut — the ones a sync in flight was about to cover — most never reach the
+/// disk; an fsync already under way may have written any of them, in any order.
+pub const LOSS_MIN: f64 = 0.5;
+
 /// [`PAGE_BYTES`] as a file offset.
 const PAGE: u64 = PAGE_BYTES as u64;
 
@@ -174,12 +181,12 @@ impl Overlay {
     }
 
     /// A power cut: each unsynced page is lost with one probability drawn for this file
-    /// (anywhere from none to all), the survivors are written through in a random order, and
+    /// (from [`LOSS_MIN`] to all), the survivors are written through in a random order, and
     /// the overlay is empty afterwards. The backing file keeps what it had where a page was
     /// lost: its last synced bytes, or a hole of zeros past its old end.
     pub fn cut(&mut self, backing: &dyn Backing, rng: &mut impl Rng) -> io::Result<Pages> {
         let pages = std::mem::take(&mut self.pages);
-        let loss = rng.gen_range(0.0..=1.0);
+        let loss = rng.gen_range(LOSS_MIN..=1.0);
         let mut kept: Vec<(u64, Box<[u8]>)> = Vec::with_capacity(pages.len());
         let mut done = Pages::default();
         for (index, page) in pages {
