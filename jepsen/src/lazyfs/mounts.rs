@@ -145,11 +145,21 @@ impl Mounts {
                     control: control.clone(),
                     _stdout: stdout,
                 });
-            if !matches!(ready, Ok(Ok(n)) if n > 0 && line.starts_with(READY_LINE_PREFIX)) {
+            let how = match ready {
+                Ok(Ok(n)) if n > 0 && line.starts_with(READY_LINE_PREFIX) => None,
+                Ok(Ok(0)) => Some("it exited before its ready line".to_owned()),
+                Ok(Ok(_)) => Some(format!(
+                    "it printed {:?} instead of its ready line",
+                    line.trim()
+                )),
+                Ok(Err(e)) => Some(format!("reading its stdout: {e}")),
+                Err(_) => Some(format!("no ready line within {MOUNT_READY_TIMEOUT:?}")),
+            };
+            if let Some(how) = how {
                 let why = std::fs::read_to_string(&err_path).unwrap_or_default();
                 bail!(
                     "--nemesis power-cut: lock-lazyfs could not mount node {id}'s data dir {} \
-                     (no ready line within {MOUNT_READY_TIMEOUT:?}): {}",
+                     ({how}): {}",
                     mountpoint.display(),
                     why.trim()
                 );

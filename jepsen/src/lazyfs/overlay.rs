@@ -413,6 +413,78 @@ mod tests {
         assert!(outcomes.len() > 1, "different seeds lose different pages");
     }
 
+    /// Random writes, reads, truncations, write-backs and cuts against a plain byte vector:
+    /// reads always see every write, a write-back leaves the file as readers saw it, and after
+    /// a cut each page is either what readers saw or what the file had before. Rerun with
+    /// `SEED=`.
+    #[test]
+    fn random_operations_match_a_byte_vector_model() {
+        let seed = std::env::var("SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(20261201u64);
+        eprintln!("SEED={seed}");
+        let mut rng = StdRng::seed_from_u64(seed);
+        let backing = file(&[]);
+        let mut overlay = Overlay::new(0);
+        let mut visible: Vec<u8> = Vec::new();
+        for step in 0..1500 {
+            match rng.gen_range(0..100) {
+                0..=49 => {
+                    let at = rng.gen_range(0..40_000usize);
+                    let len = rng.gen_range(0..9_000usize);
+                    let data: Vec<u8> = (0..len).map(|_| rng.r#gen()).collect();
+                    overlay.write(&backing, at as u64, &data).unwrap();
+                    if !data.is_empty() {
+                        if visible.len() < at + len {
+                            visible.resize(at + len, 0);
+                        }
+                        visible[at..at + len].copy_from_slice(&data);
+                    }
+                }
+                50..=79 => {
+                    let at = rng.gen_range(0..50_000usize);
+                    let len = rng.gen_range(0..20_000usize);
+                    let want = visible
+                        .get(at..(at + len).min(visible.len()))
+                        .unwrap_or(&[]);
+                    let got = overlay.read(&backing, at as u64, len).unwrap();
+                    assert_eq!(got, want, "step {step}: read {at}+{len}");
+                }
+                80..=87 => {
+                    let size = rng.gen_range(0..45_000usize);
+                    overlay.truncate(&backing, size as u64).unwrap();
+                    visible.resize(size, 0);
+                }
+                88..=93 => {
+                    overlay.write_back(&backing).unwrap();
+                    assert_eq!(*backing.0.borrow(), visible, "step {step}: write-back");
+                }
+                _ => {
+                    let before = backing.0.borrow().clone();
+                    overlay.cut(&backing, &mut rng).unwrap();
+                    let after = backing.0.borrow().clone();
+                    for (i, page) in after.chunks(PAGE_BYTES).enumerate() {
+                        let at = i * PAGE_BYTES;
+                        let was = |v: &[u8]| -> Vec<u8> {
+                            (at..at + page.len())
+                                .map(|p| v.get(p).copied().unwrap_or(0))
+                                .collect()
+                        };
+                        assert!(
+                            page == was(&visible).as_slice() || page == was(&before).as_slice(),
+                            "step {step}: page {i} after a cut is neither the written nor the \
+                             synced page"
+                        );
+                    }
+                    assert_eq!(overlay.size(), after.len() as u64);
+                    visible = after;
+                }
+            }
+            assert_eq!(overlay.size(), visible.len() as u64, "step {step}");
+        }
+    }
+
     #[test]
     fn a_write_past_the_largest_offset_is_an_error_not_a_panic() {
         let backing = file(&[]);
