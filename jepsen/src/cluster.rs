@@ -702,8 +702,9 @@ impl Cluster {
         Ok(outcome)
     }
 
-    /// Deletes stopped node `id`'s data directory and makes it afresh (for a node that is
-    /// never started again under this id).
+    /// Deletes everything in stopped node `id`'s data directory (for a node that is never
+    /// started again under this id). The directory itself stays: it may be a mount point
+    /// (the power-cut nemesis's lazyfs), which cannot be removed.
     pub fn wipe(&mut self, id: u64) -> anyhow::Result<()> {
         let in_netns = self.config.in_netns;
         let node = self.node(id)?;
@@ -711,8 +712,19 @@ impl Cluster {
             bail!("node {id} is running; stop it before wiping its data");
         }
         let dir = node.data_dir.clone();
-        std::fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
-        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let entries =
+            std::fs::read_dir(&dir).with_context(|| format!("reading {}", dir.display()))?;
+        for entry in entries {
+            let path = entry
+                .with_context(|| format!("reading {}", dir.display()))?
+                .path();
+            let removed = if path.is_dir() && !path.is_symlink() {
+                std::fs::remove_dir_all(&path)
+            } else {
+                std::fs::remove_file(&path)
+            };
+            removed.with_context(|| format!("removing {}", path.display()))?;
+        }
         if in_netns {
             let uid = net::node_uid(id);
             std::os::unix::fs::chown(&dir, Some(uid), Some(uid))

@@ -20,9 +20,10 @@
 //!   happen) or `info` (unknown: it may or may not have happened, now or later).
 //! - `f`: `acquire` | `renew` | `release` | `write` | `revoke` for operations on a key, or a
 //!   nemesis op (`partition`, `kill`, `pause`, `clock`, `pause-client`, `outage`, `slow-net`,
-//!   `flaky-net`, `membership`, `corrupt`; an outage's `value` names its `node` and `how`:
+//!   `flaky-net`, `membership`, `corrupt`, `power-cut`; an outage's `value` names its `node` and `how`:
 //!   `kill` or `isolate`; a `membership` heal's value lists the removed node's `leader_answers`,
-//!   a `corrupt` heal's value its `result`: `recovered` or `refused-rebuilt`). A nemesis op is one line
+//!   a `corrupt` or `power-cut` heal's value its `result`: `recovered` or `refused-rebuilt`; a
+//!   `power-cut` start's value its cut's `pages_dropped`). A nemesis op is one line
 //!   per `phase` (`start` or `heal`) whose `outcome` is `installed`, `skipped` or `indeterminate`
 //!   (and whose `type` is `ok`, `fail` or `info` to match).
 //! - Per `f`: an acquire `ok` carries `token` and `deadline_ns`; an acquire not granted within its
@@ -139,6 +140,8 @@ pub enum F {
     Membership,
     /// A stopped node's newest WAL segment or snapshot damaged, then the node restarted.
     Corrupt,
+    /// A node killed and its unsynced writes lost (lazyfs `cut`), then the node restarted.
+    PowerCut,
 }
 
 impl F {
@@ -156,6 +159,7 @@ impl F {
                 | Self::FlakyNet
                 | Self::Membership
                 | Self::Corrupt
+                | Self::PowerCut
         )
     }
 
@@ -177,6 +181,7 @@ impl F {
             Self::FlakyNet => "flaky-net",
             Self::Membership => "membership",
             Self::Corrupt => "corrupt",
+            Self::PowerCut => "power-cut",
         }
     }
 }

@@ -16,6 +16,7 @@
 //! - [`resources`] — each node's CPU, RSS and log bytes, sampled from `/proc` during the run.
 //! - [`workload`] — the clients and the fenced register they write to.
 //! - [`nemesis`] — the faults and their schedule.
+//! - [`lazyfs`] — the power-cut nemesis's file system (`lock-lazyfs`) and its mounts.
 //! - [`runner`] — one `lock-jepsen run`, from start to report.
 //!
 //! The pure part (history, checker, report) never touches a cluster; `lock-jepsen check
@@ -28,6 +29,7 @@ pub mod args;
 pub mod checker;
 pub mod cluster;
 pub mod history;
+pub mod lazyfs;
 pub mod lockd_bin;
 pub mod nemesis;
 pub mod net;

@@ -61,10 +61,11 @@ enum Command {
         #[arg(long, default_value_t = 4)]
         keys: u32,
         /// Comma-separated nemeses: partition, kill, pause, clock, client-pause, revoke,
-        /// slow-net, flaky-net, membership, corrupt, outage (or `none`). Default: all but
-        /// membership, corrupt and outage; clock only if libfaketime is installed, and in the
-        /// namespace slow-net and flaky-net only if tc netem works (asked for by name without
-        /// them, the run is a harness failure).
+        /// slow-net, flaky-net, membership, corrupt, power-cut, outage (or `none`). Default:
+        /// all but membership, corrupt, power-cut and outage; clock only if libfaketime is
+        /// installed, and in the namespace slow-net and flaky-net only if tc netem works
+        /// (asked for by name without them, the run is a harness failure; power-cut needs
+        /// FUSE, and lock-lazyfs beside lock-jepsen or in $LOCK_LAZYFS_BIN).
         #[arg(long)]
         nemesis: Option<String>,
         /// How long the outage nemesis keeps its node out (default 60s).

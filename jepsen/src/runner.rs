@@ -24,6 +24,7 @@ use tokio::sync::{Mutex, watch};
 use crate::checker::{self, Analysis, CheckConfig, duration_ns};
 use crate::cluster::{Cluster, ClusterConfig, find_libfaketime, node_addr};
 use crate::history::{self, Recorder};
+use crate::lazyfs::mounts::{self as lazyfs_mounts, Mounts};
 use crate::lockd_bin;
 use crate::nemesis::{self, Ctx, Kind};
 use crate::net::{Firewall, NetMode};
@@ -119,13 +120,16 @@ pub async fn run(config: RunConfig) -> anyhow::Result<RunOutcome> {
         }
     };
     let cluster = Arc::new(Mutex::new(cluster));
-    let phases = run_phases(&config, &cluster, &firewall).await;
+    let phases = run_phases(&config, &cluster, &firewall, setup.lazyfs.clone()).await;
     // Cleanup, whatever happened.
     let crashes = {
         let mut c = cluster.lock().await;
         c.stop().await;
         c.crashes()
     };
+    if let Some(mounts) = &setup.lazyfs {
+        mounts.stop().await;
+    }
     let _ = firewall.heal().await;
     let _ = std::fs::remove_dir_all(&work_dir);
     let (recorder, samples) = phases?;
@@ -160,6 +164,7 @@ pub async fn run(config: RunConfig) -> anyhow::Result<RunOutcome> {
         "lockd": setup.lockd.display().to_string(),
         "lockd_note": setup.lockd_note,
         "node_crashes": crashes,
+        "data_dirs": if setup.lazyfs.is_some() { "lazyfs" } else { "plain" },
     });
     let results = report::results(&ops, &analysis, &verdict, &check, Some(run_json));
     report::write(&config.out, &analysis, &verdict, &results)?;
@@ -178,6 +183,8 @@ struct Setup {
     /// How links are degraded, if a link nemesis runs.
     net_faults: Option<&'static str>,
     extra_args: Vec<String>,
+    /// The nodes' lazyfs mounts (with the power-cut nemesis).
+    lazyfs: Option<Arc<Mounts>>,
 }
 
 /// Prepares the work folder, the binary and the network, prints the header and starts the
@@ -207,7 +214,7 @@ async fn start(
     let spare_ids: Vec<u64> = if config.nemeses.iter().any(|k| k.needs_spares()) {
         if config.nodes >= NODE_ID_MAX {
             bail!(
-                "--nemesis membership and corrupt need spare node ids above --nodes, up to \
+                "--nemesis membership, corrupt and power-cut need spare node ids above --nodes, up to \
                  {NODE_ID_MAX}; use at most {} nodes",
                 NODE_ID_MAX - 1
             );
@@ -216,14 +223,15 @@ async fn start(
     } else {
         Vec::new()
     };
-    let extra_args: Vec<String> = if config.nemeses.contains(&Kind::Corrupt) {
-        vec![
-            "--snapshot-logs-since-last".to_owned(),
-            CORRUPT_SNAPSHOT_LOGS.to_string(),
-        ]
-    } else {
-        Vec::new()
-    };
+    let extra_args: Vec<String> =
+        if config.nemeses.contains(&Kind::Corrupt) || config.nemeses.contains(&Kind::PowerCut) {
+            vec![
+                "--snapshot-logs-since-last".to_owned(),
+                CORRUPT_SNAPSHOT_LOGS.to_string(),
+            ]
+        } else {
+            Vec::new()
+        };
     let all_ids: Vec<u64> = (1..=config.nodes)
         .chain(spare_ids.iter().copied())
         .collect();
@@ -254,6 +262,14 @@ async fn start(
         .iter()
         .filter_map(|&id| firewall.raft_dial(id).map(|dial| (id, dial)))
         .collect();
+    // The power-cut nemesis's data dirs are lazyfs mounts, made where the cluster will look
+    // for them (`<work_dir>/n<id>`) before any node starts.
+    let lazyfs = if config.nemeses.contains(&Kind::PowerCut) {
+        let binary = lazyfs_mounts::find_binary()?;
+        Some(Arc::new(Mounts::start(&binary, work_dir, &all_ids).await?))
+    } else {
+        None
+    };
     let cluster = Cluster::start(ClusterConfig {
         lockd: lockd.clone(),
         nodes: config.nodes,
@@ -266,7 +282,26 @@ async fn start(
         extra_args: extra_args.clone(),
     })
     .await
-    .context("starting the cluster")?;
+    .context("starting the cluster");
+    let cluster = match (cluster, &lazyfs) {
+        (Ok(cluster), Some(mounts)) => {
+            let elsewhere = all_ids
+                .iter()
+                .find(|&&id| cluster.data_dir(id) != mounts.mountpoint(id));
+            if let Some(id) = elsewhere {
+                mounts.stop().await;
+                bail!("node {id}'s data dir is not its lazyfs mount");
+            }
+            cluster
+        }
+        (Ok(cluster), None) => cluster,
+        (Err(e), mounts) => {
+            if let Some(mounts) = mounts {
+                mounts.stop().await;
+            }
+            return Err(e);
+        }
+    };
     Ok((
         cluster,
         firewall,
@@ -277,6 +312,7 @@ async fn start(
             spare_ids,
             net_faults,
             extra_args,
+            lazyfs,
         },
     ))
 }
@@ -326,6 +362,12 @@ fn print_header(
             ids.join(",")
         );
     }
+    if config.nemeses.contains(&Kind::PowerCut) {
+        println!(
+            "disks:   every data dir on a lock-lazyfs mount (writes kept in memory until \
+             fsync); power-cut loses a seeded part of a killed node's unsynced pages"
+        );
+    }
     if config.nemeses.contains(&Kind::Corrupt) {
         println!(
             "storage: snapshots every {CORRUPT_SNAPSHOT_LOGS} log entries, so the corrupt \
@@ -347,6 +389,7 @@ async fn run_phases(
     config: &RunConfig,
     cluster: &Arc<Mutex<Cluster>>,
     firewall: &Arc<Firewall>,
+    lazyfs: Option<Arc<Mounts>>,
 ) -> anyhow::Result<(Arc<Recorder>, Vec<Sample>)> {
     let (endpoints, probe, nodes, processes, spares) = {
         let c = cluster.lock().await;
@@ -418,6 +461,7 @@ async fn run_phases(
         ttl: config.ttl,
         outage_hold: config.outage_hold,
         active: std::sync::Mutex::new(Vec::new()),
+        lazyfs,
     });
     let seed_for =
         |salt: u64| StdRng::seed_from_u64(config.seed ^ salt.wrapping_mul(0x9E37_79B9_7F4A_7C15));

@@ -5,6 +5,10 @@
 //! data it should have refused is for the other properties to catch (a node that serves lost
 //! acknowledged state shows as lost grants or token reuse).
 //!
+//! The power-cut nemesis's restarts are judged the same way: a node that lost its unsynced
+//! writes either recovers or refuses naming the file (which the WAL's recovery rule should
+//! only do for damage to acknowledged data).
+//!
 //! The heal's `result` says which happened (see [`crate::nemesis::corrupt`]); a restart that
 //! neither got ready nor exited is a harness-level unknown, counted as excused.
 
@@ -17,14 +21,13 @@ pub fn check(analysis: &Analysis) -> PropertyResult {
     let mut result = PropertyResult::new(
         "damage_detected",
         "DESIGN.md §3.2, §5.3",
-        "A node with a damaged WAL segment or snapshot starts, or refuses naming the file.",
+        "A node with a damaged WAL segment or snapshot, or that lost its unsynced writes, \
+         starts, or refuses naming the file.",
     );
     let (mut recovered, mut refused) = (0, 0);
-    for fault in analysis
-        .faults
-        .iter()
-        .filter(|f| f.f == F::Corrupt && f.start_outcome == Outcome::Installed)
-    {
+    for fault in analysis.faults.iter().filter(|f| {
+        matches!(f.f, F::Corrupt | F::PowerCut) && f.start_outcome == Outcome::Installed
+    }) {
         let heal = &fault.heal_value;
         match heal.get("result").and_then(|r| r.as_str()) {
             Some("recovered") => {

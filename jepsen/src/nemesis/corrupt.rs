@@ -10,8 +10,7 @@
 //!
 //! Truncation stays inside the last frame on purpose: a cut before it removes whole frames
 //! that were synced and acknowledged, which no checksum can notice and no disk that honours
-//! `fdatasync` does; that is the power-cut nemesis's territory (not here: it needs the storage
-//! layer's own test hooks).
+//! `fdatasync` does; that is the power-cut nemesis's territory ([`super::power_cut`]).
 //!
 //! The restart then has two acceptable outcomes, and the heal records which (`result`):
 //!
@@ -289,7 +288,7 @@ pub async fn heal(ctx: &Ctx, damaged: Damaged) -> anyhow::Result<()> {
 
 /// The part of a refusing node's log that says why: from the last line naming `file` (its
 /// final error), or the last lines, at most [`LOG_EXCERPT_BYTES`].
-fn excerpt(log: &str, file: &str) -> String {
+pub(super) fn excerpt(log: &str, file: &str) -> String {
     let from = (!file.is_empty())
         .then(|| log.rfind(file))
         .flatten()
@@ -308,7 +307,7 @@ fn excerpt(log: &str, file: &str) -> String {
 
 /// Rebuilds refused node `old` as docs/NODE_CLI.md says: remove it from the voters, wipe it,
 /// add a new node under a new id as a learner and promote it. Returns the new id.
-async fn rebuild(ctx: &Ctx, old: u64) -> anyhow::Result<u64> {
+pub(super) async fn rebuild(ctx: &Ctx, old: u64) -> anyhow::Result<u64> {
     let voters: Vec<u64> = ctx.nodes().into_iter().filter(|&n| n != old).collect();
     admin::set_voters(&ctx.probe, &voters).await?;
     ctx.set_members(voters.clone());

@@ -3,13 +3,13 @@
 //!
 //! Owns the schedule (which fault when, for how long, from the run's seed) and the shared
 //! context. Each fault lives in its own module with a `start` and a `heal`. Node-level faults
-//! (partition, kill, pause, membership, corrupt, outage) run one at a time so that between
+//! (partition, kill, pause, membership, corrupt, power-cut, outage) run one at a time so that between
 //! them a majority is up; the clock, client-pause, revoke and link (slow-net, flaky-net)
 //! nemeses run alongside. Must not perform client operations other than force-revoke, and must
 //! not judge the history.
 //!
 //! The members' list ([`Ctx::nodes`]) is what node faults pick their targets from; the
-//! membership and corrupt nemeses change it (a node added, removed, rebuilt under a new id)
+//! membership, corrupt and power-cut nemeses change it (a node added, removed, rebuilt under a new id)
 //! and take new ids from the spare ids the cluster was prepared with.
 //!
 //! A step that fails in a way that leaves the cluster in an unknown state the harness cannot
@@ -25,6 +25,7 @@ pub mod membership;
 pub mod outage;
 pub mod partition;
 pub mod pause;
+pub mod power_cut;
 pub mod revoke;
 
 use std::str::FromStr;
@@ -88,6 +89,9 @@ pub enum Kind {
     Membership,
     /// A stopped node's WAL or snapshot damaged, then restarted or rebuilt ([`corrupt`]).
     Corrupt,
+    /// A node killed with its unsynced writes lost on its lazyfs mount, then restarted or
+    /// rebuilt ([`power_cut`]).
+    PowerCut,
     /// A node killed or cut off for a long time ([`outage`]), for the cost of a fault.
     Outage,
 }
@@ -95,7 +99,7 @@ pub enum Kind {
 impl Kind {
     /// Every kind, in the order the help text lists them; the default ones first (see
     /// [`DEFAULT_NEMESES`]).
-    pub const ALL: [Kind; 11] = [
+    pub const ALL: [Kind; 12] = [
         Kind::Partition,
         Kind::Kill,
         Kind::Pause,
@@ -106,6 +110,7 @@ impl Kind {
         Kind::FlakyNet,
         Kind::Membership,
         Kind::Corrupt,
+        Kind::PowerCut,
         Kind::Outage,
     ];
 
@@ -113,15 +118,19 @@ impl Kind {
     /// it found it, within seconds, is in. Out, asked for by name: the outage (it holds a node
     /// out for a minute: a cost test for long runs), membership (after its first fault the
     /// cluster has a voter more for the rest of the run, which changes what every other fault
-    /// means) and corrupt (it destroys a node's data, and each refusal spends a node id on a
-    /// rebuild).
+    /// means), corrupt (it destroys a node's data, and each refusal spends a node id on a
+    /// rebuild) and power-cut (it puts every data dir on a FUSE mount, which not every machine
+    /// allows, and a refusal spends a node id too).
     pub const fn in_default(self) -> bool {
-        !matches!(self, Self::Membership | Self::Corrupt | Self::Outage)
+        !matches!(
+            self,
+            Self::Membership | Self::Corrupt | Self::PowerCut | Self::Outage
+        )
     }
 
     /// Whether it needs spare node ids (new members).
     pub fn needs_spares(self) -> bool {
-        matches!(self, Self::Membership | Self::Corrupt)
+        matches!(self, Self::Membership | Self::Corrupt | Self::PowerCut)
     }
 
     /// Whether it degrades links ([`link_faults`]).
@@ -142,6 +151,7 @@ impl Kind {
             Self::FlakyNet => "flaky-net",
             Self::Membership => "membership",
             Self::Corrupt => "corrupt",
+            Self::PowerCut => "power-cut",
             Self::Outage => "outage",
         }
     }
@@ -155,6 +165,7 @@ impl Kind {
                 | Self::Pause
                 | Self::Membership
                 | Self::Corrupt
+                | Self::PowerCut
                 | Self::Outage
         )
     }
@@ -243,6 +254,8 @@ pub struct Ctx {
     pub outage_hold: Duration,
     /// Faults in force now (started, not yet healed), for the progress line.
     pub active: std::sync::Mutex<Vec<&'static str>>,
+    /// The nodes' lazyfs mounts, in a run with the power-cut nemesis.
+    pub lazyfs: Option<Arc<crate::lazyfs::mounts::Mounts>>,
 }
 
 impl Ctx {
@@ -391,6 +404,11 @@ pub async fn run_node_faults(
                 ctx.sleep(hold).await;
                 corrupt::heal(&ctx, damaged).await?;
             }
+            Kind::PowerCut => {
+                let cut = power_cut::start(&ctx, &mut rng).await;
+                ctx.sleep(hold).await;
+                power_cut::heal(&ctx, cut).await?;
+            }
             Kind::Outage => {
                 let how = outage::How::nth(outages);
                 outages += 1;
@@ -420,6 +438,7 @@ mod tests {
             ("flaky-net", Kind::FlakyNet),
             ("membership", Kind::Membership),
             ("corrupt", Kind::Corrupt),
+            ("power-cut", Kind::PowerCut),
             ("outage", Kind::Outage),
         ] {
             assert_eq!(name.parse::<Kind>(), Ok(kind));
@@ -428,11 +447,14 @@ mod tests {
     }
 
     #[test]
-    fn the_default_set_leaves_out_the_outage_membership_and_corrupt() {
+    fn the_default_set_leaves_out_the_outage_membership_corrupt_and_power_cut() {
         for kind in Kind::ALL {
             assert_eq!(
                 DEFAULT_NEMESES.contains(&kind),
-                !matches!(kind, Kind::Outage | Kind::Membership | Kind::Corrupt),
+                !matches!(
+                    kind,
+                    Kind::Outage | Kind::Membership | Kind::Corrupt | Kind::PowerCut
+                ),
                 "{kind:?}"
             );
         }

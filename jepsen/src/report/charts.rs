@@ -22,7 +22,7 @@ pub(super) const RIGHT: f64 = 20.0;
 const POINTS_PER_SERIES_MAX: usize = 6000;
 
 /// Every fault kind, in the order of the timeline's lanes and the legend.
-const FAULTS: [F; 10] = [
+const FAULTS: [F; 11] = [
     F::Partition,
     F::Kill,
     F::Pause,
@@ -32,6 +32,7 @@ const FAULTS: [F; 10] = [
     F::FlakyNet,
     F::Membership,
     F::Corrupt,
+    F::PowerCut,
     F::Outage,
 ];
 
@@ -48,6 +49,7 @@ fn fault_colour(f: F) -> &'static str {
         F::FlakyNet => "#17becf",
         F::Membership => "#e377c2",
         F::Corrupt => "#000000",
+        F::PowerCut => "#7f7f7f",
         _ => "#888888",
     }
 }
