@@ -266,3 +266,123 @@ async fn accept_loop(
         });
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use futures::StreamExt;
+    use lock_tls::TlsFiles;
+    use lock_tls::mint::Authority;
+    use lock_tls::server::ClientCerts;
+    use tokio::io::AsyncWriteExt;
+
+    use super::*;
+
+    /// How long a test waits for a connection it expects (or makes sure none comes).
+    const WAIT: Duration = Duration::from_secs(5);
+
+    fn identity(
+        dir: &Path,
+        ca: &Authority,
+        principal: &str,
+    ) -> (std::path::PathBuf, std::path::PathBuf) {
+        let paths = (
+            dir.join(format!("{principal}.pem")),
+            dir.join(format!("{principal}-key.pem")),
+        );
+        ca.issue(principal)
+            .unwrap()
+            .write(&paths.0, &paths.1)
+            .unwrap();
+        paths
+    }
+
+    /// A TLS client connection to `addr` as `who` (or anonymous), kept open by the caller.
+    async fn tls_client(
+        addr: SocketAddr,
+        ca: &Path,
+        who: Option<(&Path, &Path)>,
+    ) -> tokio_rustls::client::TlsStream<TcpStream> {
+        let config = lock_tls::client::client_config(ca, who).unwrap();
+        let tcp = TcpStream::connect(addr).await.unwrap();
+        let name = tokio_rustls::rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+        tokio_rustls::TlsConnector::from(Arc::new(config))
+            .connect(name, tcp)
+            .await
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_tls_connection_carries_its_clients_principal_and_junk_yields_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = Authority::new("accept test ca").unwrap();
+        let ca_path = dir.path().join("ca.pem");
+        ca.write(&ca_path, &dir.path().join("ca-key.pem")).unwrap();
+        let (cert, key) = identity(dir.path(), &ca, "node-1");
+        let client = identity(dir.path(), &ca, "client");
+        let files = TlsFiles {
+            ca: ca_path.clone(),
+            cert,
+            key,
+        };
+        let tls = Arc::new(ServerTls::load(files, ClientCerts::Optional).unwrap());
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut incoming = incoming(listener, Some(tls));
+
+        let named = tls_client(addr, &ca_path, Some((&client.0, &client.1))).await;
+        let conn = tokio::time::timeout(WAIT, incoming.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        let identity = conn.connect_info();
+        assert_eq!(identity.principal.as_deref(), Some("client"));
+        assert_eq!(
+            identity.remote,
+            Some(named.get_ref().0.local_addr().unwrap())
+        );
+
+        // Plaintext HTTP/2 on the TLS port: refused, no connection reaches the server.
+        let mut plain = TcpStream::connect(addr).await.unwrap();
+        plain
+            .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+            .await
+            .unwrap();
+        // A client without a certificate (none is required here) is served, with no principal.
+        let _anonymous = tls_client(addr, &ca_path, None).await;
+        let conn = tokio::time::timeout(WAIT, incoming.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            conn.connect_info().principal,
+            None,
+            "the plaintext client never arrives"
+        );
+        let nothing = tokio::time::timeout(Duration::from_millis(300), incoming.next()).await;
+        assert!(nothing.is_err(), "no other connection was accepted");
+    }
+
+    #[tokio::test]
+    async fn a_plaintext_listener_attaches_the_remote_address_and_no_principal() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut incoming = incoming(listener, None);
+        let client = TcpStream::connect(addr).await.unwrap();
+        let conn = tokio::time::timeout(WAIT, incoming.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            conn.connect_info(),
+            PeerIdentity {
+                remote: Some(client.local_addr().unwrap()),
+                principal: None
+            }
+        );
+    }
+}
