@@ -9,6 +9,7 @@
 //! - certificate and key files replaced on disk are used by new connections without a restart,
 //!   and a broken replacement keeps the old ones.
 
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -93,9 +94,20 @@ struct NodeTls<'a> {
     require_client_cert: bool,
 }
 
-/// Starts node `id` of the cluster `peers` on `port` with `tls`, and waits for its ready line.
+/// Starts Raft node `id` of the cluster `peers` on `port` with `tls` (node 1 bootstraps), and
+/// waits for its ready line.
 async fn start(dir: &Path, id: u64, port: u16, peers: &str, tls: NodeTls<'_>) -> Node {
-    let data = dir.join(format!("node{id}"));
+    let mut args: Vec<OsString> = vec!["--data-dir".into(), dir.join(format!("node{id}")).into()];
+    args.extend(["--peers".into(), peers.into()]);
+    if id == 1 {
+        args.push("--bootstrap".into());
+    }
+    start_with(dir, id, port, args, tls).await
+}
+
+/// Starts node `id` on `port` with `tls` and the other arguments `args`, and waits for its
+/// ready line.
+async fn start_with(dir: &Path, id: u64, port: u16, args: Vec<OsString>, tls: NodeTls<'_>) -> Node {
     let stdout = dir.join(format!("node{id}.stdout.log"));
     let stderr = dir.join(format!("node{id}.stderr.log"));
     let mut command = Command::new(lockd_binary().unwrap());
@@ -103,9 +115,7 @@ async fn start(dir: &Path, id: u64, port: u16, peers: &str, tls: NodeTls<'_>) ->
         .arg("run")
         .args(["--node-id", &id.to_string()])
         .args(["--listen", &format!("127.0.0.1:{port}")])
-        .arg("--data-dir")
-        .arg(&data)
-        .args(["--peers", peers])
+        .args(args)
         .args(["--worker-threads", "1"])
         .arg("--tls-ca")
         .arg(tls.ca)
@@ -120,9 +130,6 @@ async fn start(dir: &Path, id: u64, port: u16, peers: &str, tls: NodeTls<'_>) ->
         .stderr(std::fs::File::create(&stderr).unwrap());
     if tls.require_client_cert {
         command.arg("--require-client-cert");
-    }
-    if id == 1 {
-        command.arg("--bootstrap");
     }
     let mut node = Node {
         child: command.spawn().expect("lockd starts"),
@@ -534,4 +541,49 @@ async fn replaced_certificate_files_are_used_by_new_connections_without_a_restar
         node.log()
             .contains("TLS files changed; new connections use the new ones")
     );
+}
+
+#[tokio::test]
+async fn a_stateless_pg_node_serves_tls_the_same_way() {
+    let url = match std::env::var(lock_tests::stateless::PG_URL_ENV) {
+        Ok(url) if !url.trim().is_empty() => url,
+        _ => panic!(
+            "{} is unset: run the tests with scripts/test, or `eval \"$(scripts/test-services.sh start)\"` first",
+            lock_tests::stateless::PG_URL_ENV
+        ),
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path(), "cluster");
+    let foreign = Pki::new(dir.path(), "foreign");
+    let (node_cert, node_key) = pki.issue("node1", "node-1");
+    let client = pki.issue("client", "client");
+    let intruder = foreign.issue("intruder", "client");
+    let port = one_port();
+    let args = vec![
+        "--backend".into(),
+        "pg".into(),
+        "--pg-url".into(),
+        url.into(),
+    ];
+    let tls = NodeTls {
+        ca: &pki.ca(),
+        cert: &node_cert,
+        key: &node_key,
+        require_client_cert: true,
+    };
+    let node = start_with(dir.path(), 1, port, args, tls).await;
+    let status = status_tls(&node.addr, &pki.ca(), Some((&client.0, &client.1)))
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", node.log()));
+    assert_eq!(status.node_id, 1);
+    assert!(
+        status_plain(&node.addr).await.is_err(),
+        "plaintext was answered"
+    );
+    let other_ca = status_tls(&node.addr, &pki.ca(), Some((&intruder.0, &intruder.1))).await;
+    assert!(
+        other_ca.is_err(),
+        "another CA's certificate was accepted: {other_ca:?}"
+    );
+    assert!(node.log().contains("tls=true"), "{}", node.log());
 }
