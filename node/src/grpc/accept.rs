@@ -39,6 +39,25 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// costs bounded memory.
 pub const HANDSHAKES_PENDING_MAX: usize = 256;
 
+/// The bounds on handshakes in progress; [`AcceptLimits::default`] is what a node uses (tests
+/// shrink them to see them work).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AcceptLimits {
+    /// How long one handshake may take.
+    pub handshake_timeout: Duration,
+    /// Most handshakes in progress at once; a connection beyond them is closed at once.
+    pub handshakes_pending_max: usize,
+}
+
+impl Default for AcceptLimits {
+    fn default() -> Self {
+        Self {
+            handshake_timeout: HANDSHAKE_TIMEOUT,
+            handshakes_pending_max: HANDSHAKES_PENDING_MAX,
+        }
+    }
+}
+
 /// Accepted connections waiting for the server to take them.
 const ACCEPTED_QUEUE: usize = 64;
 
@@ -161,17 +180,31 @@ pub fn incoming(
     listener: TcpListener,
     tls: Option<Arc<ServerTls>>,
 ) -> ReceiverStream<std::io::Result<Connection>> {
+    incoming_with(listener, tls, AcceptLimits::default())
+}
+
+/// [`incoming`] with other handshake bounds.
+pub fn incoming_with(
+    listener: TcpListener,
+    tls: Option<Arc<ServerTls>>,
+    limits: AcceptLimits,
+) -> ReceiverStream<std::io::Result<Connection>> {
     let (tx, rx) = mpsc::channel(ACCEPTED_QUEUE);
-    tokio::spawn(accept_loop(listener, tls, tx));
+    tokio::spawn(accept_loop(listener, tls, limits, tx));
     ReceiverStream::new(rx)
 }
 
 async fn accept_loop(
     listener: TcpListener,
     tls: Option<Arc<ServerTls>>,
+    limits: AcceptLimits,
     tx: mpsc::Sender<std::io::Result<Connection>>,
 ) {
-    let pending = Arc::new(Semaphore::new(HANDSHAKES_PENDING_MAX));
+    let AcceptLimits {
+        handshake_timeout,
+        handshakes_pending_max,
+    } = limits;
+    let pending = Arc::new(Semaphore::new(handshakes_pending_max));
     let refusals = Arc::new(Refusals::default());
     let mut accept_failing = LogLimit::default();
     loop {
@@ -222,14 +255,14 @@ async fn accept_loop(
             refusals.note(
                 remote,
                 &format!(
-                    "{HANDSHAKES_PENDING_MAX} TLS handshakes already in progress; connection closed"
+                    "{handshakes_pending_max} TLS handshakes already in progress; connection closed"
                 ),
             );
             continue;
         };
         let (acceptor, tx, refusals) = (tls.acceptor(), tx.clone(), refusals.clone());
         tokio::spawn(async move {
-            let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await;
+            let handshake = tokio::time::timeout(handshake_timeout, acceptor.accept(tcp)).await;
             drop(slot);
             let stream = match handshake {
                 Ok(Ok(stream)) => stream,
@@ -237,7 +270,7 @@ async fn accept_loop(
                 Err(_) => {
                     return refusals.note(
                         remote,
-                        &format!("the TLS handshake did not finish within {HANDSHAKE_TIMEOUT:?}"),
+                        &format!("the TLS handshake did not finish within {handshake_timeout:?}"),
                     );
                 }
             };
@@ -364,6 +397,92 @@ mod tests {
         );
         let nothing = tokio::time::timeout(Duration::from_millis(300), incoming.next()).await;
         assert!(nothing.is_err(), "no other connection was accepted");
+    }
+
+    /// A server for a fresh PKI in `dir` with `limits`; returns its address, the CA file, a
+    /// client identity and the accepted connections.
+    async fn tls_server(dir: &Path, limits: AcceptLimits) -> TestServer {
+        let ca = Authority::new("accept test ca").unwrap();
+        let ca_path = dir.join("ca.pem");
+        ca.write(&ca_path, &dir.join("ca-key.pem")).unwrap();
+        let (cert, key) = identity(dir, &ca, "node-1");
+        let client = identity(dir, &ca, "client");
+        let files = TlsFiles {
+            ca: ca_path.clone(),
+            cert,
+            key,
+        };
+        let tls = Arc::new(ServerTls::load(files, ClientCerts::Required).unwrap());
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        TestServer {
+            addr: listener.local_addr().unwrap(),
+            ca: ca_path,
+            client,
+            incoming: incoming_with(listener, Some(tls), limits),
+        }
+    }
+
+    struct TestServer {
+        addr: SocketAddr,
+        ca: std::path::PathBuf,
+        client: (std::path::PathBuf, std::path::PathBuf),
+        incoming: ReceiverStream<std::io::Result<Connection>>,
+    }
+
+    impl TestServer {
+        /// Whether a TLS handshake as the client completes and the server then takes the
+        /// connection (in TLS 1.3 the client can finish before the server has refused).
+        async fn serves_a_client(&mut self) -> bool {
+            let who = (self.client.0.as_path(), self.client.1.as_path());
+            let config = lock_tls::client::client_config(&self.ca, Some(who)).unwrap();
+            let tcp = TcpStream::connect(self.addr).await.unwrap();
+            let name = tokio_rustls::rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+            let Ok(_stream) = tokio_rustls::TlsConnector::from(Arc::new(config))
+                .connect(name, tcp)
+                .await
+            else {
+                return false;
+            };
+            matches!(
+                tokio::time::timeout(Duration::from_millis(500), self.incoming.next()).await,
+                Ok(Some(Ok(_)))
+            )
+        }
+    }
+
+    #[tokio::test]
+    async fn a_silent_client_is_closed_after_the_handshake_timeout_and_holds_a_bounded_slot() {
+        use tokio::io::AsyncReadExt;
+        let dir = tempfile::tempdir().unwrap();
+        let limits = AcceptLimits {
+            handshake_timeout: Duration::from_secs(2),
+            handshakes_pending_max: 1,
+        };
+        let mut server = tls_server(dir.path(), limits).await;
+
+        // A client that connects and never says a word holds the one handshake slot...
+        let silent_since = Instant::now();
+        let mut silent = TcpStream::connect(server.addr).await.unwrap();
+        // ...so a proper client is turned away while it does (once the loop has taken the
+        // silent one: until then the proper one may still get the slot and be served).
+        let mut turned_away = false;
+        while silent_since.elapsed() < limits.handshake_timeout / 2 {
+            if !server.serves_a_client().await {
+                turned_away = true;
+                break;
+            }
+        }
+        assert!(turned_away, "a second handshake got past a limit of one");
+
+        // The silent client is closed once its handshake time is up; then clients are served.
+        let mut byte = [0u8; 1];
+        let read = tokio::time::timeout(WAIT, silent.read(&mut byte)).await;
+        assert!(
+            matches!(read, Ok(Ok(0)) | Ok(Err(_))),
+            "the silent client was not closed: {read:?}"
+        );
+        assert!(silent_since.elapsed() >= limits.handshake_timeout);
+        assert!(server.serves_a_client().await);
     }
 
     #[tokio::test]
