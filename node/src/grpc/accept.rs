@@ -486,6 +486,53 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn every_request_on_a_connection_carries_its_peer_identity() {
+        let dir = tempfile::tempdir().unwrap();
+        let TestServer {
+            addr,
+            ca,
+            client,
+            incoming,
+        } = tls_server(dir.path(), AcceptLimits::default()).await;
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let record = {
+            let seen = seen.clone();
+            move |request: tonic::Request<()>| {
+                let identity = PeerIdentity::of(&request).cloned();
+                seen.lock().unwrap().push(identity);
+                Ok(request)
+            }
+        };
+        let (_reporter, health) = tonic_health::server::health_reporter();
+        let router = tonic::transport::Server::builder().add_service(
+            tonic::service::interceptor::InterceptedService::new(health, record),
+        );
+        tokio::spawn(router.serve_with_incoming(incoming));
+
+        let config = lock_tls::client::client_config(&ca, Some((&client.0, &client.1))).unwrap();
+        let tls = Arc::new(lock_tls::client::ClientTls::Fixed(Arc::new(config)));
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect_with_connector(lock_tls::client::TlsConnector::new(tls))
+            .await
+            .unwrap();
+        let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+        for _ in 0..2 {
+            health
+                .check(tonic_health::pb::HealthCheckRequest::default())
+                .await
+                .unwrap();
+        }
+        let seen = seen.lock().unwrap().clone();
+        assert_eq!(seen.len(), 2);
+        for identity in seen {
+            let identity = identity.expect("the request carries the connection's identity");
+            assert_eq!(identity.principal.as_deref(), Some("client"));
+            assert!(identity.remote.is_some());
+        }
+    }
+
+    #[tokio::test]
     async fn a_plaintext_listener_attaches_the_remote_address_and_no_principal() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
