@@ -9,6 +9,7 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -18,12 +19,15 @@ use lock_proto::v1::session_service_server::SessionServiceServer;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tonic::transport::server::Router;
+use tower::layer::util::{Identity, Stack};
 
 use super::CLIENT_MESSAGE_BYTES_MAX;
 use super::admin::AdminApi;
 use super::lock::LockApi;
 use super::session::SessionApi;
 use crate::backend::Backend;
+use crate::metrics::Metrics;
+use crate::metrics::grpc::GrpcMetricsLayer;
 
 /// How long a graceful stop waits for in-flight calls before closing them.
 pub const SERVE_DRAIN_TIMEOUT: Duration = Duration::from_secs(3);
@@ -48,6 +52,9 @@ fn accepted_without_nagle(listener: TcpListener) -> tonic::transport::server::Tc
     tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true))
 }
 
+/// The serve loop's router: every service behind the metrics layer.
+pub type NodeRouter = Router<Stack<GrpcMetricsLayer, Identity>>;
+
 /// What one node serves, and how it stops.
 #[derive(Debug)]
 pub struct Serve<B> {
@@ -62,6 +69,8 @@ pub struct Serve<B> {
     /// Turned `true` when the shutdown future resolves; the backend's
     /// [`Backend::stop_signal`] must be its receiver.
     pub stop: watch::Sender<bool>,
+    /// The node's metrics: every call is counted and timed into them.
+    pub metrics: Arc<Metrics>,
 }
 
 /// Serves the lock, session, admin, health and reflection services (and whatever `extra`
@@ -69,7 +78,7 @@ pub struct Serve<B> {
 /// `lockd ready node_id=N listen=ADDR` to stdout once serving (the CLI contract).
 pub async fn serve<B: Backend + std::fmt::Debug>(
     parts: Serve<B>,
-    extra: impl FnOnce(Router) -> Router,
+    extra: impl FnOnce(NodeRouter) -> NodeRouter,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let Serve {
@@ -78,6 +87,7 @@ pub async fn serve<B: Backend + std::fmt::Debug>(
         cluster_name,
         listener,
         stop,
+        metrics,
     } = parts;
     let local: SocketAddr = listener.local_addr().context("listener has no address")?;
     let (health, health_service) = tonic_health::server::health_reporter();
@@ -87,6 +97,7 @@ pub async fn serve<B: Backend + std::fmt::Debug>(
         .build_v1()
         .context("cannot build the reflection service")?;
     let router = tonic::transport::Server::builder()
+        .layer(GrpcMetricsLayer::new(metrics.families().clone()))
         .add_service(health_service)
         .add_service(reflection)
         .add_service(

@@ -191,6 +191,10 @@ pub struct RunArgs {
     /// etcd members for `--backend etcd`: `http://host:port,http://host:port,…`.
     #[arg(long, env = "LOCKD_ETCD_ENDPOINTS", value_delimiter = ',')]
     pub etcd_endpoints: Option<Vec<String>>,
+    /// Serve Prometheus metrics, /healthz and /readyz over HTTP on this address
+    /// (docs/METRICS.md) [default: off].
+    #[arg(long, env = "LOCKD_METRICS_LISTEN")]
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 /// The voters of the cluster by node id, each with its `host:port`.
@@ -256,6 +260,7 @@ struct FileConfig {
     backend: Option<Backend>,
     pg_url: Option<String>,
     etcd_endpoints: Option<Vec<String>>,
+    metrics_listen: Option<SocketAddr>,
 }
 
 /// A configuration error; the message names the field.
@@ -342,6 +347,9 @@ pub struct Config {
     pub pg_url: Option<String>,
     /// etcd members (`--backend etcd`).
     pub etcd_endpoints: Vec<String>,
+    /// Where the metrics endpoint listens; `None` serves none (docs/NODE_CLI.md says why
+    /// that is the default).
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 impl Config {
@@ -433,6 +441,7 @@ impl Config {
                 .clone()
                 .or(file.etcd_endpoints)
                 .unwrap_or_default(),
+            metrics_listen: args.metrics_listen.or(file.metrics_listen),
         };
         config.validate()?;
         Ok(config)
@@ -502,6 +511,15 @@ impl Config {
 
     /// The settings every node uses.
     fn validate_common(&self) -> Result<(), ConfigError> {
+        if self.metrics_listen == Some(self.listen) {
+            return Err(invalid(
+                "metrics_listen",
+                format!(
+                    "{} is also `listen`; give the metrics endpoint its own port",
+                    self.listen
+                ),
+            ));
+        }
         let name = &self.cluster_name;
         if name.trim().is_empty()
             || name.len() > CLUSTER_NAME_LEN_MAX
