@@ -62,6 +62,7 @@ impl InProcessCluster {
                 backend: lockd::config::Backend::Raft,
                 pg_url: None,
                 etcd_endpoints: Vec::new(),
+                metrics_listen: None,
             };
             config.validate().expect("valid config");
             let (stop_tx, stop_rx) = oneshot::channel::<()>();

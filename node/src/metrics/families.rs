@@ -11,12 +11,13 @@
 use std::borrow::Cow;
 use std::sync::atomic::AtomicU64;
 
-use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, EncodeMetric, MetricEncoder};
+use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
-use prometheus_client::registry::Registry;
+use prometheus_client::registry::{Metric, Registry};
 
 /// `lockd_raft_peer_reachable` and `lockd_raft_replication_lag_entries`: the peer's node id.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -98,6 +99,27 @@ fn acquire_wait_buckets() -> Histogram {
 /// longer; it counts in `+Inf`.
 fn request_buckets() -> Histogram {
     Histogram::new(exponential_buckets(100e-6, 2.0, 18))
+}
+
+/// A family that is listed (HELP and TYPE) in every scrape. prometheus-client leaves out a
+/// labelled family with no sample yet (`EncodeMetric::is_empty`); the issue wants every family
+/// listed from the first scrape, e.g. `lockd_raft_peer_reachable` on a follower.
+#[derive(Debug)]
+struct AlwaysListed<M>(M);
+
+impl<M: EncodeMetric> EncodeMetric for AlwaysListed<M> {
+    fn encode(&self, encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        self.0.encode(encoder)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        self.0.metric_type()
+    }
+}
+
+/// Registers `metric` as `name` with `help`, listed in every scrape.
+fn listed(r: &mut Registry, name: &str, help: &str, metric: impl Metric) {
+    r.register(name, help, AlwaysListed(metric));
 }
 
 /// Every family of a node. Cheap to share: each metric is an `Arc` inside.
@@ -219,108 +241,128 @@ impl Families {
     }
 
     fn register_raft(&self, r: &mut Registry) {
-        r.register(
+        listed(
+            r,
             "lockd_raft_term",
             "The Raft term this node is in",
             self.raft_term.clone(),
         );
-        r.register(
+        listed(
+            r,
             "lockd_raft_is_leader",
             "1 while this node is the Raft leader, else 0",
             self.raft_is_leader.clone(),
         );
-        r.register(
+        listed(
+            r,
             "lockd_raft_leader_changes",
             "Leaders this node has learned of: each time it knows a leader for a new term \
              (counted by every node)",
             self.raft_leader_changes.clone(),
         );
-        r.register(
+        listed(
+            r,
             "lockd_raft_commit_index",
             "The highest log index this node knows to be committed",
             self.raft_commit_index.clone(),
         );
-        r.register(
+        listed(
+            r,
             "lockd_raft_applied_index",
             "The highest log index this node has applied to its lock table",
             self.raft_applied_index.clone(),
         );
-        r.register(
+        listed(
+            r,
             "lockd_raft_peer_reachable",
             "On the leader: 1 if the peer acknowledged a heartbeat or append within the \
              election timeout, else 0",
             self.raft_peer_reachable.clone(),
         );
-        r.register(
+        listed(
+            r,
             "lockd_raft_replication_lag_entries",
             "On the leader: log entries the peer has not yet acknowledged (the leader's last \
              log index minus the peer's matched index)",
             self.raft_replication_lag.clone(),
         );
-        r.register(
+        listed(
+            r,
             "lockd_wal_fsync_duration_seconds",
             "Duration of one flush of the Raft log (one fdatasync group; for the sled engine \
              its flush and fdatasync)",
             self.wal_fsync_duration.clone(),
         );
-        r.register(
+        listed(
+            r,
             "lockd_wal_bytes",
             "Bytes of the Raft log on disk (WAL segments, or the sled database)",
             self.wal_bytes.clone(),
         );
-        r.register(
+        listed(
+            r,
             "lockd_snapshot_build_duration_seconds",
             "Duration of building a snapshot of the lock table and writing it durably",
             self.snapshot_build_duration.clone(),
         );
-        r.register(
+        listed(
+            r,
             "lockd_snapshot_bytes",
             "Size in bytes of the newest snapshot file (0 before the first)",
             self.snapshot_bytes.clone(),
         );
-        r.register(
+        listed(
+            r,
             "lockd_proposer_batch_commands",
             "Commands in each log entry this node proposed as leader (group commit, D-batch)",
             self.proposer_batch_commands.clone(),
         );
-        r.register(
+        listed(
+            r,
             "lockd_sessions",
             "Live sessions in the applied lock table (the same on every node once applied)",
             self.sessions.clone(),
         );
-        r.register(
+        listed(
+            r,
             "lockd_locks_held",
             "Keys held by a grant in the applied lock table",
             self.locks_held.clone(),
         );
-        r.register(
+        listed(
+            r,
             "lockd_waiters",
             "Waiting acquires queued in the applied lock table, all keys together",
             self.waiters.clone(),
         );
-        r.register(
+        listed(
+            r,
             "lockd_grants",
             "Grants applied: direct grants and hand-offs to a waiter alike",
             self.grants.clone(),
         );
-        r.register(
+        listed(
+            r,
             "lockd_handoffs",
             "Grants applied by handing a freed key to its next waiter (also in grants_total)",
             self.handoffs.clone(),
         );
-        r.register(
+        listed(
+            r,
             "lockd_releases",
             "Grants given up by their holder: Release, a cancelled acquire that released its \
              grant, and each grant of a session its client closed (a revoke is not a release)",
             self.releases.clone(),
         );
-        r.register(
+        listed(
+            r,
             "lockd_lease_expirations",
             "Leases that lapsed and were applied as expired: kind=grant a grant's lease, \
              kind=session a session's (its grants are not also counted as kind=grant)",
             self.lease_expirations.clone(),
         );
-        r.register(
+        listed(
+            r,
             "lockd_revocations",
             "Force-revokes that deleted a grant (a revoke of a free key is not counted)",
             self.revocations.clone(),
@@ -328,19 +370,22 @@ impl Families {
     }
 
     fn register_api(&self, r: &mut Registry) {
-        r.register(
+        listed(
+            r,
             "lockd_acquire_wait_duration_seconds",
             "Server-side time of each blocking Acquire from arrival to answer, granted or not \
              (TryAcquire is not observed)",
             self.acquire_wait_duration.clone(),
         );
-        r.register(
+        listed(
+            r,
             "lockd_grpc_requests",
             "gRPC calls answered, by service, method and status code; a call on a Pipeline \
              stream counts under its unary method, the stream once as method=Pipeline",
             self.grpc_requests.clone(),
         );
-        r.register(
+        listed(
+            r,
             "lockd_grpc_request_duration_seconds",
             "Duration of gRPC calls from arrival to the end of the answer, by service and \
              method",
@@ -349,17 +394,20 @@ impl Families {
     }
 
     fn register_process(&self, r: &mut Registry) {
-        r.register(
+        listed(
+            r,
             "process_cpu_seconds",
             "User and system CPU time this process has used, in seconds",
             self.process_cpu_seconds.clone(),
         );
-        r.register(
+        listed(
+            r,
             "process_resident_memory_bytes",
             "Resident memory of this process in bytes",
             self.process_resident_memory_bytes.clone(),
         );
-        r.register(
+        listed(
+            r,
             "process_open_fds",
             "File descriptors this process has open",
             self.process_open_fds.clone(),
