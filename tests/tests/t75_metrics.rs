@@ -608,3 +608,93 @@ async fn the_dashboard_is_well_formed_and_queries_only_metrics_a_node_exports() 
     .await;
     missing.unwrap();
 }
+
+/// The families a stateless node must list, and some it must not (it has no Raft log and does
+/// not apply the lock table itself).
+const STATELESS_LISTED: [&str; 6] = [
+    "lockd_grpc_requests",
+    "lockd_grpc_request_duration_seconds",
+    "lockd_acquire_wait_duration_seconds",
+    "process_cpu_seconds",
+    "process_resident_memory_bytes",
+    "process_open_fds",
+];
+const STATELESS_ABSENT: [&str; 4] = [
+    "lockd_raft_term",
+    "lockd_wal_fsync_duration_seconds",
+    "lockd_grants",
+    "lockd_sessions",
+];
+
+#[tokio::test]
+async fn a_stateless_node_serves_the_families_that_apply_to_it() {
+    let pg_url = match std::env::var("LOCKD_TEST_PG_URL") {
+        Ok(url) if !url.trim().is_empty() => url,
+        _ => panic!(
+            "LOCKD_TEST_PG_URL is unset: run the tests with scripts/test, or \
+             `eval \"$(scripts/test-services.sh start)\"` first"
+        ),
+    };
+    let binary = lock_tests::lockd_binary().expect("the lockd binary");
+    let ports = lock_tests::ports::free_ports(2).expect("free ports");
+    let (listen, metrics) = (
+        format!("127.0.0.1:{}", ports[0]),
+        format!("127.0.0.1:{}", ports[1]),
+    );
+    let dir = tempfile::tempdir().expect("a log directory");
+    let log = std::fs::File::create(dir.path().join("node.log")).expect("a log file");
+    let mut node = tokio::process::Command::new(binary)
+        .args([
+            "run",
+            "--backend",
+            "pg",
+            "--pg-url",
+            &pg_url,
+            "--node-id",
+            "1",
+        ])
+        .args(["--listen", &listen, "--metrics-listen", &metrics])
+        .env_remove("LOCKD_METRICS_LISTEN")
+        .stdout(std::process::Stdio::null())
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+        .expect("lockd starts");
+    let url = format!("http://{metrics}");
+    let log_path = dir.path().join("node.log");
+    let ready = poll_until("the stateless node ready", CONDITION_WAIT, || {
+        let url = url.clone();
+        async move { readyz(&url).await }
+    })
+    .await;
+    if let Err(e) = ready {
+        panic!(
+            "{e}\n{}",
+            std::fs::read_to_string(&log_path).unwrap_or_default()
+        );
+    }
+    let client = NodeClient::new(&format!("http://{listen}"));
+    let session = client.open_session("stateless", LONG_TTL).await.unwrap();
+    client
+        .acquire(&session.id, "stateless/k", LONG_TTL, Duration::from_secs(5))
+        .await
+        .unwrap()
+        .expect("granted");
+    let s = Scrape::fetch(&url).await.unwrap();
+    for family in STATELESS_LISTED {
+        assert!(
+            s.help(family).is_some(),
+            "{family} is not listed:\n{}",
+            s.text()
+        );
+    }
+    for family in STATELESS_ABSENT {
+        assert!(s.help(family).is_none(), "a stateless node lists {family}");
+    }
+    assert_eq!(requests(&s, "Acquire", "OK"), 1.0);
+    assert_eq!(
+        must(&s, "lockd_acquire_wait_duration_seconds_count", &[]).unwrap(),
+        1.0
+    );
+    node.kill().await.expect("the node stops");
+}
