@@ -76,7 +76,7 @@ pub async fn run_call<T: LockService>(
         Some(Call::CancelAcquire(_)) => "CancelAcquire",
         Some(Call::Renew(_)) => "Renew",
         Some(Call::Release(_)) => "Release",
-        None => "Pipeline.Empty",
+        None => "PipelineEmpty",
     };
     let work = async {
         match call {

@@ -978,6 +978,28 @@ raft_dial = [{ id = 2, addr = "127.0.0.1:9002" }, { id = 3, addr = "127.0.0.1:90
     }
 
     #[test]
+    fn the_metrics_endpoint_is_off_unless_given_and_needs_its_own_port() {
+        assert_eq!(Config::load(&args()).unwrap().metrics_listen, None);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("lockd.toml");
+        std::fs::write(&path, "metrics_listen = \"127.0.0.1:7111\"\n").unwrap();
+        let mut a = args();
+        a.config = Some(path);
+        assert_eq!(
+            Config::load(&a).unwrap().metrics_listen,
+            Some("127.0.0.1:7111".parse().unwrap())
+        );
+        a.metrics_listen = Some("127.0.0.1:7121".parse().unwrap());
+        assert_eq!(
+            Config::load(&a).unwrap().metrics_listen,
+            Some("127.0.0.1:7121".parse().unwrap()),
+            "the flag wins over the file"
+        );
+        a.metrics_listen = a.listen;
+        assert_eq!(field_of(Config::load(&a).unwrap_err()), "metrics_listen");
+    }
+
+    #[test]
     fn the_file_is_below_flags() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("lockd.toml");
