@@ -675,8 +675,10 @@ async fn a_stateless_node_serves_the_families_that_apply_to_it() {
     }
     let client = NodeClient::new(&format!("http://{listen}"));
     let session = client.open_session("stateless", LONG_TTL).await.unwrap();
-    client
-        .acquire(&session.id, "stateless/k", LONG_TTL, Duration::from_secs(5))
+    // The database outlives the test: a key of this run only, and released at the end.
+    let key = format!("t75/{}/{}", std::process::id(), next_request_id());
+    let grant = client
+        .acquire(&session.id, &key, LONG_TTL, Duration::from_secs(5))
         .await
         .unwrap()
         .expect("granted");
@@ -696,5 +698,10 @@ async fn a_stateless_node_serves_the_families_that_apply_to_it() {
         must(&s, "lockd_acquire_wait_duration_seconds_count", &[]).unwrap(),
         1.0
     );
+    client
+        .release(&session.id, &key, grant.fencing_token)
+        .await
+        .unwrap();
+    client.close_session(&session.id).await.unwrap();
     node.kill().await.expect("the node stops");
 }
