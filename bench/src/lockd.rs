@@ -81,6 +81,8 @@ pub struct LockdCluster {
     calls: LockdCalls,
     /// The one connection (and pipeline) of every worker, with `Connections::Shared`.
     shared: Option<(Channel, Arc<Pipeline>)>,
+    /// Every node's metrics endpoint (`--metrics-listen`), `host:port`.
+    metrics: Vec<String>,
 }
 
 impl LockdCluster {
@@ -92,7 +94,13 @@ impl LockdCluster {
         calls: LockdCalls,
         connections: Connections,
     ) -> Result<Self> {
-        let ports = free_ports(NODES)?;
+        // One call for the client and the metrics ports, so no port is handed out twice.
+        let mut ports = free_ports(2 * NODES)?;
+        let metrics: Vec<String> = ports
+            .split_off(NODES)
+            .iter()
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect();
         let addrs: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
         let peers = addrs
             .iter()
@@ -111,6 +119,10 @@ impl LockdCluster {
                 id.to_string(),
                 "--listen".to_owned(),
                 addr.clone(),
+                // Served whether or not this run scrapes: the families are kept either way,
+                // and an idle listener costs nothing per call.
+                "--metrics-listen".to_owned(),
+                metrics[i].clone(),
                 "--data-dir".to_owned(),
                 dir.display().to_string(),
                 "--peers".to_owned(),
@@ -163,7 +175,13 @@ impl LockdCluster {
             admin,
             calls,
             shared,
+            metrics,
         })
+    }
+
+    /// Every node's metrics endpoint, `host:port`.
+    pub fn metrics_targets(&self) -> &[String] {
+        &self.metrics
     }
 
     /// The leader's client address.

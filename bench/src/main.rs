@@ -15,6 +15,8 @@
 //! - `workload`: W1–W4, written once against the seam.
 //! - `floors`: fdatasync and gRPC loopback round trip.
 //! - `stats`: percentiles. `report`: rows, targets, markdown and JSON.
+//! - `scraper`: a once-a-second scraper of every lockd node's `/metrics`, and W3/W1 with and
+//!   without it (`--scrape-rounds`).
 
 #![forbid(unsafe_code)]
 
@@ -23,6 +25,7 @@ mod floors;
 mod lockd;
 mod procs;
 mod report;
+mod scraper;
 mod stats;
 mod system;
 mod workload;
@@ -132,6 +135,14 @@ struct Args {
     /// Keep the data directories (and node logs) after the run.
     #[arg(long)]
     keep_data: bool,
+    /// After lockd's workloads, run W3 and W1 this many rounds each without and with a
+    /// scraper polling every node's /metrics once a second, in alternating order, and report
+    /// the difference (issue 20). 0 (the default) skips it.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u16).range(0..=20))]
+    scrape_rounds: u16,
+    /// Run only the scrape comparison on lockd (needs --scrape-rounds): no etcd, W2 or W4.
+    #[arg(long)]
+    scrape_only: bool,
 }
 
 /// Durations and sizes after applying `--quick` and the per-workload flags.
@@ -186,6 +197,18 @@ impl Plan {
         }
     }
 
+    /// W1: uncontended, many workers on random keys.
+    fn w1_spec(&self) -> LoopSpec {
+        self.spec(
+            "w1",
+            workload::W1_WORKERS,
+            Keys::Random {
+                count: workload::W1_KEYS,
+            },
+            self.w1_secs,
+        )
+    }
+
     fn spec(&self, name: &'static str, workers: usize, keys: Keys, secs: f64) -> LoopSpec {
         LoopSpec {
             name,
@@ -223,6 +246,8 @@ struct Report {
     floors: Floors,
     lockd: Option<SystemResults>,
     etcd: Option<SystemResults>,
+    /// `--scrape-rounds`: lockd's W3 and W1 with and without a metrics scraper.
+    scrape: Option<scraper::ScrapeComparison>,
     rows: Vec<Row>,
     table_markdown: String,
 }
@@ -300,6 +325,9 @@ fn unix_ms() -> u64 {
 async fn run(args: Args) -> Result<()> {
     let started_unix_ms = unix_ms();
     let plan = Plan::from_args(&args);
+    if args.scrape_only && args.scrape_rounds == 0 {
+        anyhow::bail!("--scrape-only needs --scrape-rounds N (N > 0)");
+    }
     // Resolve everything that can be missing before starting anything.
     let lockd_bin = args
         .systems
@@ -342,7 +370,7 @@ async fn run(args: Args) -> Result<()> {
     };
 
     let outcome = measure_all(&args, &plan, data.path(), lockd_bin, etcd_bin).await;
-    let (floors, lockd, etcd) = match outcome {
+    let (floors, lockd, etcd, scrape) = match outcome {
         Ok(v) => v,
         Err(e) => {
             let kept = data.keep();
@@ -354,7 +382,10 @@ async fn run(args: Args) -> Result<()> {
     }
 
     let rows = report::rows(lockd.as_ref(), etcd.as_ref());
-    let table = report::markdown(&rows, &floors);
+    let mut table = report::markdown(&rows, &floors);
+    if let Some(scrape) = &scrape {
+        table.push_str(&scraper::markdown(scrape));
+    }
     let command = std::env::args().collect::<Vec<_>>().join(" ");
     println!("{table}");
     let report = Report {
@@ -367,6 +398,7 @@ async fn run(args: Args) -> Result<()> {
         floors,
         lockd,
         etcd,
+        scrape,
         rows,
         table_markdown: table.clone(),
     };
@@ -381,7 +413,12 @@ async fn run(args: Args) -> Result<()> {
     Ok(())
 }
 
-type Measured = (Floors, Option<SystemResults>, Option<SystemResults>);
+type Measured = (
+    Floors,
+    Option<SystemResults>,
+    Option<SystemResults>,
+    Option<scraper::ScrapeComparison>,
+);
 
 async fn measure_all(
     args: &Args,
@@ -392,7 +429,7 @@ async fn measure_all(
 ) -> Result<Measured> {
     eprintln!("lock-bench: floors (fdatasync, gRPC loopback)");
     let floors = floors::measure(data, plan.fdatasync_samples, plan.round_trip_samples).await?;
-    let (mut lockd, mut etcd) = (None, None);
+    let (mut lockd, mut etcd, mut scrape) = (None, None, None);
     for system in &args.systems {
         match system {
             SystemName::Lockd => {
@@ -409,13 +446,34 @@ async fn measure_all(
                 )
                 .await?;
                 let addr = cluster.leader_addr().to_owned();
-                let results = workloads(&cluster, plan, "lockd", addr).await;
+                let results = if args.scrape_only {
+                    Ok(None)
+                } else {
+                    workloads(&cluster, plan, "lockd", addr).await.map(Some)
+                };
+                let compared = match (&results, args.scrape_rounds) {
+                    (Ok(_), rounds) if rounds > 0 => Some(
+                        scraper::run(
+                            &cluster,
+                            &plan.spec("w3", 1, Keys::Fresh, plan.w3_secs),
+                            &plan.w1_spec(),
+                            cluster.metrics_targets(),
+                            usize::from(rounds),
+                        )
+                        .await,
+                    ),
+                    _ => None,
+                };
                 let stopped = cluster.stop().await;
-                lockd = Some(results?);
+                lockd = results?;
+                scrape = compared.transpose()?;
                 stopped.context("stopping lockd")?;
             }
             SystemName::Etcd => {
                 let Some(bin) = &etcd_bin else { continue };
+                if args.scrape_only {
+                    continue;
+                }
                 eprintln!(
                     "lock-bench: etcd: starting three members ({})",
                     bin.display()
@@ -430,7 +488,7 @@ async fn measure_all(
             }
         }
     }
-    Ok((floors, lockd, etcd))
+    Ok((floors, lockd, etcd, scrape))
 }
 
 /// W3 (unloaded) first, then W2, W1 and W4 on one running cluster.
@@ -448,14 +506,7 @@ async fn workloads<S: LockSystem>(
         &plan.spec("w2", workload::W2_WORKERS, Keys::Hot, plan.w2_secs),
     )
     .await?;
-    let w1_spec = plan.spec(
-        "w1",
-        workload::W1_WORKERS,
-        Keys::Random {
-            count: workload::W1_KEYS,
-        },
-        plan.w1_secs,
-    );
+    let w1_spec = plan.w1_spec();
     eprintln!("lock-bench: {name}: W1 uncontended");
     let w1 = workload::run_loop(system, &w1_spec).await?;
     eprintln!(

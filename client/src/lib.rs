@@ -86,6 +86,8 @@
 //!   stream (unary against a node without it); the router keeps one per endpoint.
 //! - [`backoff`]: bounded, jittered exponential backoff (FR-28).
 //! - [`deadline`]: the client-deadline rule (FR-11).
+//! - [`events`]: `session_lost`, `lease_expired`, `fenced_out` as `tracing` events and
+//!   counters through the `metrics` facade; [`events::admit`], a fence check that reports.
 //! - [`config`]: [`ClientConfig`] and its defaults, with reasons.
 //! - `src/bin/lockctl/`: the command-line tool.
 //! - Re-exported from `lock-api`: [`LockHandle`], [`LockInfo`], [`LockOutcome`],
@@ -100,6 +102,7 @@ pub mod client;
 mod clock;
 pub mod config;
 pub mod deadline;
+pub mod events;
 pub mod guard;
 mod heartbeat;
 pub mod pipeline;

@@ -362,7 +362,10 @@ impl Router {
                     self.rotate_from(index);
                     false
                 }
-                _ => return Err(err),
+                _ => {
+                    crate::events::observe(&err);
+                    return Err(err);
+                }
             };
             tracing::debug!(what, endpoint = %target.addr, %err, attempts, "retrying");
             let err = match err {

@@ -1141,3 +1141,96 @@ async fn lockctl_try_prints_the_handle_as_json() {
     let (code, _, stderr) = lockctl(addr, &["try", "--key", "k"]).await;
     assert_eq!(code, Some(3), "stderr: {stderr}");
 }
+
+/// The counters a thread-local `metrics` recorder saw since the last call, by name (a
+/// snapshot drains them). `#[tokio::test]` runs every task of a test on its one thread, so a
+/// recorder set for that thread sees exactly that test's events, each emitted in the same
+/// synchronous step that changed the state the test then observes.
+fn counters(snapshotter: &metrics_util::debugging::Snapshotter) -> Vec<(String, u64)> {
+    let mut counters: Vec<(String, u64)> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter_map(|(key, _, _, value)| match value {
+            metrics_util::debugging::DebugValue::Counter(n) => {
+                Some((key.key().name().to_owned(), n))
+            }
+            _ => None,
+        })
+        .collect();
+    counters.sort();
+    counters
+}
+
+#[tokio::test]
+async fn a_passed_local_deadline_counts_one_lease_expired() {
+    let recorder = metrics_util::debugging::DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let (_leader, client) = leader_and_client().await;
+    let session = client.open_session("owner").await.expect("session");
+    let handle = session
+        .try_acquire("k", Duration::from_secs(1))
+        .await
+        .expect("try")
+        .expect("granted");
+    wait_for("the deadline to pass", || {
+        Instant::now() >= handle.client_deadline
+    })
+    .await;
+    // Noticed by the watchdog or by this check, whichever is first; counted once.
+    assert!(session.check_still_held(&handle).is_err());
+    assert!(session.check_still_held(&handle).is_err());
+    assert_eq!(
+        counters(&snapshotter),
+        vec![(lock_client::events::LEASE_EXPIRED_COUNTER.to_owned(), 1)]
+    );
+    assert!(
+        session.is_alive(),
+        "a lease expiring locally is not a lost session"
+    );
+}
+
+#[tokio::test]
+async fn a_session_answered_dead_counts_one_session_lost_and_no_lease_expired() {
+    let recorder = metrics_util::debugging::DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let (leader, client) = leader_and_client().await;
+    let session = client.open_session("owner").await.expect("session");
+    session
+        .try_acquire("a", Duration::from_secs(30))
+        .await
+        .expect("a")
+        .expect("a granted");
+    leader.script().heartbeat_dead = true;
+    wait_for("the session to die", || !session.is_alive()).await;
+    assert_eq!(
+        counters(&snapshotter),
+        vec![(lock_client::events::SESSION_LOST_COUNTER.to_owned(), 1)],
+        "its grant is lost with it, not expired"
+    );
+}
+
+#[tokio::test]
+async fn a_fence_rejection_counts_one_fenced_out_and_an_admission_none() {
+    let recorder = metrics_util::debugging::DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let mut fence = lock_client::Fence::new("payout");
+    lock_client::events::admit(&mut fence, 7).expect("a newer token is admitted");
+    assert!(counters(&snapshotter).is_empty());
+    assert_eq!(
+        lock_client::events::admit(&mut fence, 5),
+        Err(LockError::FencedOut {
+            key: "payout".into(),
+            presented: 5,
+            stored: 7
+        })
+    );
+    assert_eq!(
+        counters(&snapshotter),
+        vec![(lock_client::events::FENCED_OUT_COUNTER.to_owned(), 1)]
+    );
+    assert_eq!(fence.stored(), 7, "admit answers what Fence::admit answers");
+}

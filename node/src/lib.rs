@@ -20,6 +20,8 @@
 //!   ([`backend::stateless`]).
 //! - [`store`]: the stateless backends' lock tables (PostgreSQL, etcd).
 //! - [`grpc`]: the lock, session and admin services, their conversions and the serve loop.
+//! - [`metrics`]: the Prometheus families, the hooks that move them, and the `/metrics`,
+//!   `/healthz`, `/readyz` endpoint (`--metrics-listen`, docs/METRICS.md).
 //! - [`server`]: assembles a node, Raft or stateless (`--backend pg|etcd`, cargo features
 //!   `pg`, `etcd`), and serves it.
 //! - [`peer`]: who is at the other end of a connection (address, certificate principal).
@@ -35,6 +37,7 @@ pub mod clock;
 pub mod grpc;
 pub mod leader;
 pub mod log_limit;
+pub mod metrics;
 pub mod peer;
 pub mod process;
 pub mod raft;

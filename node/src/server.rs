@@ -16,7 +16,7 @@ use std::time::Duration;
 use anyhow::Context;
 use lock_proto::v1::raft_service_server::RaftServiceServer;
 use lock_raft_store::Raft;
-use lock_raft_store::storage::{self, ApplyObserver};
+use lock_raft_store::storage::{self, ApplyObserver, StorageObserver};
 use lock_tls::client::ClientTls;
 use lock_tls::server::ServerTls;
 use openraft::BasicNode;
@@ -31,6 +31,12 @@ use crate::grpc::serve::Serve;
 use crate::leader::leases::{LeaseKeeper, Observer, run_promoter, run_reaper};
 use crate::leader::proposer::{BATCH_COMMANDS_MAX, ENTRIES_IN_FLIGHT_MAX, Proposer, RaftWriter};
 use crate::log_limit::{LogLimit, Note};
+use crate::metrics::Metrics;
+use crate::metrics::apply::CountingObserver;
+use crate::metrics::probe::NodeProbe;
+use crate::metrics::proposer::MeteredWriter;
+use crate::metrics::raft::{RaftProbe, count_leader_changes};
+use crate::metrics::storage::{StorageDir, StorageTimings};
 use crate::process::config::Config;
 use crate::process::identity::{self, Identity, STORAGE_SUBDIR};
 use crate::raft::network::{NetworkFactory, RAFT_MESSAGE_BYTES_MAX};
@@ -121,15 +127,23 @@ async fn serve(
         Duration::from_millis(config.safety_margin_ms),
     ));
     let waiters = Arc::new(crate::leader::waiters::WaiterRegistry::default());
-    let observer: Arc<dyn ApplyObserver> = Arc::new(Observer {
-        keeper: keeper.clone(),
-        waiters: waiters.clone(),
-    });
+    let metrics = Metrics::new(true);
+    // The applied-state counters see every applied batch first, then the lease keeper and
+    // the waiters do (docs/METRICS.md).
+    let observer: Arc<dyn ApplyObserver> = Arc::new(CountingObserver::new(
+        metrics.families().clone(),
+        Arc::new(Observer {
+            keeper: keeper.clone(),
+            waiters: waiters.clone(),
+        }),
+    ));
+    let timings: Arc<dyn StorageObserver> =
+        Arc::new(StorageTimings::new(metrics.families().clone()));
     let storage_dir = config.data_dir.join(STORAGE_SUBDIR);
     let (log_store, state_machine) = tokio::task::spawn_blocking({
         let dir = storage_dir.clone();
         let engine = config.log_engine.into();
-        move || storage::open_with(&dir, engine, Some(observer))
+        move || storage::open_observed(&dir, engine, Some(observer), Some(timings))
     })
     .await
     .context("storage open task failed")?
@@ -159,7 +173,7 @@ async fn serve(
     .context("cannot start the Raft node")?;
 
     let proposer = Proposer::spawn(
-        RaftWriter::new(raft.clone()),
+        MeteredWriter::new(RaftWriter::new(raft.clone()), metrics.families().clone()),
         clock.clone(),
         ENTRIES_IN_FLIGHT_MAX,
         BATCH_COMMANDS_MAX,
@@ -173,6 +187,8 @@ async fn serve(
     tokio::spawn(run_reaper(raft.clone(), proposer.clone(), keeper.clone()));
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let reader_for_metrics = reader.clone();
+    let stop_rx_for_metrics = stop_rx.clone();
     let backend = RaftBackend::new(RaftBackendParts {
         node_id: config.node_id,
         raft: raft.clone(),
@@ -198,6 +214,25 @@ async fn serve(
     if config.bootstrap {
         tokio::spawn(bootstrap(raft.clone(), config.peers.clone()));
     }
+    tokio::spawn(count_leader_changes(
+        raft.clone(),
+        metrics.families().clone(),
+    ));
+    let metrics_endpoint = start_metrics(
+        &config,
+        metrics.clone(),
+        NodeProbe::Raft {
+            raft: RaftProbe::new(
+                raft.clone(),
+                config.node_id,
+                Duration::from_millis(config.election_timeout_max_ms),
+            ),
+            reader: reader_for_metrics,
+            storage: StorageDir::new(storage_dir.clone()),
+        },
+        stop_rx_for_metrics,
+    )
+    .await?;
 
     let raft_service = RaftServiceServer::new(RaftRpc::new(raft.clone(), stop_rx))
         .max_decoding_message_size(RAFT_MESSAGE_BYTES_MAX)
@@ -210,11 +245,15 @@ async fn serve(
             listener,
             tls: tls.map(|(server, _)| server),
             stop: stop_tx,
+            metrics,
         },
         |router| router.add_service(raft_service),
         shutdown,
     )
     .await;
+    if let Some(endpoint) = metrics_endpoint {
+        endpoint.abort();
+    }
     tracing::info!("stopping raft");
     match tokio::time::timeout(RAFT_SHUTDOWN_TIMEOUT, raft.shutdown()).await {
         Ok(Ok(())) => {}
@@ -291,6 +330,16 @@ async fn serve_store<S: lock_api::RequestStore + 'static>(
     let clock: Arc<dyn Clock> = Arc::new(SystemClock::with_offset(0));
     let backend = StatelessBackend::new(store, config.node_id, local.to_string(), clock, stop_rx);
     let reaper = tokio::spawn(backend.clone().run_reaper());
+    let metrics = Metrics::new(false);
+    let metrics_endpoint = start_metrics(
+        &config,
+        metrics.clone(),
+        NodeProbe::Stateless {
+            serving: crate::backend::Backend::serving(&backend),
+        },
+        crate::backend::Backend::stop_signal(&backend),
+    )
+    .await?;
     tracing::info!(node_id = config.node_id, backend = ?config.backend, "starting a stateless node");
     let served = grpc::serve::serve(
         Serve {
@@ -300,16 +349,49 @@ async fn serve_store<S: lock_api::RequestStore + 'static>(
             listener,
             tls,
             stop: stop_tx,
+            metrics,
         },
         |router| router,
         shutdown,
     )
     .await;
+    if let Some(endpoint) = metrics_endpoint {
+        endpoint.abort();
+    }
     // The stop signal ended the reaper's loop; a reap still in flight is not waited for.
     reaper.abort();
     served?;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Binds `config.metrics_listen`, if set, and serves the metrics endpoint there until `stop`
+/// turns true. A port that cannot be bound fails the start, naming the field: an operator who
+/// asked for metrics must not get a node that silently has none.
+async fn start_metrics(
+    config: &Config,
+    metrics: Arc<Metrics>,
+    probe: NodeProbe,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> anyhow::Result<Option<tokio::task::JoinHandle<()>>> {
+    let Some(addr) = config.metrics_listen else {
+        return Ok(None);
+    };
+    let listener = TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr} (field `metrics_listen`)"))?;
+    let local = listener
+        .local_addr()
+        .context("metrics listener has no address")?;
+    tracing::info!(%local, "serving metrics at http://{local}/metrics");
+    let shutdown = async move {
+        let _ = stop.wait_for(|stopping| *stopping).await;
+    };
+    Ok(Some(tokio::spawn(async move {
+        if let Err(e) = crate::metrics::http::serve(listener, metrics, probe, shutdown).await {
+            tracing::warn!(error = %e, "the metrics endpoint stopped");
+        }
+    })))
 }
 
 /// Initialises the cluster with every peer as a voter, once: only if this node's Raft state is

@@ -376,6 +376,10 @@ pub enum Event {
     SessionEnded {
         /// Session id.
         session_id: String,
+        /// `true` for `ExpireSession` (the reaper found its lease lapsed), `false` for
+        /// `CloseSession`. The node's metrics count an expiry apart from a close, and only an
+        /// applied event tells every replica alike which one it was.
+        expired: bool,
     },
     /// `Promote` restarted every lease at this stamp.
     Promoted {

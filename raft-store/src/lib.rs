@@ -19,7 +19,9 @@ pub mod storage;
 pub mod table;
 
 pub use command::{Command, Event, FreeCause, Grant, Rejection, Request, Response, Revocation};
-pub use storage::{ApplyObserver, LogStore, StateMachineStore, StateReader, StorageError};
+pub use storage::{
+    ApplyObserver, LogStore, StateMachineStore, StateReader, StorageError, StorageObserver,
+};
 pub use table::{ApplyLimits, InvalidLimits, InvariantViolation, LockTable, Session, Waiter};
 
 /// A node's id in the cluster.

@@ -239,6 +239,7 @@ impl Model {
     }
 
     fn apply_one(&mut self, stamp: u64, cmd: Command, ev: &mut Vec<Event>) -> Response {
+        let expired = matches!(cmd, Command::ExpireSession { .. });
         self.prune(stamp, ev);
         let ttl_ok = |t: u64| (TTL_MIN_MS..=TTL_MAX_MS).contains(&t);
         let unknown = |s: &str| {
@@ -302,6 +303,7 @@ impl Model {
                 }
                 ev.push(Event::SessionEnded {
                     session_id: session_id.clone(),
+                    expired,
                 });
                 Response::SessionClosed {
                     locks_released: locks.len() as u32,

@@ -426,7 +426,14 @@ fn event(e: &Event) -> String {
         Event::SessionOpened { session_id, ttl_ms } => {
             format!("session-opened {session_id} ttl={ttl_ms}")
         }
-        Event::SessionEnded { session_id } => format!("session-ended {session_id}"),
+        Event::SessionEnded {
+            session_id,
+            expired: false,
+        } => format!("session-ended {session_id}"),
+        Event::SessionEnded {
+            session_id,
+            expired: true,
+        } => format!("session-expired {session_id}"),
         Event::Promoted { stamp_ms } => format!("promoted stamp={stamp_ms}"),
     }
 }

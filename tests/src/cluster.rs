@@ -80,6 +80,8 @@ pub struct Cluster {
     watchdog: Option<Watchdog>,
     /// The proxies of every node-to-node link, if the config asked for them.
     links: Option<LinkNet>,
+    /// Each node's metrics port, if the config asked for them (`ClusterConfig::metrics`).
+    metrics_ports: BTreeMap<u64, u16>,
 }
 
 impl Cluster {
@@ -142,11 +144,15 @@ impl Cluster {
             nodes: BTreeMap::new(),
             watchdog,
             links,
+            metrics_ports: BTreeMap::new(),
         };
         let mut attempt = 0;
         loop {
             attempt += 1;
-            let ports = ports::free_ports(cluster.config.nodes)?;
+            let n = cluster.config.nodes;
+            // Metrics ports (issue 20) come from the same call, so they differ from the nodes'.
+            let mut ports = ports::free_ports(if cluster.config.metrics { 2 * n } else { n })?;
+            cluster.metrics_ports = (1u64..).zip(ports.split_off(n)).collect();
             cluster.nodes = (1u64..)
                 .zip(ports)
                 .map(|(id, port)| (id, NodeProcess::new(id, port, &cluster.dir_path)))
@@ -225,6 +231,10 @@ impl Cluster {
         if let Some(links) = &self.links {
             args.push("--raft-dial".into());
             args.push(links.raft_dial(id).into());
+        }
+        if let Some(port) = self.metrics_ports.get(&id) {
+            args.push("--metrics-listen".into());
+            args.push(format!("127.0.0.1:{port}").into());
         }
         args.extend(self.config.extra_args.iter().map(OsString::from));
         if let Some(extra) = self.config.node_args.get(&id) {
@@ -335,6 +345,18 @@ impl Cluster {
     /// members carry.
     pub fn addr(&self, id: u64) -> String {
         self.node(id).addr()
+    }
+
+    /// The metrics endpoint of node `id`, `http://127.0.0.1:PORT` (its `/metrics`, `/healthz`,
+    /// `/readyz`; read them with [`crate::metrics`]).
+    ///
+    /// # Panics
+    /// If the cluster was started without [`ClusterConfig::metrics`].
+    pub fn metrics_url(&self, id: u64) -> String {
+        let port = self.metrics_ports.get(&id).unwrap_or_else(|| {
+            panic!("node {id} has no metrics endpoint (ClusterConfig::metrics is off)")
+        });
+        format!("http://127.0.0.1:{port}")
     }
 
     /// Node `id`'s gRPC endpoint, `http://127.0.0.1:port`.

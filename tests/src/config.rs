@@ -73,6 +73,10 @@ pub struct ClusterConfig {
     /// so the test can partition nodes with [`crate::Cluster::isolate`] and heal them with
     /// [`crate::Cluster::heal`]. Off by default: the proxies cost a hop and a task per link.
     pub proxied_links: bool,
+    /// Give every node a metrics endpoint (`--metrics-listen 127.0.0.1:<free port>`), read with
+    /// [`crate::Cluster::metrics_url`] and [`crate::metrics`]. Off by default: only the
+    /// metrics tests scrape.
+    pub metrics: bool,
 }
 
 impl Default for ClusterConfig {
@@ -88,6 +92,7 @@ impl Default for ClusterConfig {
             node_args: BTreeMap::new(),
             env: Vec::new(),
             proxied_links: false,
+            metrics: false,
         }
     }
 }

@@ -46,6 +46,8 @@
 //! - [`fence`]: [`FencedRegister`], a resource that accepts a write iff its token is newer.
 //! - [`wait`]: [`poll_until`], the bounded condition wait everything uses.
 //! - [`links`]: [`LinkNet`], proxies on node-to-node links, for partitions.
+//! - [`metrics`]: a node's metrics endpoint: `/metrics` parsed with a Prometheus text-format
+//!   parser, `/readyz`.
 //! - [`stateless`]: [`StatelessNodes`] — `lockd run --backend pg|etcd` processes on one
 //!   database, each behind a [`DbLink`] the test can cut.
 //! - [`db_link`]: [`DbLink`], a forwarder between a node and its database that can be cut.
@@ -68,6 +70,7 @@ pub mod db_link;
 pub mod error;
 pub mod fence;
 pub mod links;
+pub mod metrics;
 pub mod ports;
 pub mod proc_stats;
 mod process;

@@ -64,6 +64,7 @@ impl InProcessCluster {
                 etcd_endpoints: Vec::new(),
                 // In-process and plaintext, as `--insecure`: the SPI is what is under test.
                 tls: None,
+                metrics_listen: None,
             };
             config.validate().expect("valid config");
             let (stop_tx, stop_rx) = oneshot::channel::<()>();

@@ -21,6 +21,7 @@ use super::state::{Listener, Lost, RENEW_FRACTION, SessionState, grant_id};
 use crate::client::LockClient;
 use crate::clock;
 use crate::deadline::client_deadline;
+use crate::events;
 use crate::heartbeat::HEARTBEAT_RETRY_PAUSE;
 use crate::router::Router;
 
@@ -146,15 +147,15 @@ impl SessionInner {
     }
 
     /// Marks a grant lost and fires the listeners with its latest handle. Idempotent: a grant
-    /// is reported lost at most once.
-    pub(super) fn mark_lost(&self, handle: &LockHandle) {
+    /// is reported lost at most once; answers whether this call was the one that did.
+    pub(super) fn mark_lost(&self, handle: &LockHandle) -> bool {
         let Some(Lost {
             handle,
             listeners,
             keep_alive,
         }) = self.state().mark_lost(handle)
         else {
-            return;
+            return false;
         };
         if let Some(task) = keep_alive {
             task.abort();
@@ -166,6 +167,15 @@ impl SessionInner {
             "lock lost"
         );
         self.fire(&handle, listeners);
+        true
+    }
+
+    /// Marks a grant whose local deadline passed as lost, reporting `lease_expired` if this
+    /// is the first to notice.
+    pub(super) fn expire(&self, handle: &LockHandle) {
+        if self.mark_lost(handle) {
+            events::lease_expired(&handle.key, handle.fencing_token);
+        }
     }
 
     /// Calls every listener with `handle`, each on the blocking pool, each guarded.
@@ -195,7 +205,7 @@ impl SessionInner {
             };
             handles
         };
-        tracing::warn!(session = %self.session_id, %reason, "session dead");
+        events::session_lost(&self.session_id, &reason, by_server);
         let _ = self.shutdown.send(true);
         self.client.heartbeats().deregister(self.heartbeat_key);
         for handle in handles {
@@ -269,7 +279,7 @@ impl SessionInner {
         self.check_own(handle)?;
         let deadline = self.state().effective_deadline(handle)?;
         if clock::now() >= deadline {
-            self.mark_lost(handle);
+            self.expire(handle);
             return Err(LockError::LockLost {
                 key: handle.key.clone(),
             });

@@ -77,7 +77,7 @@ pub(super) async fn watchdog(inner: Arc<SessionInner>) {
             return;
         }
         for handle in watch.due {
-            inner.mark_lost(&handle);
+            inner.expire(&handle);
         }
         tokio::select! {
             _ = tokio::time::sleep_until(watch.next.into()) => {}

@@ -18,6 +18,7 @@ use tonic::{Request, Response, Status, Streaming};
 use super::convert;
 use super::pipeline::{PipelineAnswers, serve_pipeline};
 use crate::backend::Backend;
+use crate::metrics::grpc::CallMeters;
 
 /// The lock service of one node.
 #[derive(Clone, Debug)]
@@ -152,10 +153,12 @@ impl<B: Backend + std::fmt::Debug> LockService for LockApi<B> {
         request: Request<Streaming<PipelineRequest>>,
     ) -> Result<Response<PipelineAnswers>, Status> {
         let stop = self.backend.stop_signal();
+        let meters = request.extensions().get::<CallMeters>().cloned();
         Ok(Response::new(serve_pipeline(
             self.clone(),
             request.into_inner(),
             stop,
+            meters,
         )))
     }
 }

@@ -16,7 +16,7 @@
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::stream::{FuturesUnordered, Stream, StreamExt};
 use lock_api::LockError;
@@ -27,33 +27,57 @@ use lock_proto::v1::pipeline_request::Call;
 use lock_proto::v1::pipeline_response::Answer;
 use lock_proto::v1::{PipelineRequest, PipelineResponse};
 use tokio::sync::watch;
-use tonic::{Request, Response, Status};
+use tonic::{Code, Request, Response, Status};
+
+use crate::metrics::grpc::CallMeters;
 
 /// The answers of one `Pipeline` stream, in completion order.
 pub type PipelineAnswers = Pin<Box<dyn Stream<Item = Result<PipelineResponse, Status>> + Send>>;
 
 /// Serves the calls arriving on `incoming` with `service`'s unary methods, until the client
-/// closes its side or `stop` turns `true` (the node is shutting down).
-pub fn serve_pipeline<T, S>(service: T, incoming: S, stop: watch::Receiver<bool>) -> PipelineAnswers
+/// closes its side or `stop` turns `true` (the node is shutting down). Each call is counted
+/// under its unary method's name in `meters` (the stream itself is counted by the serve loop's
+/// layer as `Pipeline`).
+pub fn serve_pipeline<T, S>(
+    service: T,
+    incoming: S,
+    stop: watch::Receiver<bool>,
+    meters: Option<CallMeters>,
+) -> PipelineAnswers
 where
     T: LockService + Clone,
     S: Stream<Item = Result<PipelineRequest, Status>> + Send + Unpin + 'static,
 {
     let run = move |call| {
         let service = service.clone();
-        async move { run_call(&service, call).await }
+        let meters = meters.clone();
+        async move { run_call(&service, call, meters.as_ref()).await }
     };
     Box::pin(Pipeline::new(incoming, run).until(stop))
 }
 
 /// Runs one pipeline call through `service`'s unary method for it, within the call's
-/// `timeout_ms` if it set one, and answers it with its `call_id`.
-pub async fn run_call<T: LockService>(service: &T, request: PipelineRequest) -> PipelineResponse {
+/// `timeout_ms` if it set one, and answers it with its `call_id`; counts it in `meters` under
+/// the unary method's name with the status code the unary call would have answered.
+pub async fn run_call<T: LockService>(
+    service: &T,
+    request: PipelineRequest,
+    meters: Option<&CallMeters>,
+) -> PipelineResponse {
     let PipelineRequest {
         call_id,
         timeout_ms,
         call,
     } = request;
+    let started = Instant::now();
+    let method = match &call {
+        Some(Call::Acquire(_)) => "Acquire",
+        Some(Call::TryAcquire(_)) => "TryAcquire",
+        Some(Call::CancelAcquire(_)) => "CancelAcquire",
+        Some(Call::Renew(_)) => "Renew",
+        Some(Call::Release(_)) => "Release",
+        None => "PipelineEmpty",
+    };
     let work = async {
         match call {
             Some(Call::Acquire(r)) => {
@@ -70,39 +94,52 @@ pub async fn run_call<T: LockService>(service: &T, request: PipelineRequest) -> 
             Some(Call::Release(r)) => {
                 answer(service.release(Request::new(r)).await, Answer::Release)
             }
-            None => Answer::Error(error_detail_from_lock_error(&LockError::invalid(format!(
+            None => refused(&LockError::invalid(format!(
                 "pipeline call {call_id} carries no call \
                  (acquire, try_acquire, cancel_acquire, renew or release)"
-            )))),
+            ))),
         }
     };
-    let answer = match timeout_ms {
+    let (answer, code) = match timeout_ms {
         0 => work.await,
         ms => match tokio::time::timeout(Duration::from_millis(ms), work).await {
             Ok(answer) => answer,
-            Err(_) => Answer::Error(error_detail_from_lock_error(&LockError::contention(
-                format!(
-                    "pipeline call {call_id}: no answer within its timeout of {ms} ms; \
-                     the outcome is unknown, retry with the same request id"
-                ),
+            Err(_) => refused(&LockError::contention(format!(
+                "pipeline call {call_id}: no answer within its timeout of {ms} ms; \
+                 the outcome is unknown, retry with the same request id"
             ))),
         },
     };
+    if let Some(meters) = meters {
+        meters.record(method, code, started.elapsed());
+    }
     PipelineResponse {
         call_id,
         answer: Some(answer),
     }
 }
 
-/// The answer of a unary method as a pipeline answer: its message, or the `ErrorDetail` its
-/// status carries.
-fn answer<M>(result: Result<Response<M>, Status>, variant: fn(M) -> Answer) -> Answer {
+/// The answer of a unary method as a pipeline answer, with its status code: its message, or
+/// the `ErrorDetail` its status carries.
+fn answer<M>(result: Result<Response<M>, Status>, variant: fn(M) -> Answer) -> (Answer, Code) {
     match result {
-        Ok(response) => variant(response.into_inner()),
-        Err(status) => Answer::Error(error_detail_from_lock_error(&lock_error_from_status(
-            &status,
-        ))),
+        Ok(response) => (variant(response.into_inner()), Code::Ok),
+        Err(status) => (
+            Answer::Error(error_detail_from_lock_error(&lock_error_from_status(
+                &status,
+            ))),
+            status.code(),
+        ),
     }
+}
+
+/// A call refused here rather than by the unary method: its error detail and the code the
+/// unary call would have answered.
+fn refused(err: &LockError) -> (Answer, Code) {
+    (
+        Answer::Error(error_detail_from_lock_error(err)),
+        lock_proto::status_from_lock_error(err).code(),
+    )
 }
 
 /// Runs the calls arriving on `incoming` through `run`, at most `in_flight_max` at a time.

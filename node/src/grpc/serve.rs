@@ -21,6 +21,7 @@ use lock_tls::server::ServerTls;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tonic::transport::server::Router;
+use tower::layer::util::{Identity, Stack};
 
 use super::CLIENT_MESSAGE_BYTES_MAX;
 use super::accept;
@@ -28,6 +29,8 @@ use super::admin::AdminApi;
 use super::lock::LockApi;
 use super::session::SessionApi;
 use crate::backend::Backend;
+use crate::metrics::Metrics;
+use crate::metrics::grpc::GrpcMetricsLayer;
 
 /// How long a graceful stop waits for in-flight calls before closing them.
 pub const SERVE_DRAIN_TIMEOUT: Duration = Duration::from_secs(3);
@@ -40,6 +43,9 @@ const HEALTH_SERVICES: [&str; 4] = [
     "lockd.v1.SessionService",
     "lockd.v1.AdminService",
 ];
+
+/// The serve loop's router: every service behind the metrics layer.
+pub type NodeRouter = Router<Stack<GrpcMetricsLayer, Identity>>;
 
 /// What one node serves, and how it stops.
 #[derive(Debug)]
@@ -57,6 +63,8 @@ pub struct Serve<B> {
     /// Turned `true` when the shutdown future resolves; the backend's
     /// [`Backend::stop_signal`] must be its receiver.
     pub stop: watch::Sender<bool>,
+    /// The node's metrics: every call is counted and timed into them.
+    pub metrics: Arc<Metrics>,
 }
 
 /// Serves the lock, session, admin, health and reflection services (and whatever `extra`
@@ -64,7 +72,7 @@ pub struct Serve<B> {
 /// `lockd ready node_id=N listen=ADDR` to stdout once serving (the CLI contract).
 pub async fn serve<B: Backend + std::fmt::Debug>(
     parts: Serve<B>,
-    extra: impl FnOnce(Router) -> Router,
+    extra: impl FnOnce(NodeRouter) -> NodeRouter,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let Serve {
@@ -74,6 +82,7 @@ pub async fn serve<B: Backend + std::fmt::Debug>(
         listener,
         tls,
         stop,
+        metrics,
     } = parts;
     let local: SocketAddr = listener.local_addr().context("listener has no address")?;
     let (health, health_service) = tonic_health::server::health_reporter();
@@ -83,6 +92,7 @@ pub async fn serve<B: Backend + std::fmt::Debug>(
         .build_v1()
         .context("cannot build the reflection service")?;
     let router = tonic::transport::Server::builder()
+        .layer(GrpcMetricsLayer::new(metrics.families().clone()))
         .add_service(health_service)
         .add_service(reflection)
         .add_service(

@@ -211,6 +211,10 @@ pub struct RunArgs {
     /// without the three TLS files; lockd warns at start.
     #[arg(long, env = "LOCKD_INSECURE", num_args = 0..=1, default_missing_value = "true")]
     pub insecure: Option<bool>,
+    /// Serve Prometheus metrics, /healthz and /readyz over HTTP on this address
+    /// (docs/METRICS.md) [default: off].
+    #[arg(long, env = "LOCKD_METRICS_LISTEN")]
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 /// The voters of the cluster by node id, each with its `host:port`.
@@ -281,6 +285,7 @@ struct FileConfig {
     tls_key: Option<PathBuf>,
     require_client_cert: Option<bool>,
     insecure: Option<bool>,
+    metrics_listen: Option<SocketAddr>,
 }
 
 /// A configuration error; the message names the field.
@@ -367,6 +372,9 @@ pub struct Config {
     pub pg_url: Option<String>,
     /// etcd members (`--backend etcd`).
     pub etcd_endpoints: Vec<String>,
+    /// Where the metrics endpoint listens; `None` serves none (docs/NODE_CLI.md says why
+    /// that is the default).
+    pub metrics_listen: Option<SocketAddr>,
     /// TLS on the node's port and to its peers; `None` with `--insecure` (plaintext).
     pub tls: Option<TlsConfig>,
 }
@@ -488,6 +496,7 @@ impl Config {
                 .or(file.etcd_endpoints)
                 .unwrap_or_default(),
             tls: None,
+            metrics_listen: args.metrics_listen.or(file.metrics_listen),
         };
         config.validate()?;
         // Last: it reads and parses files, which is pointless while another field is wrong.
@@ -559,6 +568,15 @@ impl Config {
 
     /// The settings every node uses.
     fn validate_common(&self) -> Result<(), ConfigError> {
+        if self.metrics_listen == Some(self.listen) {
+            return Err(invalid(
+                "metrics_listen",
+                format!(
+                    "{} is also `listen`; give the metrics endpoint its own port",
+                    self.listen
+                ),
+            ));
+        }
         let name = &self.cluster_name;
         if name.trim().is_empty()
             || name.len() > CLUSTER_NAME_LEN_MAX
@@ -1133,6 +1151,28 @@ raft_dial = [{ id = 2, addr = "127.0.0.1:9002" }, { id = 3, addr = "127.0.0.1:90
         let mut a = args();
         a.cluster_name = Some("bad name".into());
         assert_eq!(field_of(Config::load(&a).unwrap_err()), "cluster_name");
+    }
+
+    #[test]
+    fn the_metrics_endpoint_is_off_unless_given_and_needs_its_own_port() {
+        assert_eq!(Config::load(&args()).unwrap().metrics_listen, None);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("lockd.toml");
+        std::fs::write(&path, "metrics_listen = \"127.0.0.1:7111\"\n").unwrap();
+        let mut a = args();
+        a.config = Some(path);
+        assert_eq!(
+            Config::load(&a).unwrap().metrics_listen,
+            Some("127.0.0.1:7111".parse().unwrap())
+        );
+        a.metrics_listen = Some("127.0.0.1:7121".parse().unwrap());
+        assert_eq!(
+            Config::load(&a).unwrap().metrics_listen,
+            Some("127.0.0.1:7121".parse().unwrap()),
+            "the flag wins over the file"
+        );
+        a.metrics_listen = a.listen;
+        assert_eq!(field_of(Config::load(&a).unwrap_err()), "metrics_listen");
     }
 
     #[test]

@@ -23,6 +23,11 @@ use tokio::process::{Child, Command};
 
 /// Nodes in the dev cluster.
 const NODES: u16 = 3;
+/// Node n serves its metrics on the base port + this + (n − 1): 7111–7113 with the default
+/// base port (docs/METRICS.md).
+const METRICS_PORT_OFFSET: u16 = 10;
+
+const _: () = assert!(METRICS_PORT_OFFSET >= NODES);
 /// How long the cluster may take to elect its first leader before `lockd dev` gives up.
 const LEADER_WAIT: Duration = Duration::from_secs(30);
 /// Pause between two readiness polls.
@@ -51,9 +56,9 @@ struct DevNode {
 
 /// Runs the dev cluster until Ctrl-C or SIGTERM.
 pub async fn run(args: DevArgs) -> anyhow::Result<()> {
-    if args.base_port == 0 || args.base_port > u16::MAX - NODES {
+    if args.base_port == 0 || args.base_port > u16::MAX - METRICS_PORT_OFFSET - NODES {
         bail!(
-            "--base-port {} leaves no room for {NODES} ports",
+            "--base-port {} leaves no room for {NODES} ports and their metrics ports",
             args.base_port
         );
     }
@@ -67,6 +72,9 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     let addrs: Vec<String> = (0..NODES)
         .map(|i| format!("127.0.0.1:{}", args.base_port + i))
         .collect();
+    let metrics_addrs: Vec<String> = (0..NODES)
+        .map(|i| format!("127.0.0.1:{}", args.base_port + METRICS_PORT_OFFSET + i))
+        .collect();
     let peers = addrs
         .iter()
         .enumerate()
@@ -76,7 +84,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     check_ports_file(&dir, args.base_port)?;
     // A port already taken (often: another `lockd dev`) would make a node exit while the
     // readiness poll talks to whatever holds the port; refuse up front instead.
-    for addr in &addrs {
+    for addr in addrs.iter().chain(&metrics_addrs) {
         if let Err(e) = std::net::TcpListener::bind(addr) {
             bail!(
                 "cannot use {addr}: {e} (another lockd dev running? pick other ports with --base-port and --dir)"
@@ -93,7 +101,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     let mut nodes = Vec::new();
     for (i, addr) in addrs.iter().enumerate() {
         let id = i as u16 + 1;
-        let child = spawn_node(&exe, &dir, &pki, id, addr, &peers)?;
+        let child = spawn_node(&exe, &dir, &pki, id, addr, &metrics_addrs[i], &peers)?;
         nodes.push(DevNode {
             id,
             addr: addr.clone(),
@@ -132,6 +140,12 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             ""
         };
         println!("  node {}  https://{}{role}", node.id, node.addr);
+    }
+    for (node, addr) in nodes.iter().zip(&metrics_addrs) {
+        println!(
+            "  node {} metrics  http://{addr}/metrics  http://{addr}/healthz  http://{addr}/readyz",
+            node.id
+        );
     }
     println!("leader: node {} at {}", leader.0, leader.1);
     println!("To use it (lockctl and the SDK read these):");
@@ -190,6 +204,7 @@ fn spawn_node(
     pki: &super::dev_tls::DevPki,
     id: u16,
     addr: &str,
+    metrics_addr: &str,
     peers: &str,
 ) -> anyhow::Result<Child> {
     let log_path = dir.join(format!("node{id}.log"));
@@ -206,6 +221,7 @@ fn spawn_node(
         .arg("run")
         .args(["--node-id", &id.to_string()])
         .args(["--listen", addr])
+        .args(["--metrics-listen", metrics_addr])
         .arg("--data-dir")
         .arg(dir.join(format!("node{id}")))
         .args(["--peers", peers])

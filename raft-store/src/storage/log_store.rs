@@ -27,6 +27,7 @@ use super::StorageError;
 use super::codec;
 use super::disk::Disk;
 use super::engine::{Engine, EngineKind, MetaKey, WriteBatch};
+use super::observer::StorageObserver;
 use crate::{Entry, LogId, TypeConfig, Vote};
 
 /// Name of the log's flush thread (shows in `top -H` and panics).
@@ -57,7 +58,7 @@ impl LogStore {
     /// [`LogStore::open`], creating a fresh log with the engine `fresh` (an existing log keeps
     /// its engine).
     pub fn open_with(dir: &Path, fresh: EngineKind) -> Result<LogStore, StorageError> {
-        LogStore::open_on(Disk::Os, dir, fresh)
+        LogStore::open_on(Disk::Os, dir, fresh, None)
     }
 
     /// [`LogStore::open_with`] on `disk`.
@@ -65,10 +66,11 @@ impl LogStore {
         disk: Disk,
         dir: &Path,
         fresh: EngineKind,
+        observer: Option<Arc<dyn StorageObserver>>,
     ) -> Result<LogStore, StorageError> {
         let engine = Arc::new(Engine::open_on(disk, dir, fresh)?);
         verify_all(&engine)?;
-        let flusher = Flusher::start(engine.clone())?;
+        let flusher = Flusher::start(engine.clone(), observer)?;
         Ok(LogStore { engine, flusher })
     }
 
@@ -386,12 +388,15 @@ struct Flusher {
 }
 
 impl Flusher {
-    fn start(engine: Arc<Engine>) -> Result<Flusher, StorageError> {
+    fn start(
+        engine: Arc<Engine>,
+        observer: Option<Arc<dyn StorageObserver>>,
+    ) -> Result<Flusher, StorageError> {
         let (tx, rx) = mpsc::channel::<FlushJob>();
         let thread_engine = engine.clone();
         let thread = std::thread::Builder::new()
             .name(FLUSH_THREAD_NAME.to_string())
-            .spawn(move || flush_loop(&thread_engine, &rx))
+            .spawn(move || flush_loop(&thread_engine, &rx, observer.as_deref()))
             .map_err(|source| StorageError::Io {
                 op: "start the flush thread for",
                 path: engine.dir().to_path_buf(),
@@ -431,16 +436,28 @@ impl Drop for Flusher {
 /// `fsync` error the kernel may have dropped the dirty pages it could not write and a later
 /// `fsync` can succeed without them ("fsyncgate"), so every later job fails with the first
 /// error instead of trusting a retry. openraft stops the node on the first one anyway.
-fn flush_loop(engine: &Engine, rx: &mpsc::Receiver<FlushJob>) {
+fn flush_loop(
+    engine: &Engine,
+    rx: &mpsc::Receiver<FlushJob>,
+    observer: Option<&dyn StorageObserver>,
+) {
     let mut failed: Option<String> = None;
     while let Ok(first) = rx.recv() {
         let mut jobs = vec![first];
         jobs.extend(rx.try_iter());
-        if failed.is_none()
-            && let Err(e) = engine.sync()
-        {
-            tracing::error!(error = %e, "log flush failed; the writes it covered are not durable");
-            failed = Some(e.to_string());
+        if failed.is_none() {
+            let started = std::time::Instant::now();
+            match engine.sync() {
+                Ok(()) => {
+                    if let Some(observer) = observer {
+                        observer.log_synced(started.elapsed());
+                    }
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "log flush failed; the writes it covered are not durable");
+                    failed = Some(e.to_string());
+                }
+            }
         }
         for job in jobs {
             let result = match &failed {

@@ -37,6 +37,8 @@
 //! - `codec`: the `[version][crc32][postcard]` frame of every persisted record.
 //! - [`log_store`]: [`LogStore`] / [`LogReader`], openraft's `RaftLogStorage`.
 //! - [`state_machine`]: [`StateMachineStore`], openraft's `RaftStateMachine`, and [`StateReader`].
+//! - [`observer`]: [`StorageObserver`], the durations of log flushes and snapshot builds for
+//!   the node's metrics.
 //! - `snapshot`: snapshot files (atomic write, checksum, clean-up).
 //!
 //! Nothing here reads a clock or decides lock semantics: that is the lock table's job.
@@ -45,6 +47,7 @@ mod codec;
 mod disk;
 mod engine;
 pub mod log_store;
+pub mod observer;
 #[cfg(test)]
 mod power_cut_test;
 mod snapshot;
@@ -59,6 +62,7 @@ pub use engine::{
     EngineError, EngineKind, LAYOUT_VERSION, LayoutFound, RECORD_BYTES_MAX, WAL_FORMAT_VERSION,
 };
 pub use log_store::{LogReader, LogStore};
+pub use observer::StorageObserver;
 pub use snapshot::{SNAPSHOT_BYTES_MAX, file_name as snapshot_file_name};
 pub use state_machine::{ApplyObserver, StateMachineStore, StateReader};
 
@@ -86,7 +90,18 @@ pub fn open_with(
     fresh: EngineKind,
     observer: Option<Arc<dyn ApplyObserver>>,
 ) -> Result<(LogStore, StateMachineStore), StorageError> {
-    open_on(disk::Disk::Os, dir, fresh, observer)
+    open_observed(dir, fresh, observer, None)
+}
+
+/// [`open_with`], and `storage`, if given, learns how long each log flush and each snapshot
+/// build takes ([`StorageObserver`]).
+pub fn open_observed(
+    dir: &Path,
+    fresh: EngineKind,
+    observer: Option<Arc<dyn ApplyObserver>>,
+    storage: Option<Arc<dyn StorageObserver>>,
+) -> Result<(LogStore, StateMachineStore), StorageError> {
+    open_on(disk::Disk::Os, dir, fresh, observer, storage)
 }
 
 /// [`open_with`] on `disk`: the operating system's, or in tests a simulated one.
@@ -95,6 +110,7 @@ pub(crate) fn open_on(
     dir: &Path,
     fresh: EngineKind,
     observer: Option<Arc<dyn ApplyObserver>>,
+    storage: Option<Arc<dyn StorageObserver>>,
 ) -> Result<(LogStore, StateMachineStore), StorageError> {
     disk.create_dir_all(dir)
         .map_err(|source| StorageError::Io {
@@ -102,8 +118,9 @@ pub(crate) fn open_on(
             path: dir.to_path_buf(),
             source,
         })?;
-    let log_store = LogStore::open_on(disk.clone(), dir, fresh)?;
-    let state_machine = StateMachineStore::open_on(disk, &dir.join(SNAPSHOT_DIR_NAME), observer)?;
+    let log_store = LogStore::open_on(disk.clone(), dir, fresh, storage.clone())?;
+    let state_machine =
+        StateMachineStore::open_on(disk, &dir.join(SNAPSHOT_DIR_NAME), observer, storage)?;
     Ok((log_store, state_machine))
 }
 

@@ -111,9 +111,14 @@ async fn open_and_check(
     model: &mut Model,
     context: &str,
 ) -> (LogStore, StateMachineStore) {
-    let (mut log, mut state_machine) =
-        super::open_on(Disk::PowerCut(disk.clone()), dir, EngineKind::Wal, None)
-            .unwrap_or_else(|e| panic!("{context}: the storage must open after a power cut: {e}"));
+    let (mut log, mut state_machine) = super::open_on(
+        Disk::PowerCut(disk.clone()),
+        dir,
+        EngineKind::Wal,
+        None,
+        None,
+    )
+    .unwrap_or_else(|e| panic!("{context}: the storage must open after a power cut: {e}"));
     let state = log.get_log_state().await.expect("log state");
     assert_eq!(
         state.last_purged_log_id, model.last_purged,

@@ -29,6 +29,7 @@ use openraft::{OptionalSend, RaftSnapshotBuilder};
 
 use super::StorageError;
 use super::disk::Disk;
+use super::observer::StorageObserver;
 use super::snapshot::{self, SnapshotDir};
 use crate::command::{Event, Response};
 use crate::table::LockTable;
@@ -78,6 +79,8 @@ pub struct StateMachineStore {
     state: SharedState,
     snapshots: Arc<SnapshotDir>,
     observer: Option<Arc<dyn ApplyObserver>>,
+    /// Learns each snapshot build's duration and size.
+    storage: Option<Arc<dyn StorageObserver>>,
 }
 
 impl fmt::Debug for StateMachineStore {
@@ -96,7 +99,7 @@ impl StateMachineStore {
         snapshot_dir: &Path,
         observer: Option<Arc<dyn ApplyObserver>>,
     ) -> Result<StateMachineStore, StorageError> {
-        StateMachineStore::open_on(Disk::Os, snapshot_dir, observer)
+        StateMachineStore::open_on(Disk::Os, snapshot_dir, observer, None)
     }
 
     /// [`StateMachineStore::open`] with the snapshot files on `disk`.
@@ -104,6 +107,7 @@ impl StateMachineStore {
         disk: Disk,
         snapshot_dir: &Path,
         observer: Option<Arc<dyn ApplyObserver>>,
+        storage: Option<Arc<dyn StorageObserver>>,
     ) -> Result<StateMachineStore, StorageError> {
         let (snapshots, current) = SnapshotDir::open(disk, snapshot_dir)?;
         let state = match current {
@@ -123,6 +127,7 @@ impl StateMachineStore {
             state: Arc::new(RwLock::new(state)),
             snapshots: Arc::new(snapshots),
             observer,
+            storage,
         })
     }
 
@@ -249,6 +254,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         SnapshotBuilder {
             state: self.state.clone(),
             snapshots: self.snapshots.clone(),
+            storage: self.storage.clone(),
         }
     }
 
@@ -293,6 +299,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
 pub struct SnapshotBuilder {
     state: SharedState,
     snapshots: Arc<SnapshotDir>,
+    storage: Option<Arc<dyn StorageObserver>>,
 }
 
 impl fmt::Debug for SnapshotBuilder {
@@ -307,6 +314,7 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     type SnapshotData = SnapshotData;
 
     async fn build_snapshot(&mut self) -> Result<Snapshot, io::Error> {
+        let started = std::time::Instant::now();
         // Encode under the read lock rather than clone the table: one pass over the table
         // either way, and encoding allocates only the output.
         let (meta, data) = {
@@ -325,6 +333,9 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
                 .await
                 .map_err(|join| join_error("write snapshot into", self.snapshots.dir(), join))?
                 .map_err(to_io)?;
+        if let Some(storage) = &self.storage {
+            storage.snapshot_built(started.elapsed(), data.len() as u64);
+        }
         Ok(Snapshot {
             meta,
             snapshot: Cursor::new(data),

@@ -97,8 +97,11 @@ impl LockTable {
                 owner_id,
                 ttl_ms,
             } => self.open_session(stamp_ms, session_id, owner_id, ttl_ms, events),
-            Command::CloseSession { session_id } | Command::ExpireSession { session_id } => {
-                self.end_session(stamp_ms, &session_id, events)
+            Command::CloseSession { session_id } => {
+                self.end_session(stamp_ms, &session_id, false, events)
+            }
+            Command::ExpireSession { session_id } => {
+                self.end_session(stamp_ms, &session_id, true, events)
             }
             Command::Acquire {
                 session_id,
@@ -209,6 +212,7 @@ impl LockTable {
         &mut self,
         stamp_ms: u64,
         session_id: &str,
+        expired: bool,
         events: &mut Vec<Event>,
     ) -> Response {
         // Removed first, so no hand-off below can pick one of its waiters.
@@ -228,6 +232,7 @@ impl LockTable {
         }
         events.push(Event::SessionEnded {
             session_id: session_id.to_owned(),
+            expired,
         });
         Response::SessionClosed {
             locks_released: session.locks.len() as u32,

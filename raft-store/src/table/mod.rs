@@ -164,6 +164,17 @@ impl LockTable {
         self.grants.values()
     }
 
+    /// Number of grants (keys held).
+    pub fn grant_count(&self) -> usize {
+        self.grants.len()
+    }
+
+    /// Number of waiters queued on every key together. One step per key with a queue, so
+    /// cheap enough for a metrics scrape, not for the apply path.
+    pub fn waiter_total(&self) -> usize {
+        self.queues.values().map(|q| q.len()).sum()
+    }
+
     /// Number of waiters queued on `key` (C2 `LockInfo::waiter_count`).
     pub fn waiter_count(&self, key: &str) -> u32 {
         self.queues.get(key).map_or(0, |q| q.len() as u32)

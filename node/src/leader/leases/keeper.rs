@@ -67,7 +67,7 @@ impl LeaseKeeper {
                 Event::SessionOpened { session_id, ttl_ms } => {
                     table.insert_session(session_id, *ttl_ms, now)
                 }
-                Event::SessionEnded { session_id } => table.remove_session(session_id),
+                Event::SessionEnded { session_id, .. } => table.remove_session(session_id),
                 Event::Promoted { .. } => table.restart_all(now),
                 Event::WaiterDropped { .. } => {}
             }
