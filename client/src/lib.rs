@@ -87,6 +87,10 @@
 //! - [`backoff`]: bounded, jittered exponential backoff (FR-28).
 //! - [`deadline`]: the client-deadline rule (FR-11).
 //! - [`config`]: [`ClientConfig`] and its defaults, with reasons.
+//! - [`tls`]: [`TlsConfig`] — the CA and client certificate, from the caller or `LOCKD_CA`,
+//!   `LOCKD_CERT`, `LOCKD_KEY`.
+//! - `transport` (private): one node's channel, plaintext or TLS, with the bearer token on
+//!   every request.
 //! - `src/bin/lockctl/`: the command-line tool.
 //! - Re-exported from `lock-api`: [`LockHandle`], [`LockInfo`], [`LockOutcome`],
 //!   [`LockError`], [`LockService`], [`Fence`], [`fence_accepts`], [`parse_fencing_token`],
@@ -105,11 +109,14 @@ mod heartbeat;
 pub mod pipeline;
 mod router;
 pub mod session;
+pub mod tls;
+mod transport;
 
 pub use client::{ClusterMember, LockClient, NodeReport, NodeStatus, NodeView};
 pub use config::{BackoffConfig, ClientConfig, SafetyMargin};
 pub use guard::LockGuard;
 pub use session::LockClientSession;
+pub use tls::TlsConfig;
 
 // What a caller needs from the contract crate, so that `lock-client` is the one dependency
 // of a program. Inlined, so that these pages document them without `lock-api`'s.
