@@ -18,7 +18,10 @@
 //! tokio = { version = "1", features = ["macros", "rt-multi-thread"] }
 //! ```
 //!
-//! `src/main.rs`, against the cluster `cargo run -p lockd -- dev` starts (127.0.0.1:7101–7103):
+//! `src/main.rs`, against the cluster `cargo run -p lockd -- dev` starts (127.0.0.1:7101–7103),
+//! with the `export LOCKD_CA=… LOCKD_CERT=… LOCKD_KEY=…` lines it prints set (the cluster serves
+//! TLS and requires a client certificate; [`LockClient::connect`] reads those variables, and
+//! [`LockClient::connect_with`] takes a [`ClientConfig`] whose `tls` is a [`TlsConfig`]):
 //!
 //! ```no_run
 //! use std::time::Duration;

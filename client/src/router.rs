@@ -353,7 +353,7 @@ impl Router {
                 tokio::time::timeout(attempt_timeout, attempt(&target, attempt_timeout)).await;
             let err = match result {
                 Ok(Ok(value)) => return Ok(value),
-                Ok(Err(status)) => error_from_status(&status, self.dialer.is_tls()),
+                Ok(Err(status)) => with_tls_hint(error_from_status(&status), self.dialer.is_tls()),
                 Err(_elapsed) => LockError::contention(format!(
                     "no answer within {} ms",
                     attempt_timeout.as_millis()
@@ -407,7 +407,6 @@ impl Router {
     pub(crate) async fn status_all(&self) -> Vec<(String, Result<v1::StatusResponse, LockError>)> {
         let targets = self.lock().targets.clone();
         let timeout = self.config.attempt_timeout;
-        let tls = self.dialer.is_tls();
         let mut tasks = Vec::with_capacity(targets.len());
         for target in targets {
             tasks.push(tokio::spawn(async move {
@@ -416,7 +415,7 @@ impl Router {
                 request.set_timeout(timeout);
                 let answer = match tokio::time::timeout(timeout, client.status(request)).await {
                     Ok(Ok(response)) => Ok(response.into_inner()),
-                    Ok(Err(status)) => Err(error_from_status(&status, tls)),
+                    Ok(Err(status)) => Err(error_from_status(&status)),
                     Err(_) => Err(LockError::contention(format!(
                         "no answer within {} ms",
                         timeout.as_millis()
@@ -465,10 +464,14 @@ impl Router {
         if reachable {
             Ok(())
         } else {
-            Err(LockError::contention(format!(
-                "no lockd endpoint answered ({})",
-                failures.join("; ")
-            )))
+            // The TLS advice once, after every endpoint's failure, not once per endpoint.
+            Err(with_tls_hint(
+                LockError::contention(format!(
+                    "no lockd endpoint answered ({})",
+                    failures.join("; ")
+                )),
+                self.dialer.is_tls(),
+            ))
         }
     }
 }
@@ -482,19 +485,25 @@ const SOURCE_DEPTH_MAX: usize = 16;
 /// message says only "tcp connect error" or "transport error"; what a user can act on —
 /// "Connection refused", an unknown host, a certificate the client does not trust — is in the
 /// status's sources.
-fn error_from_status(status: &Status, tls: bool) -> LockError {
+fn error_from_status(status: &Status) -> LockError {
     match lock_error_from_status(status) {
-        LockError::Contention { mut message } => {
-            if let Some(cause) = root_cause(status)
-                && !message.contains(&cause)
-            {
-                message = format!("{message}: {cause}");
+        LockError::Contention { message } => match root_cause(status) {
+            Some(cause) if !message.contains(&cause) => {
+                LockError::contention(format!("{message}: {cause}"))
             }
-            if let Some(hint) = tls_hint(&message, tls) {
-                message = format!("{message} ({hint})");
-            }
-            LockError::contention(message)
-        }
+            _ => LockError::Contention { message },
+        },
+        other => other,
+    }
+}
+
+/// `err` with [`tls_hint`]'s advice appended once, if its message looks like a TLS mismatch.
+fn with_tls_hint(err: LockError, tls: bool) -> LockError {
+    match err {
+        LockError::Contention { message } => match tls_hint(&message, tls) {
+            Some(hint) => LockError::contention(format!("{message}; {hint}")),
+            None => LockError::Contention { message },
+        },
         other => other,
     }
 }
@@ -530,6 +539,12 @@ const PLAINTEXT_REFUSED_WORDS: &[&str] = &[
 /// about TLS; `None` otherwise.
 fn tls_hint(message: &str, tls: bool) -> Option<String> {
     let lower = message.to_ascii_lowercase();
+    if tls && lower.contains("certificaterequired") {
+        return Some(format!(
+            "the node requires a client certificate: set {ENV_CERT} and {ENV_KEY} (lockctl: \
+             --tls-cert, --tls-key) to one signed by the cluster's CA"
+        ));
+    }
     if tls {
         TLS_FAILURE_WORDS
             .iter()
@@ -548,8 +563,8 @@ fn tls_hint(message: &str, tls: bool) -> Option<String> {
             .then(|| {
                 format!(
                     "the node closed a plaintext connection: if it serves TLS, set {ENV_CA} \
-                     (lockctl: --ca) to the cluster's CA file, and {ENV_CERT}/{ENV_KEY} to a \
-                     client certificate"
+                     (lockctl: --tls-ca) to the cluster's CA file, and {ENV_CERT}/{ENV_KEY} to \
+                     a client certificate"
                 )
             })
     }
@@ -635,6 +650,20 @@ mod tests {
         assert_eq!(
             tls_hint("tcp connect error: Connection refused (os error 111)", true),
             None
+        );
+    }
+
+    #[test]
+    fn a_missing_client_certificate_is_named() {
+        let no_cert = tls_hint(
+            "transport error: received fatal alert: CertificateRequired",
+            true,
+        );
+        assert!(
+            no_cert
+                .as_deref()
+                .is_some_and(|h| h.contains("LOCKD_CERT") && h.contains("LOCKD_KEY")),
+            "{no_cert:?}"
         );
     }
 

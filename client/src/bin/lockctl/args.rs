@@ -44,6 +44,7 @@ pub struct Cli {
         visible_alias = "ca",
         env = "LOCKD_CA",
         value_name = "PATH",
+        value_parser = parse_path,
         global = true
     )]
     pub ca: Option<PathBuf>,
@@ -54,6 +55,7 @@ pub struct Cli {
         visible_alias = "cert",
         env = "LOCKD_CERT",
         value_name = "PATH",
+        value_parser = parse_path,
         global = true
     )]
     pub cert: Option<PathBuf>,
@@ -62,6 +64,7 @@ pub struct Cli {
         long = "tls-key",
         env = "LOCKD_KEY",
         value_name = "PATH",
+        value_parser = parse_path,
         global = true
     )]
     pub tls_key: Option<PathBuf>,
@@ -72,6 +75,7 @@ pub struct Cli {
         env = "LOCKD_TOKEN",
         value_name = "TOKEN",
         hide_env_values = true,
+        value_parser = parse_blank_ok,
         global = true
     )]
     pub auth_token: Option<String>,
@@ -217,6 +221,17 @@ impl Cli {
     pub fn token(&self) -> Option<String> {
         self.auth_token.clone().filter(|t| !t.trim().is_empty())
     }
+}
+
+/// A file path, blank allowed: `LOCKD_CERT=` in the environment means "unset", which
+/// [`Cli::tls`] decides, rather than the "a value is required" of clap's own path parser.
+fn parse_path(text: &str) -> Result<PathBuf, String> {
+    Ok(PathBuf::from(text))
+}
+
+/// Any text, blank allowed (`LOCKD_TOKEN=` means "unset"; see [`Cli::token`]).
+fn parse_blank_ok(text: &str) -> Result<String, String> {
+    Ok(text.to_owned())
 }
 
 /// Parses `500ms`, `30s`, `2m`, `1h` or a plain number of seconds.
