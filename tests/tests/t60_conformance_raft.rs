@@ -62,6 +62,8 @@ impl InProcessCluster {
                 backend: lockd::config::Backend::Raft,
                 pg_url: None,
                 etcd_endpoints: Vec::new(),
+                // In-process and plaintext, as `--insecure`: the SPI is what is under test.
+                tls: None,
             };
             config.validate().expect("valid config");
             let (stop_tx, stop_rx) = oneshot::channel::<()>();

@@ -161,3 +161,104 @@ impl tower::Service<Uri> for TlsConnector {
         })
     }
 }
+
+#[cfg(all(test, feature = "mint"))]
+mod tests {
+    use std::path::Path;
+
+    use tokio::net::TcpListener;
+    use tower::Service;
+
+    use super::*;
+    use crate::mint::Authority;
+    use crate::server::{ClientCerts, ServerTls, client_principal};
+
+    fn files(dir: &Path, stem: &str) -> TlsFiles {
+        TlsFiles {
+            ca: dir.join("ca.pem"),
+            cert: dir.join(format!("{stem}.pem")),
+            key: dir.join(format!("{stem}-key.pem")),
+        }
+    }
+
+    /// Accepts TLS connections with `tls` and sends each client's principal.
+    fn serve(listener: TcpListener, tls: Arc<ServerTls>) -> tokio::sync::mpsc::Receiver<String> {
+        let (tx, rx) = tokio::sync::mpsc::channel(8);
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let Ok(stream) = tls.acceptor().accept(tcp).await else {
+                    continue;
+                };
+                let principal = client_principal(stream.get_ref().1)
+                    .and_then(Result::ok)
+                    .unwrap_or_default();
+                let _ = tx.send(principal).await;
+            }
+        });
+        rx
+    }
+
+    async fn dial(connector: &mut TlsConnector, port: u16) -> String {
+        let uri: Uri = format!("http://127.0.0.1:{port}").parse().unwrap();
+        let io = connector.call(uri).await.expect("the handshake succeeds");
+        let leaf = io.inner().get_ref().1.peer_certificates().unwrap()[0].clone();
+        crate::principal_of(&leaf).unwrap()
+    }
+
+    #[tokio::test]
+    async fn both_sides_use_rotated_files_for_the_next_connection() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = Authority::new("test ca").unwrap();
+        ca.write(&dir.path().join("ca.pem"), &dir.path().join("ca-key.pem"))
+            .unwrap();
+        let (server_files, client_files) =
+            (files(dir.path(), "server"), files(dir.path(), "client"));
+        ca.issue("server-1")
+            .unwrap()
+            .write(&server_files.cert, &server_files.key)
+            .unwrap();
+        ca.issue("client-1")
+            .unwrap()
+            .write(&client_files.cert, &client_files.key)
+            .unwrap();
+        let server =
+            Arc::new(ServerTls::load(server_files.clone(), ClientCerts::Required).unwrap());
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let mut principals = serve(listener, server);
+        let mut connector = TlsConnector::new(Arc::new(
+            ClientTls::reloading(client_files.clone()).unwrap(),
+        ))
+        .with_timeout(Duration::from_secs(10));
+
+        assert_eq!(dial(&mut connector, port).await, "server-1");
+        assert_eq!(principals.recv().await.unwrap(), "client-1");
+
+        ca.issue("client-2")
+            .unwrap()
+            .write(&client_files.cert, &client_files.key)
+            .unwrap();
+        ca.issue("server-2")
+            .unwrap()
+            .write(&server_files.cert, &server_files.key)
+            .unwrap();
+        assert_eq!(dial(&mut connector, port).await, "server-2");
+        assert_eq!(principals.recv().await.unwrap(), "client-2");
+
+        // A certificate of another CA on the client side: the server refuses it.
+        let other = Authority::new("other ca").unwrap();
+        other
+            .issue("intruder")
+            .unwrap()
+            .write(&client_files.cert, &client_files.key)
+            .unwrap();
+        let uri: Uri = format!("http://127.0.0.1:{port}").parse().unwrap();
+        // TLS 1.3: the client may finish before the server refuses; the server never accepts.
+        let _ = connector.call(uri).await;
+        let next = tokio::time::timeout(Duration::from_millis(500), principals.recv()).await;
+        assert!(
+            next.is_err(),
+            "the server accepted another CA's client: {next:?}"
+        );
+    }
+}
