@@ -342,9 +342,16 @@ impl Cluster {
             .collect();
         let pki = if config.tls {
             let node_uid: Option<fn(u64) -> u32> = config.in_netns.then_some(net::node_uid);
+            let in_netns = config.in_netns;
+            // Inside the namespace each node has its own address (127.0.0.1 is in every
+            // certificate anyway).
+            let node_ip = move |id: u64| -> Option<std::net::IpAddr> {
+                in_netns.then(|| net::node_ip(id).parse().ok()).flatten()
+            };
             Some(Arc::new(Pki::mint(
                 &config.work_dir.join("pki"),
                 &all_ids,
+                node_ip,
                 node_uid,
             )?))
         } else {

@@ -31,12 +31,15 @@ pub struct Pki {
 
 impl Pki {
     /// Mints a CA and the certificates of the nodes `node_ids` and of
-    /// [`WORKLOAD_IDENTITY`] and [`ADMIN_IDENTITY`] into `dir`. With `node_uid`, each node's
-    /// key is handed to the uid that node runs as (the namespace mode), since key files are
-    /// readable by their owner only.
+    /// [`WORKLOAD_IDENTITY`] and [`ADMIN_IDENTITY`] into `dir`. Each node's certificate also
+    /// names the IP `node_ip` gives it (the namespace mode's own loopback address per node),
+    /// since clients and peers verify a node by the address they dial. With `node_uid`, each
+    /// node's key is handed to the uid that node runs as (the namespace mode), since key files
+    /// are readable by their owner only.
     pub fn mint(
         dir: &Path,
         node_ids: &[u64],
+        node_ip: impl Fn(u64) -> Option<std::net::IpAddr>,
         node_uid: Option<fn(u64) -> u32>,
     ) -> anyhow::Result<Self> {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -49,11 +52,15 @@ impl Pki {
             .context("writing the run's CA")?;
         let names = node_ids
             .iter()
-            .map(|&id| node_principal(id))
-            .chain([WORKLOAD_IDENTITY.to_owned(), ADMIN_IDENTITY.to_owned()]);
-        for name in names {
+            .map(|&id| (node_principal(id), node_ip(id)))
+            .chain([
+                (WORKLOAD_IDENTITY.to_owned(), None),
+                (ADMIN_IDENTITY.to_owned(), None),
+            ]);
+        for (name, ip) in names {
             let (cert, key) = pki.identity(&name);
-            ca.issue(&name)
+            let ips: Vec<std::net::IpAddr> = ip.into_iter().collect();
+            ca.issue_with_ips(&name, &ips)
                 .and_then(|leaf| leaf.write(&cert, &key))
                 .with_context(|| format!("minting the certificate of {name}"))?;
         }
@@ -139,7 +146,7 @@ mod tests {
     #[test]
     fn a_run_pki_has_every_node_and_both_clients_and_maps_their_roles() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let pki = Pki::mint(dir.path(), &[1, 2, 4], None).expect("minted");
+        let pki = Pki::mint(dir.path(), &[1, 2, 4], |_| None, None).expect("minted");
         for name in ["node-1", "node-2", "node-4", "client", "admin"] {
             let (cert, key) = pki.identity(name);
             assert!(cert.is_file() && key.is_file(), "{name}");
