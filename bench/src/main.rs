@@ -143,6 +143,11 @@ struct Args {
     /// Run only the scrape comparison on lockd (needs --scrape-rounds): no etcd, W2 or W4.
     #[arg(long)]
     scrape_only: bool,
+    /// Run the lockd nodes `--insecure` (plaintext). By default they serve TLS with a CA minted
+    /// for the run and every connection presents a client certificate; running both ways
+    /// measures what TLS costs (bench/PERFORMANCE.md).
+    #[arg(long)]
+    insecure: bool,
 }
 
 /// Durations and sizes after applying `--quick` and the per-workload flags.
@@ -443,6 +448,7 @@ async fn measure_all(
                     &data.join("lockd"),
                     args.lockd_calls,
                     args.connections,
+                    !args.insecure,
                 )
                 .await?;
                 let addr = cluster.leader_addr().to_owned();

@@ -77,6 +77,20 @@ pub struct ClusterConfig {
     /// [`crate::Cluster::metrics_url`] and [`crate::metrics`]. Off by default: only the
     /// metrics tests scrape.
     pub metrics: bool,
+    /// Serve TLS (default `true`, as `lockd run` requires): the cluster mints a fresh PKI in
+    /// its directory ([`crate::TestPki`]) and the nodes get `--tls-ca/--tls-cert/--tls-key`
+    /// and the role map. `false` starts them with `--insecure` (plaintext, everything
+    /// allowed).
+    pub tls: bool,
+    /// With TLS, start the nodes with `--require-client-cert` (default `true`, as `lockd dev`
+    /// does): a client without a certificate is refused at the handshake. `false` lets a
+    /// client in on a bearer token instead.
+    pub require_client_cert: bool,
+    /// With TLS, role mappings `(principal, role)` besides the standard ones (`node-<id>` =
+    /// node, and `client`, `operator`, `admin` each the role of its name), e.g. for a
+    /// principal minted with [`crate::TestPki::mint`]. The nodes get the map in `LOCKD_ROLES`
+    /// ([`crate::pki::roles_env`]); a `--role` in `extra_args` would replace all of it.
+    pub roles: Vec<(String, String)>,
 }
 
 impl Default for ClusterConfig {
@@ -93,6 +107,9 @@ impl Default for ClusterConfig {
             env: Vec::new(),
             proxied_links: false,
             metrics: false,
+            tls: true,
+            require_client_cert: true,
+            roles: Vec::new(),
         }
     }
 }
@@ -103,6 +120,14 @@ impl ClusterConfig {
         Self {
             nodes,
             ..Self::default()
+        }
+    }
+
+    /// The default configuration with `nodes` voters, plaintext (`--insecure`).
+    pub fn insecure(nodes: usize) -> Self {
+        Self {
+            tls: false,
+            ..Self::with_nodes(nodes)
         }
     }
 

@@ -130,6 +130,13 @@ impl Authority {
     /// A new leaf certificate for `principal`, signed by this CA: URI SAN `principal`,
     /// `DNS:localhost`, `IP:127.0.0.1`, CN `principal`, server and client EKU.
     pub fn issue(&self, principal: &str) -> Result<Leaf, TlsError> {
+        self.issue_with_ips(principal, &[])
+    }
+
+    /// [`Authority::issue`] with `extra_ips` as further IP SANs: for a node that listens on
+    /// another loopback address than 127.0.0.1 (lock-jepsen's namespace gives node N
+    /// 127.0.0.(10+N)), which its clients and peers verify it by.
+    pub fn issue_with_ips(&self, principal: &str, extra_ips: &[IpAddr]) -> Result<Leaf, TlsError> {
         let ia5 = |s: &str| s.try_into().map_err(|e| mint_error(principal, e));
         let mut params = CertificateParams::default();
         params.distinguished_name = DistinguishedName::new();
@@ -141,6 +148,9 @@ impl Authority {
             SanType::DnsName(ia5("localhost")?),
             SanType::IpAddress(IpAddr::V4(Ipv4Addr::LOCALHOST)),
         ];
+        params
+            .subject_alt_names
+            .extend(extra_ips.iter().map(|ip| SanType::IpAddress(*ip)));
         params.is_ca = IsCa::NoCa;
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
         params.extended_key_usages = vec![

@@ -22,6 +22,15 @@
 //! | 4 | `exec`: the lock was lost while CMD ran, and CMD was killed |
 //! | 5 | the cluster is unavailable: no endpoint answered, or no decision within `--timeout` |
 //!
+//! # TLS
+//!
+//! Against nodes that serve TLS (the default of `lockd run` and `lockd dev`), lockctl needs the
+//! cluster's CA and, where the nodes require one, a client certificate: `--tls-ca`,
+//! `--tls-cert`, `--tls-key` or `LOCKD_CA`, `LOCKD_CERT`, `LOCKD_KEY` (the lines `lockd dev`
+//! prints). `--auth-token` / `LOCKD_TOKEN` sends a bearer token instead, over TLS only. Without
+//! them a TLS node closes the connection, and lockctl exits 5 saying to set `LOCKD_CA`.
+//! (`--key` and `--token` are the lock key and the fencing token of the commands.)
+//!
 //! # Lifetime of a lock taken by `acquire` / `try`
 //!
 //! The command opens a session whose TTL is the lock's TTL (or `--session-ttl`), takes the
@@ -120,6 +129,8 @@ async fn connect(cli: &Cli, session_ttl: Option<Duration>) -> Result<LockClient,
         // at another endpoint still fits: connecting then fails naming each endpoint.
         attempt_timeout: ATTEMPT_TIMEOUT_DEFAULT.min(cli.timeout / 2),
         connect_timeout: CONNECT_TIMEOUT_DEFAULT.min(cli.timeout / 2),
+        tls: cli.tls().map_err(Failure::Connect)?,
+        token: cli.token(),
         ..ClientConfig::default()
     };
     if let Some(ttl) = session_ttl {
