@@ -29,26 +29,39 @@ use lock_proto::v1::{PipelineRequest, PipelineResponse};
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
+use crate::peer::Caller;
+
 /// The answers of one `Pipeline` stream, in completion order.
 pub type PipelineAnswers = Pin<Box<dyn Stream<Item = Result<PipelineResponse, Status>> + Send>>;
 
 /// Serves the calls arriving on `incoming` with `service`'s unary methods, until the client
-/// closes its side or `stop` turns `true` (the node is shutting down).
-pub fn serve_pipeline<T, S>(service: T, incoming: S, stop: watch::Receiver<bool>) -> PipelineAnswers
+/// closes its side or `stop` turns `true` (the node is shutting down). Each call carries the
+/// stream's `caller` (`None` on an `--insecure` node), as a unary call carries its own.
+pub fn serve_pipeline<T, S>(
+    service: T,
+    incoming: S,
+    stop: watch::Receiver<bool>,
+    caller: Option<Caller>,
+) -> PipelineAnswers
 where
     T: LockService + Clone,
     S: Stream<Item = Result<PipelineRequest, Status>> + Send + Unpin + 'static,
 {
     let run = move |call| {
         let service = service.clone();
-        async move { run_call(&service, call).await }
+        let caller = caller.clone();
+        async move { run_call(&service, call, caller).await }
     };
     Box::pin(Pipeline::new(incoming, run).until(stop))
 }
 
-/// Runs one pipeline call through `service`'s unary method for it, within the call's
-/// `timeout_ms` if it set one, and answers it with its `call_id`.
-pub async fn run_call<T: LockService>(service: &T, request: PipelineRequest) -> PipelineResponse {
+/// Runs one pipeline call through `service`'s unary method for it, as `caller`, within the
+/// call's `timeout_ms` if it set one, and answers it with its `call_id`.
+pub async fn run_call<T: LockService>(
+    service: &T,
+    request: PipelineRequest,
+    caller: Option<Caller>,
+) -> PipelineResponse {
     let PipelineRequest {
         call_id,
         timeout_ms,
@@ -57,18 +70,19 @@ pub async fn run_call<T: LockService>(service: &T, request: PipelineRequest) -> 
     let work = async {
         match call {
             Some(Call::Acquire(r)) => {
-                answer(service.acquire(Request::new(r)).await, Answer::Acquire)
+                answer(service.acquire(unary(r, &caller)).await, Answer::Acquire)
             }
-            Some(Call::TryAcquire(r)) => {
-                answer(service.try_acquire(Request::new(r)).await, Answer::Acquire)
-            }
+            Some(Call::TryAcquire(r)) => answer(
+                service.try_acquire(unary(r, &caller)).await,
+                Answer::Acquire,
+            ),
             Some(Call::CancelAcquire(r)) => answer(
-                service.cancel_acquire(Request::new(r)).await,
+                service.cancel_acquire(unary(r, &caller)).await,
                 Answer::CancelAcquire,
             ),
-            Some(Call::Renew(r)) => answer(service.renew(Request::new(r)).await, Answer::Renew),
+            Some(Call::Renew(r)) => answer(service.renew(unary(r, &caller)).await, Answer::Renew),
             Some(Call::Release(r)) => {
-                answer(service.release(Request::new(r)).await, Answer::Release)
+                answer(service.release(unary(r, &caller)).await, Answer::Release)
             }
             None => Answer::Error(error_detail_from_lock_error(&LockError::invalid(format!(
                 "pipeline call {call_id} carries no call \
@@ -92,6 +106,16 @@ pub async fn run_call<T: LockService>(service: &T, request: PipelineRequest) -> 
         call_id,
         answer: Some(answer),
     }
+}
+
+/// The unary request of one pipeline call, with the stream's caller where the authorization
+/// layer puts a unary call's.
+fn unary<M>(message: M, caller: &Option<Caller>) -> Request<M> {
+    let mut request = Request::new(message);
+    if let Some(caller) = caller.clone() {
+        request.extensions_mut().insert(caller);
+    }
+    request
 }
 
 /// The answer of a unary method as a pipeline answer: its message, or the `ErrorDetail` its
