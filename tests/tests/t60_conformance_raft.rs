@@ -64,6 +64,8 @@ impl InProcessCluster {
                 backend: lockd::config::Backend::Raft,
                 pg_url: None,
                 etcd_endpoints: Vec::new(),
+                // In-process and plaintext, as `--insecure`: the SPI is what is under test.
+                tls: None,
             };
             config.validate().expect("valid config");
             let (stop_tx, stop_rx) = oneshot::channel::<()>();
@@ -207,8 +209,14 @@ async fn sessions_stay_bound_to_their_principal_across_a_failover() {
     let mut cluster = InProcessCluster::start(3).await;
     let leader = cluster.leader().await;
     let (alice, bob) = (Some("alice"), Some("bob"));
-    let (a, _) = leader.open_session(alice, "worker", TTL_MS).await.expect("alice's session");
-    let (b, _) = leader.open_session(bob, "worker", TTL_MS).await.expect("bob's session");
+    let (a, _) = leader
+        .open_session(alice, "worker", TTL_MS)
+        .await
+        .expect("alice's session");
+    let (b, _) = leader
+        .open_session(bob, "worker", TTL_MS)
+        .await
+        .expect("bob's session");
     let held = leader
         .try_acquire(alice, &a, 1, "payout/7", TTL_MS)
         .await
@@ -226,13 +234,42 @@ async fn sessions_stay_bound_to_their_principal_across_a_failover() {
         };
         refused(node.keep_alive(bob, a).await.map(drop), "heartbeat");
         refused(node.locks_of(bob, a).await.map(drop), "locks_of");
-        refused(node.renew(bob, a, 10, "payout/7", token, TTL_MS).await.map(drop), "renew");
-        refused(node.renew(bob, b, 11, "payout/7", token, TTL_MS).await.map(drop), "renew own");
-        refused(node.release(bob, a, 12, "payout/7", token).await.map(drop), "release");
-        refused(node.release(bob, b, 13, "payout/7", token).await.map(drop), "release own");
-        refused(node.try_acquire(bob, a, 14, "other", TTL_MS).await.map(drop), "try_acquire");
-        refused(node.acquire(bob, a, 1, "payout/7", TTL_MS, 500).await.map(drop), "acquire");
-        refused(node.cancel_acquire(bob, a, 1, "payout/7").await.map(drop), "cancel");
+        refused(
+            node.renew(bob, a, 10, "payout/7", token, TTL_MS)
+                .await
+                .map(drop),
+            "renew",
+        );
+        refused(
+            node.renew(bob, b, 11, "payout/7", token, TTL_MS)
+                .await
+                .map(drop),
+            "renew own",
+        );
+        refused(
+            node.release(bob, a, 12, "payout/7", token).await.map(drop),
+            "release",
+        );
+        refused(
+            node.release(bob, b, 13, "payout/7", token).await.map(drop),
+            "release own",
+        );
+        refused(
+            node.try_acquire(bob, a, 14, "other", TTL_MS)
+                .await
+                .map(drop),
+            "try_acquire",
+        );
+        refused(
+            node.acquire(bob, a, 1, "payout/7", TTL_MS, 500)
+                .await
+                .map(drop),
+            "acquire",
+        );
+        refused(
+            node.cancel_acquire(bob, a, 1, "payout/7").await.map(drop),
+            "cancel",
+        );
         refused(node.close_session(bob, a).await.map(drop), "close");
         let batch = node
             .keep_alive_batch(bob, &[a.to_owned(), b.to_owned()])
@@ -262,7 +299,10 @@ async fn sessions_stay_bound_to_their_principal_across_a_failover() {
         .await
         .expect("inspect")
         .expect("still held");
-    assert_eq!((state.session_id.as_str(), state.token), (a.as_str(), held.token));
+    assert_eq!(
+        (state.session_id.as_str(), state.token),
+        (a.as_str(), held.token)
+    );
     assert_eq!(
         new_leader.locks_of(alice, &a).await.expect("alice's locks"),
         ["payout/7".to_owned()].into()
@@ -274,6 +314,12 @@ async fn sessions_stay_bound_to_their_principal_across_a_failover() {
             .expect("alice renews")
             .is_some()
     );
-    assert!(new_leader.keep_alive(alice, &a).await.expect("heartbeat").is_some());
+    assert!(
+        new_leader
+            .keep_alive(alice, &a)
+            .await
+            .expect("heartbeat")
+            .is_some()
+    );
     cluster.stop().await;
 }

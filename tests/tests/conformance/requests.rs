@@ -49,15 +49,36 @@ async fn a_bound_session_keeps_its_principal_for_life<S: RequestStore + Clone + 
     let unbound = c.session("unbound-owner").await;
     let of = |id: String| {
         let store = c.store.clone();
-        async move { store.session_principal(&id).await.expect("session_principal") }
+        async move {
+            store
+                .session_principal(&id)
+                .await
+                .expect("session_principal")
+        }
     };
     assert_eq!(of(bound.clone()).await.as_deref(), Some(principal.as_str()));
     assert_eq!(of(unbound.clone()).await, None);
-    assert_eq!(of(format!("{}-never-opened", c.nonce).chars().take(60).collect()).await, None);
+    assert_eq!(
+        of(format!("{}-never-opened", c.nonce)
+            .chars()
+            .take(60)
+            .collect())
+        .await,
+        None
+    );
     // A heartbeat and a grant change nothing of it.
-    assert!(c.store.keep_alive(&bound).await.expect("keep_alive").is_some());
+    assert!(
+        c.store
+            .keep_alive(&bound)
+            .await
+            .expect("keep_alive")
+            .is_some()
+    );
     let key = c.key("bound", 0);
-    assert!(matches!(c.acquire(&bound, 1, &key, Duration::ZERO).await, Acquired::Granted(_)));
+    assert!(matches!(
+        c.acquire(&bound, 1, &key, Duration::ZERO).await,
+        Acquired::Granted(_)
+    ));
     assert_eq!(of(bound.clone()).await.as_deref(), Some(principal.as_str()));
     assert_eq!(c.store.close_session(&bound).await.expect("close"), 1);
     assert_eq!(of(bound).await, None, "an ended session is bound to nobody");
