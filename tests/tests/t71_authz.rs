@@ -277,3 +277,62 @@ async fn a_second_principal_cannot_use_the_first_ones_session_even_after_a_failo
         .expect("the owner renews at the new leader");
     assert_eq!(renewed.map(|g| g.fencing_token), Some(grant.fencing_token));
 }
+
+/// lockctl as `client` asking for a revoke: one plain line naming the principal and the role,
+/// exit 1 (the cluster refused), and no retrying until `--timeout` (it answers at once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lockctl_reports_a_refusal_in_plain_words_and_exits_non_zero() {
+    let mut cluster = Cluster::start_with(ClusterConfig {
+        nodes: 1,
+        ..ClusterConfig::default()
+    })
+    .await;
+    let leader = cluster.leader().await;
+    let (ca, cert, key) = cluster.sdk_tls("client");
+    let started = std::time::Instant::now();
+    let mut command = tokio::process::Command::new(lockctl_binary());
+    command
+        .args(["--endpoints", &cluster.addr(leader), "--timeout", "20s"])
+        .args(["revoke", "--key", "authz/lockctl", "--operator", "client"])
+        .args(["--reason", "drill"])
+        .env_remove("LOCKD_ENDPOINTS")
+        .env_remove("LOCKD_TOKEN")
+        .env("LOCKD_CA", ca)
+        .env("LOCKD_CERT", cert)
+        .env("LOCKD_KEY", key)
+        .kill_on_drop(true);
+    let output = command.output().await.expect("run lockctl");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{output:?}");
+    assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
+    assert!(
+        stderr
+            .contains(r#"permission denied: principal "client" does not have the role "operator""#),
+        "{stderr}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "answered at once, not retried to the timeout: {:?}",
+        started.elapsed()
+    );
+}
+
+/// The `lockctl` binary next to the test executable (`cargo build -p lock-client`), or
+/// `$LOCKCTL_BIN`.
+fn lockctl_binary() -> std::path::PathBuf {
+    if let Some(path) = std::env::var_os("LOCKCTL_BIN") {
+        return path.into();
+    }
+    let exe = std::env::current_exe().expect("the test executable's path");
+    let candidate = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .map(|dir| dir.join("lockctl"))
+        .expect("the test executable lives in target/<profile>/deps");
+    assert!(
+        candidate.is_file(),
+        "lockctl not found at {}; build it with `cargo build -p lock-client` or set LOCKCTL_BIN",
+        candidate.display()
+    );
+    candidate
+}
