@@ -231,6 +231,11 @@ async fn serve(
 /// a TLS node; everything open on an `--insecure` one (`config.tls` is `None` exactly then).
 fn access(config: &Config) -> anyhow::Result<crate::auth::Access> {
     let insecure = config.tls.is_none();
+    if insecure && (!config.roles.is_empty() || config.tokens_file.is_some()) {
+        tracing::warn!(
+            "--insecure: the role map and the tokens file have no effect; every call is allowed"
+        );
+    }
     crate::auth::Access::for_node(insecure, &config.roles, config.tokens_file.as_deref())
         .map_err(|reason| anyhow::anyhow!("config field `tokens_file`: {reason}"))
 }
