@@ -78,6 +78,29 @@ pub trait RequestStore: LockStore + SessionRegistry {
         ttl: Duration,
     ) -> impl Future<Output = Result<(String, Duration), LockError>> + Send;
 
+    /// [`RequestStore::open_session_with_ttl`] for a session bound to `principal`, the
+    /// authenticated caller that opens it (docs/SECURITY.md §3): the store records the
+    /// principal with the session, atomically with it, and answers it from
+    /// [`RequestStore::session_principal`] for as long as the session lives.
+    fn open_bound_session(
+        &self,
+        owner_id: &str,
+        ttl: Duration,
+        principal: &str,
+    ) -> impl Future<Output = Result<(String, Duration), LockError>> + Send;
+
+    /// The principal session `session_id` is bound to: `Ok(Some(principal))` for a session
+    /// opened by [`RequestStore::open_bound_session`], `Ok(None)` for an unbound session or one
+    /// the store does not hold (never opened, ended).
+    ///
+    /// MUST honour: a session's principal is recorded with the session and never changes, and
+    /// a session id is never reused, so an answer read before a call on the session still
+    /// holds when the call acts (the caller checks, then calls; no transaction spans both).
+    fn session_principal(
+        &self,
+        session_id: &str,
+    ) -> impl Future<Output = Result<Option<String>, LockError>> + Send;
+
     /// Keeps `session_id` alive for another of its own TTL (the one it was opened with).
     ///
     /// `Ok(Some(ttl))`: alive, with that TTL. `Ok(None)` is terminal, as

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use crate::LockError;
 use crate::limits::{
-    KEY_LEN_MAX, MAX_WAIT_MAX, OPERATOR_LEN_MAX, OWNER_ID_LEN_MAX, REASON_LEN_MAX,
-    SESSION_ID_LEN_MAX, TTL_MAX, TTL_MIN,
+    KEY_LEN_MAX, MAX_WAIT_MAX, OPERATOR_LEN_MAX, OWNER_ID_LEN_MAX, PRINCIPAL_LEN_MAX,
+    REASON_LEN_MAX, SESSION_ID_LEN_MAX, TTL_MAX, TTL_MIN,
 };
 
 fn text(what: &str, value: &str, len_max: usize) -> Result<(), LockError> {
@@ -49,6 +49,32 @@ pub fn session_id(session_id: &str) -> Result<(), LockError> {
 /// Checks a force-revoke operator: non-blank, at most [`OPERATOR_LEN_MAX`] bytes.
 pub fn operator(operator: &str) -> Result<(), LockError> {
     text("operator", operator, OPERATOR_LEN_MAX)
+}
+
+/// Checks a caller's principal: non-blank, at most [`PRINCIPAL_LEN_MAX`] bytes, no control
+/// characters.
+pub fn principal(principal: &str) -> Result<(), LockError> {
+    text("principal", principal, PRINCIPAL_LEN_MAX)
+}
+
+/// The session rule of docs/SECURITY.md §3, the same on every backend: a session opened by
+/// principal `opened_by` may be used only by that principal. `Err(PermissionDenied)` with
+/// [`SESSION_OWNER_ROLE`](crate::SESSION_OWNER_ROLE) when `caller` is another principal.
+///
+/// `caller == None` (an `--insecure` node, where nobody is authenticated and everything is
+/// allowed) and `opened_by == None` (a session opened on such a node, unbound) are never
+/// refused. A backend must apply this before the call changes or answers anything, including
+/// a remembered answer of the session's.
+pub fn session_principal(caller: Option<&str>, opened_by: Option<&str>) -> Result<(), LockError> {
+    match (caller, opened_by) {
+        (Some(caller), Some(opened_by)) if caller != opened_by => {
+            Err(LockError::PermissionDenied {
+                principal: caller.to_owned(),
+                required_role: crate::SESSION_OWNER_ROLE.to_owned(),
+            })
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Checks a force-revoke reason: non-blank, at most [`REASON_LEN_MAX`] bytes.

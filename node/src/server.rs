@@ -246,6 +246,7 @@ async fn serve(
             tls: tls.map(|(server, _)| server),
             stop: stop_tx,
             metrics,
+            access: access(&config)?,
         },
         |router| router.add_service(raft_service),
         shutdown,
@@ -263,6 +264,19 @@ async fn serve(
     served?;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Who may call what on this node: the role map and the tokens file of `config`, enforced on
+/// a TLS node; everything open on an `--insecure` one (`config.tls` is `None` exactly then).
+fn access(config: &Config) -> anyhow::Result<crate::auth::Access> {
+    let insecure = config.tls.is_none();
+    if insecure && (!config.roles.is_empty() || config.tokens_file.is_some()) {
+        tracing::warn!(
+            "--insecure: the role map and the tokens file have no effect; every call is allowed"
+        );
+    }
+    crate::auth::Access::for_node(insecure, &config.roles, config.tokens_file.as_deref())
+        .map_err(|reason| anyhow::anyhow!("config field `tokens_file`: {reason}"))
 }
 
 /// Where in etcd the lock table lives; every node of one deployment uses the same prefix.
@@ -350,6 +364,7 @@ async fn serve_store<S: lock_api::RequestStore + 'static>(
             tls,
             stop: stop_tx,
             metrics,
+            access: access(&config)?,
         },
         |router| router,
         shutdown,

@@ -49,6 +49,7 @@ impl Command {
             Command::Promote => "Promote",
             Command::Batch(_) => "Batch",
             Command::SetLimits { .. } => "SetLimits",
+            Command::AsCaller { command, .. } => command.name(),
         }
     }
 }
@@ -175,6 +176,23 @@ pub enum Command {
         /// The limits to apply from now on.
         limits: ApplyLimits,
     },
+    /// `command` as the authenticated principal `principal` called it (docs/SECURITY.md §3,
+    /// D-session-principal). An `OpenSession` inside binds the new session to `principal`; a
+    /// command presenting a session (close, acquire, release, renew, cancel) whose session, or
+    /// whose grant's session, is bound to another principal is refused
+    /// ([`Rejection::PermissionDenied`]) and changes nothing. The check is made here, at apply,
+    /// so it holds on every replica and at any leader, whatever that leader had applied when it
+    /// accepted the call. A command without this wrapper (an `--insecure` node, the leader's
+    /// own reaper and promote, a log written before it existed) is nobody's in particular and
+    /// opens an unbound session. Must not hold a `Batch` or another `AsCaller`. Last in the
+    /// enum, after `SetLimits`, so every earlier command keeps its encoding and old logs
+    /// replay.
+    AsCaller {
+        /// The caller's principal.
+        principal: String,
+        /// What it asked for.
+        command: Box<Command>,
+    },
 }
 
 /// A grant as the replicated state records it.
@@ -246,6 +264,15 @@ pub enum Rejection {
         session_id: String,
         /// The request id presented.
         request_id: u64,
+    },
+    /// `principal` presented a session (or a grant of a session) that another principal
+    /// opened (`Command::AsCaller`). Last in the enum, so every other rejection keeps its
+    /// encoding in remembered answers.
+    PermissionDenied {
+        /// The caller's principal.
+        principal: String,
+        /// The session it presented, or the one whose grant it presented.
+        session_id: String,
     },
 }
 

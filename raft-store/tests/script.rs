@@ -394,6 +394,10 @@ fn response(r: &Response) -> Vec<String> {
             session_id,
             request_id,
         }) => format!("rejected stale-request session={session_id} id={request_id}"),
+        Response::Rejected(Rejection::PermissionDenied {
+            principal,
+            session_id,
+        }) => format!("rejected permission-denied principal={principal} session={session_id}"),
         Response::NoCommand => "no-command".into(),
         Response::LimitsSet { limits } => format!("limits-set {limits:?}"),
     };

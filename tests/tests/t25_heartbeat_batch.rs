@@ -231,7 +231,8 @@ async fn the_sdk_keeps_several_sessions_of_one_client_alive_past_their_ttl() {
     // A canary opened after them with the same TTL and never heartbeated: once the leader has
     // expired it (its grant is gone), the SDK's sessions, older, are alive only because they
     // were heartbeated.
-    let any = cluster.cluster_client();
+    // As the SDK's principal: a session answers only the principal that opened it.
+    let any = cluster.cluster_client_as("client");
     let canary = any.open_session("canary", ttl).await.expect("open canary");
     any.try_acquire(&canary.id, "canary-key", LONG_TTL)
         .await

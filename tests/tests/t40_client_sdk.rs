@@ -252,8 +252,12 @@ async fn t40_client_dropped_acquire_leaves_no_waiter_and_no_grant() {
     assert_eq!(key_state(&mut cluster, "t40/cancel").await, Ok(None));
     let waiter_id = waiter.session_id().to_owned();
     let leader = cluster.leader().await;
+    // As the SDK's principal: a session answers only the principal that opened it.
     assert_eq!(
-        cluster.client(leader).locks_of(&waiter_id).await,
+        cluster
+            .client_as(leader, "client")
+            .locks_of(&waiter_id)
+            .await,
         Ok(vec![])
     );
     holder.close().await.expect("close holder");

@@ -206,7 +206,7 @@ async fn conformance_etcd() {
         },
     )
     .await;
-    assert_eq!(ran, 23);
+    assert_eq!(ran, 24);
 
     let t = Instant::now();
     let rest: Vec<String> = endpoints

@@ -122,7 +122,7 @@ async fn conformance_pg() {
         },
     )
     .await;
-    assert_eq!(ran, 23);
+    assert_eq!(ran, 24);
     let pid = listening(&requests).await;
     assert!(pid > 0, "the store listens again after the case cut it");
     a_forgotten_request_is_an_unknown_outcome(&url_for_admin, &requests).await;

@@ -50,6 +50,8 @@ impl InProcessCluster {
                 raft_dial: Default::default(),
                 bootstrap: id == 1,
                 cluster_name: "conformance".into(),
+                roles: Default::default(),
+                tokens_file: None,
                 log_format: LogFormat::Human,
                 heartbeat_interval_ms: lockd::config::HEARTBEAT_INTERVAL_MS_DEFAULT,
                 election_timeout_min_ms: lockd::config::ELECTION_TIMEOUT_MIN_MS_DEFAULT,
@@ -191,5 +193,134 @@ async fn conformance_raft_three_nodes() {
     )
     .await;
     assert!(ran >= 14);
+    cluster.stop().await;
+}
+
+/// Sessions belong to the principal that opened them, on the Raft backend, and stay so across
+/// a leader failover (docs/SECURITY.md §3, D-session-principal): another principal presenting
+/// the session — to the old leader or to the new one, through a proposal or a leader-local
+/// heartbeat or renewal — is refused `PermissionDenied`, and the holder's lock is untouched.
+/// The principals are handed to the backend directly (what the gRPC services take from the
+/// authorization layer's `Caller`), since this build's nodes serve plaintext.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sessions_stay_bound_to_their_principal_across_a_failover() {
+    use lockd::backend::Backend as _;
+
+    const TTL_MS: u64 = 30_000;
+    let mut cluster = InProcessCluster::start(3).await;
+    let leader = cluster.leader().await;
+    let (alice, bob) = (Some("alice"), Some("bob"));
+    let (a, _) = leader
+        .open_session(alice, "worker", TTL_MS)
+        .await
+        .expect("alice's session");
+    let (b, _) = leader
+        .open_session(bob, "worker", TTL_MS)
+        .await
+        .expect("bob's session");
+    let held = leader
+        .try_acquire(alice, &a, 1, "payout/7", TTL_MS)
+        .await
+        .expect("acquire")
+        .expect("granted");
+
+    async fn every_hijack_is_refused(node: &RaftBackend, a: &str, b: &str, token: u64) {
+        let bob = Some("bob");
+        let refused = |result: Result<(), lock_api::LockError>, what: &str| match result {
+            Err(lock_api::LockError::PermissionDenied {
+                principal,
+                required_role,
+            }) if principal == "bob" && required_role == lock_api::SESSION_OWNER_ROLE => {}
+            other => panic!("{what}: {other:?}"),
+        };
+        refused(node.keep_alive(bob, a).await.map(drop), "heartbeat");
+        refused(node.locks_of(bob, a).await.map(drop), "locks_of");
+        refused(
+            node.renew(bob, a, 10, "payout/7", token, TTL_MS)
+                .await
+                .map(drop),
+            "renew",
+        );
+        refused(
+            node.renew(bob, b, 11, "payout/7", token, TTL_MS)
+                .await
+                .map(drop),
+            "renew own",
+        );
+        refused(
+            node.release(bob, a, 12, "payout/7", token).await.map(drop),
+            "release",
+        );
+        refused(
+            node.release(bob, b, 13, "payout/7", token).await.map(drop),
+            "release own",
+        );
+        refused(
+            node.try_acquire(bob, a, 14, "other", TTL_MS)
+                .await
+                .map(drop),
+            "try_acquire",
+        );
+        refused(
+            node.acquire(bob, a, 1, "payout/7", TTL_MS, 500)
+                .await
+                .map(drop),
+            "acquire",
+        );
+        refused(
+            node.cancel_acquire(bob, a, 1, "payout/7").await.map(drop),
+            "cancel",
+        );
+        refused(node.close_session(bob, a).await.map(drop), "close");
+        let batch = node
+            .keep_alive_batch(bob, &[a.to_owned(), b.to_owned()])
+            .await
+            .expect("the batch is answered");
+        refused(batch[0].clone().map(drop), "batch entry");
+        assert!(matches!(batch[1], Ok(Some(_))), "bob's own: {:?}", batch[1]);
+    }
+
+    every_hijack_is_refused(&leader, &a, &b, held.token).await;
+
+    // Fail over: stop the leader; a new one is elected from the two others.
+    let old = leader.node_id();
+    for node in &mut cluster.nodes {
+        if node.store.node_id() == old
+            && let Some(stop) = node.stop.take()
+        {
+            let _ = stop.send(());
+        }
+    }
+    let new_leader = cluster.leader().await;
+    assert_ne!(new_leader.node_id(), old, "a new leader");
+    every_hijack_is_refused(&new_leader, &a, &b, held.token).await;
+
+    let state = new_leader
+        .inspect("payout/7", true)
+        .await
+        .expect("inspect")
+        .expect("still held");
+    assert_eq!(
+        (state.session_id.as_str(), state.token),
+        (a.as_str(), held.token)
+    );
+    assert_eq!(
+        new_leader.locks_of(alice, &a).await.expect("alice's locks"),
+        ["payout/7".to_owned()].into()
+    );
+    assert!(
+        new_leader
+            .renew(alice, &a, 20, "payout/7", held.token, TTL_MS)
+            .await
+            .expect("alice renews")
+            .is_some()
+    );
+    assert!(
+        new_leader
+            .keep_alive(alice, &a)
+            .await
+            .expect("heartbeat")
+            .is_some()
+    );
     cluster.stop().await;
 }

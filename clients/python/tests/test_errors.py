@@ -91,6 +91,20 @@ EVERY_KIND = [
         grpc.StatusCode.FAILED_PRECONDITION,
         lockd.LockLost("payout/42"),
     ),
+    (
+        error_pb2.ErrorDetail(unauthenticated=error_pb2.Unauthenticated(message="no client certificate")),
+        grpc.StatusCode.UNAUTHENTICATED,
+        lockd.Unauthenticated("not authenticated: no client certificate"),
+    ),
+    (
+        error_pb2.ErrorDetail(permission_denied=error_pb2.PermissionDenied(principal="client", required_role="operator")),
+        grpc.StatusCode.PERMISSION_DENIED,
+        lockd.PermissionDenied(
+            "permission denied: principal 'client' does not have the role 'operator' this call requires",
+            "client",
+            "operator",
+        ),
+    ),
 ]
 
 
@@ -113,6 +127,18 @@ def test_the_fields_of_each_error_are_attributes() -> None:
     assert isinstance(hint, lockd.NotLeader)
     assert (hint.leader_id, hint.leader_addr) == (2, "127.0.0.1:7102")
     assert "127.0.0.1:7102" in str(hint)
+
+
+def test_a_refusal_names_the_principal_and_the_role() -> None:
+    denied = error_from_rpc_error(status_error(EVERY_KIND[-1][0], grpc.StatusCode.PERMISSION_DENIED))
+    assert isinstance(denied, lockd.PermissionDenied) and not denied.retry_safe
+    assert (denied.principal, denied.required_role) == ("client", "operator")
+    hijack = error_pb2.ErrorDetail(
+        permission_denied=error_pb2.PermissionDenied(principal="mallory", required_role=lockd.errors.SESSION_OWNER_ROLE)
+    )
+    err = error_from_detail(hijack)
+    assert isinstance(err, lockd.PermissionDenied)
+    assert "'mallory' did not open this session" in str(err)
 
 
 def test_the_detail_wins_over_the_code() -> None:

@@ -130,11 +130,24 @@ pub struct NodeStatus {
 
 /// What a node's lock, session and admin services need from the lock table behind them.
 /// Cheap to clone; every clone is the same backend.
+///
+/// # Sessions belong to principals
+///
+/// Every method that opens or presents a session takes `caller`: the principal of the call
+/// (the authorization layer's [`Caller`](crate::peer::Caller)), `None` on an `--insecure` node.
+/// A session opened with a caller is bound to it, and every later call presenting that
+/// session, or a grant of it, with another caller is refused
+/// `PermissionDenied { required_role: SESSION_OWNER_ROLE }` before it changes or answers
+/// anything (`lock_api::validate::session_principal`, docs/SECURITY.md §3). Each
+/// implementation makes the check where it is airtight: the Raft backend in the state machine
+/// at apply and against the applied state for its leader-local calls, a stateless one against
+/// the store, whose record of a session's principal never changes.
 pub trait Backend: Clone + Send + Sync + 'static {
     /// Opens a session for `owner_id` with a lease of `ttl_ms`; returns its id and the TTL the
     /// backend keeps, which every heartbeat renews it by.
     fn open_session(
         &self,
+        caller: Option<&str>,
         owner_id: &str,
         ttl_ms: u64,
     ) -> impl Future<Output = Result<(String, u64), LockError>> + Send;
@@ -143,6 +156,7 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// terminal: the session and its locks are gone.
     fn keep_alive(
         &self,
+        caller: Option<&str>,
         session_id: &str,
     ) -> impl Future<Output = Result<Option<u64>, LockError>> + Send;
 
@@ -152,24 +166,28 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// The caller bounds the batch (`lock_proto::session::HEARTBEAT_BATCH_SESSIONS_MAX`).
     fn keep_alive_batch(
         &self,
+        caller: Option<&str>,
         session_ids: &[String],
     ) -> impl Future<Output = Result<Vec<Result<Option<u64>, LockError>>, LockError>> + Send;
 
     /// Closes a session, releasing its grants; returns how many (0 if it was already gone).
     fn close_session(
         &self,
+        caller: Option<&str>,
         session_id: &str,
     ) -> impl Future<Output = Result<u32, LockError>> + Send;
 
     /// The keys a session holds (empty for a session that is gone).
     fn locks_of(
         &self,
+        caller: Option<&str>,
         session_id: &str,
     ) -> impl Future<Output = Result<BTreeSet<String>, LockError>> + Send;
 
     /// Single-shot acquire: `Ok(None)` if the key is held (or others wait for it).
     fn try_acquire(
         &self,
+        caller: Option<&str>,
         session_id: &str,
         request_id: u64,
         key: &str,
@@ -182,6 +200,7 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// raced the withdrawal.
     fn acquire(
         &self,
+        caller: Option<&str>,
         session_id: &str,
         request_id: u64,
         key: &str,
@@ -193,6 +212,7 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// grant was released.
     fn cancel_acquire(
         &self,
+        caller: Option<&str>,
         session_id: &str,
         request_id: u64,
         key: &str,
@@ -202,6 +222,7 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// (terminal).
     fn renew(
         &self,
+        caller: Option<&str>,
         session_id: &str,
         request_id: u64,
         key: &str,
@@ -212,6 +233,7 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// Compare-and-delete of grant `(key, token)`; `Ok(false)` if it was already gone.
     fn release(
         &self,
+        caller: Option<&str>,
         session_id: &str,
         request_id: u64,
         key: &str,

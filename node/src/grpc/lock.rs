@@ -4,7 +4,8 @@
 //! Owns request unpacking and answer packing only; every rule lives in the backend, every
 //! conversion in `convert`, every error status in `lock_proto::error`. A dropped call (the
 //! client disconnected) drops the backend's future, which cancels a waiting acquire. The calls of
-//! a `Pipeline` stream run through these same unary methods (`grpc::pipeline`).
+//! a `Pipeline` stream run through these same unary methods (`grpc::pipeline`). The caller's
+//! principal (`peer::Caller`) goes to the backend with every call that presents a session.
 
 use lock_proto::status_from_lock_error;
 use lock_proto::v1::lock_service_server::LockService;
@@ -19,6 +20,13 @@ use super::convert;
 use super::pipeline::{PipelineAnswers, serve_pipeline};
 use crate::backend::Backend;
 use crate::metrics::grpc::CallMeters;
+use crate::peer::Caller;
+
+/// The principal of `request`'s caller, as the backend binds sessions to it (`None` on an
+/// `--insecure` node).
+pub(super) fn caller_of<T>(request: &Request<T>) -> Option<String> {
+    Caller::of(request).map(|c| c.principal.clone())
+}
 
 /// The lock service of one node.
 #[derive(Clone, Debug)]
@@ -43,10 +51,18 @@ impl<B: Backend + std::fmt::Debug> LockService for LockApi<B> {
         &self,
         request: Request<AcquireRequest>,
     ) -> Result<Response<AcquireResponse>, Status> {
+        let caller = caller_of(&request);
         let r = request.into_inner();
         let grant = self
             .backend
-            .acquire(&r.session_id, r.request_id, &r.key, r.ttl_ms, r.max_wait_ms)
+            .acquire(
+                caller.as_deref(),
+                &r.session_id,
+                r.request_id,
+                &r.key,
+                r.ttl_ms,
+                r.max_wait_ms,
+            )
             .await
             .map_err(status)?;
         Ok(Response::new(AcquireResponse {
@@ -58,10 +74,17 @@ impl<B: Backend + std::fmt::Debug> LockService for LockApi<B> {
         &self,
         request: Request<TryAcquireRequest>,
     ) -> Result<Response<AcquireResponse>, Status> {
+        let caller = caller_of(&request);
         let r = request.into_inner();
         let grant = self
             .backend
-            .try_acquire(&r.session_id, r.request_id, &r.key, r.ttl_ms)
+            .try_acquire(
+                caller.as_deref(),
+                &r.session_id,
+                r.request_id,
+                &r.key,
+                r.ttl_ms,
+            )
             .await
             .map_err(status)?;
         Ok(Response::new(AcquireResponse {
@@ -73,10 +96,11 @@ impl<B: Backend + std::fmt::Debug> LockService for LockApi<B> {
         &self,
         request: Request<CancelAcquireRequest>,
     ) -> Result<Response<CancelAcquireResponse>, Status> {
+        let caller = caller_of(&request);
         let r = request.into_inner();
         let released_grant = self
             .backend
-            .cancel_acquire(&r.session_id, r.request_id, &r.key)
+            .cancel_acquire(caller.as_deref(), &r.session_id, r.request_id, &r.key)
             .await
             .map_err(status)?;
         Ok(Response::new(CancelAcquireResponse { released_grant }))
@@ -86,10 +110,12 @@ impl<B: Backend + std::fmt::Debug> LockService for LockApi<B> {
         &self,
         request: Request<RenewRequest>,
     ) -> Result<Response<RenewResponse>, Status> {
+        let caller = caller_of(&request);
         let r = request.into_inner();
         let grant = self
             .backend
             .renew(
+                caller.as_deref(),
                 &r.session_id,
                 r.request_id,
                 &r.key,
@@ -107,10 +133,17 @@ impl<B: Backend + std::fmt::Debug> LockService for LockApi<B> {
         &self,
         request: Request<ReleaseRequest>,
     ) -> Result<Response<ReleaseResponse>, Status> {
+        let caller = caller_of(&request);
         let r = request.into_inner();
         let released = self
             .backend
-            .release(&r.session_id, r.request_id, &r.key, r.fencing_token)
+            .release(
+                caller.as_deref(),
+                &r.session_id,
+                r.request_id,
+                &r.key,
+                r.fencing_token,
+            )
             .await
             .map_err(status)?;
         Ok(Response::new(ReleaseResponse { released }))
@@ -154,11 +187,14 @@ impl<B: Backend + std::fmt::Debug> LockService for LockApi<B> {
     ) -> Result<Response<PipelineAnswers>, Status> {
         let stop = self.backend.stop_signal();
         let meters = request.extensions().get::<CallMeters>().cloned();
+        // Every call on the stream is the stream's caller's: the layer checked the stream once.
+        let caller = Caller::of(&request).cloned();
         Ok(Response::new(serve_pipeline(
             self.clone(),
             request.into_inner(),
             stop,
             meters,
+            caller,
         )))
     }
 }

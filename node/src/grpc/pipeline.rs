@@ -31,18 +31,22 @@ use tonic::{Code, Request, Response, Status};
 
 use crate::metrics::grpc::CallMeters;
 
+use crate::peer::Caller;
+
 /// The answers of one `Pipeline` stream, in completion order.
 pub type PipelineAnswers = Pin<Box<dyn Stream<Item = Result<PipelineResponse, Status>> + Send>>;
 
 /// Serves the calls arriving on `incoming` with `service`'s unary methods, until the client
-/// closes its side or `stop` turns `true` (the node is shutting down). Each call is counted
-/// under its unary method's name in `meters` (the stream itself is counted by the serve loop's
-/// layer as `Pipeline`).
+/// closes its side or `stop` turns `true` (the node is shutting down). Each call carries the
+/// stream's `caller` (`None` on an `--insecure` node), as a unary call carries its own, and is
+/// counted under its unary method's name in `meters` (the stream itself is counted by the
+/// serve loop's layer as `Pipeline`).
 pub fn serve_pipeline<T, S>(
     service: T,
     incoming: S,
     stop: watch::Receiver<bool>,
     meters: Option<CallMeters>,
+    caller: Option<Caller>,
 ) -> PipelineAnswers
 where
     T: LockService + Clone,
@@ -51,18 +55,20 @@ where
     let run = move |call| {
         let service = service.clone();
         let meters = meters.clone();
-        async move { run_call(&service, call, meters.as_ref()).await }
+        let caller = caller.clone();
+        async move { run_call(&service, call, meters.as_ref(), caller).await }
     };
     Box::pin(Pipeline::new(incoming, run).until(stop))
 }
 
-/// Runs one pipeline call through `service`'s unary method for it, within the call's
-/// `timeout_ms` if it set one, and answers it with its `call_id`; counts it in `meters` under
-/// the unary method's name with the status code the unary call would have answered.
+/// Runs one pipeline call through `service`'s unary method for it, as `caller`, within the
+/// call's `timeout_ms` if it set one, and answers it with its `call_id`; counts it in `meters`
+/// under the unary method's name with the status code the unary call would have answered.
 pub async fn run_call<T: LockService>(
     service: &T,
     request: PipelineRequest,
     meters: Option<&CallMeters>,
+    caller: Option<Caller>,
 ) -> PipelineResponse {
     let PipelineRequest {
         call_id,
@@ -81,18 +87,19 @@ pub async fn run_call<T: LockService>(
     let work = async {
         match call {
             Some(Call::Acquire(r)) => {
-                answer(service.acquire(Request::new(r)).await, Answer::Acquire)
+                answer(service.acquire(unary(r, &caller)).await, Answer::Acquire)
             }
-            Some(Call::TryAcquire(r)) => {
-                answer(service.try_acquire(Request::new(r)).await, Answer::Acquire)
-            }
+            Some(Call::TryAcquire(r)) => answer(
+                service.try_acquire(unary(r, &caller)).await,
+                Answer::Acquire,
+            ),
             Some(Call::CancelAcquire(r)) => answer(
-                service.cancel_acquire(Request::new(r)).await,
+                service.cancel_acquire(unary(r, &caller)).await,
                 Answer::CancelAcquire,
             ),
-            Some(Call::Renew(r)) => answer(service.renew(Request::new(r)).await, Answer::Renew),
+            Some(Call::Renew(r)) => answer(service.renew(unary(r, &caller)).await, Answer::Renew),
             Some(Call::Release(r)) => {
-                answer(service.release(Request::new(r)).await, Answer::Release)
+                answer(service.release(unary(r, &caller)).await, Answer::Release)
             }
             None => refused(&LockError::invalid(format!(
                 "pipeline call {call_id} carries no call \
@@ -117,6 +124,16 @@ pub async fn run_call<T: LockService>(
         call_id,
         answer: Some(answer),
     }
+}
+
+/// The unary request of one pipeline call, with the stream's caller where the authorization
+/// layer puts a unary call's.
+fn unary<M>(message: M, caller: &Option<Caller>) -> Request<M> {
+    let mut request = Request::new(message);
+    if let Some(caller) = caller.clone() {
+        request.extensions_mut().insert(caller);
+    }
+    request
 }
 
 /// The answer of a unary method as a pipeline answer, with its status code: its message, or

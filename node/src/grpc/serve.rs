@@ -6,7 +6,8 @@
 //! Owns the listener's lifetime and the order of a stop: the shutdown future turns the stop
 //! signal on (waiting acquires stop waiting, pipelines read no new call), in-flight calls get
 //! [`SERVE_DRAIN_TIMEOUT`] to finish, then the listener closes. A Raft node adds its
-//! `RaftService` to the same router (`extra`); nothing here knows of Raft.
+//! `RaftService` to the same router (`extra`); nothing here knows of Raft. Every service sits
+//! behind the authorization layer (`auth`), the Raft service included.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -28,9 +29,15 @@ use super::accept;
 use super::admin::AdminApi;
 use super::lock::LockApi;
 use super::session::SessionApi;
+use crate::auth::{Access, AuthLayer};
 use crate::backend::Backend;
 use crate::metrics::Metrics;
 use crate::metrics::grpc::GrpcMetricsLayer;
+
+/// The router of the serve loop: every service behind the one authorization layer
+/// (`auth::layer`), so no method is reachable without its check, and both behind the metrics
+/// layer, outermost, so a refused call is counted with the code it was refused with.
+pub type NodeRouter = Router<Stack<AuthLayer, Stack<GrpcMetricsLayer, Identity>>>;
 
 /// How long a graceful stop waits for in-flight calls before closing them.
 pub const SERVE_DRAIN_TIMEOUT: Duration = Duration::from_secs(3);
@@ -43,9 +50,6 @@ const HEALTH_SERVICES: [&str; 4] = [
     "lockd.v1.SessionService",
     "lockd.v1.AdminService",
 ];
-
-/// The serve loop's router: every service behind the metrics layer.
-pub type NodeRouter = Router<Stack<GrpcMetricsLayer, Identity>>;
 
 /// What one node serves, and how it stops.
 #[derive(Debug)]
@@ -65,6 +69,8 @@ pub struct Serve<B> {
     pub stop: watch::Sender<bool>,
     /// The node's metrics: every call is counted and timed into them.
     pub metrics: Arc<Metrics>,
+    /// Who may call what (`--insecure`: everyone, everything).
+    pub access: Access,
 }
 
 /// Serves the lock, session, admin, health and reflection services (and whatever `extra`
@@ -83,6 +89,7 @@ pub async fn serve<B: Backend + std::fmt::Debug>(
         tls,
         stop,
         metrics,
+        access,
     } = parts;
     let local: SocketAddr = listener.local_addr().context("listener has no address")?;
     let (health, health_service) = tonic_health::server::health_reporter();
@@ -93,6 +100,7 @@ pub async fn serve<B: Backend + std::fmt::Debug>(
         .context("cannot build the reflection service")?;
     let router = tonic::transport::Server::builder()
         .layer(GrpcMetricsLayer::new(metrics.families().clone()))
+        .layer(AuthLayer::new(access))
         .add_service(health_service)
         .add_service(reflection)
         .add_service(

@@ -16,6 +16,7 @@ use lock_proto::v1::{
 };
 use tonic::{Request, Response, Status};
 
+use super::lock::caller_of;
 use crate::backend::Backend;
 use crate::grpc::CLIENT_MESSAGE_BYTES_MAX;
 
@@ -54,10 +55,11 @@ impl<B: Backend + std::fmt::Debug> SessionService for SessionApi<B> {
         &self,
         request: Request<OpenSessionRequest>,
     ) -> Result<Response<OpenSessionResponse>, Status> {
+        let caller = caller_of(&request);
         let r = request.into_inner();
         let (session_id, ttl_ms) = self
             .backend
-            .open_session(&r.owner_id, r.ttl_ms)
+            .open_session(caller.as_deref(), &r.owner_id, r.ttl_ms)
             .await
             .map_err(status)?;
         Ok(Response::new(OpenSessionResponse { session_id, ttl_ms }))
@@ -67,10 +69,11 @@ impl<B: Backend + std::fmt::Debug> SessionService for SessionApi<B> {
         &self,
         request: Request<HeartbeatRequest>,
     ) -> Result<Response<HeartbeatResponse>, Status> {
+        let caller = caller_of(&request);
         let r = request.into_inner();
         let ttl = self
             .backend
-            .keep_alive(&r.session_id)
+            .keep_alive(caller.as_deref(), &r.session_id)
             .await
             .map_err(status)?;
         Ok(Response::new(heartbeat_answer(ttl)))
@@ -80,11 +83,12 @@ impl<B: Backend + std::fmt::Debug> SessionService for SessionApi<B> {
         &self,
         request: Request<HeartbeatBatchRequest>,
     ) -> Result<Response<HeartbeatBatchResponse>, Status> {
+        let caller = caller_of(&request);
         let r = request.into_inner();
         check_heartbeat_batch_len(r.session_ids.len()).map_err(status)?;
         let answers = self
             .backend
-            .keep_alive_batch(&r.session_ids)
+            .keep_alive_batch(caller.as_deref(), &r.session_ids)
             .await
             .map_err(status)?;
         let results = answers
@@ -103,10 +107,11 @@ impl<B: Backend + std::fmt::Debug> SessionService for SessionApi<B> {
         &self,
         request: Request<CloseSessionRequest>,
     ) -> Result<Response<CloseSessionResponse>, Status> {
+        let caller = caller_of(&request);
         let r = request.into_inner();
         let locks_released = self
             .backend
-            .close_session(&r.session_id)
+            .close_session(caller.as_deref(), &r.session_id)
             .await
             .map_err(status)?;
         Ok(Response::new(CloseSessionResponse { locks_released }))
@@ -116,8 +121,13 @@ impl<B: Backend + std::fmt::Debug> SessionService for SessionApi<B> {
         &self,
         request: Request<LocksOfRequest>,
     ) -> Result<Response<LocksOfResponse>, Status> {
+        let caller = caller_of(&request);
         let r = request.into_inner();
-        let keys = self.backend.locks_of(&r.session_id).await.map_err(status)?;
+        let keys = self
+            .backend
+            .locks_of(caller.as_deref(), &r.session_id)
+            .await
+            .map_err(status)?;
         Ok(Response::new(LocksOfResponse {
             keys: keys.into_iter().collect(),
         }))

@@ -111,6 +111,7 @@ const KEY_LOCK_SEED: i64 = 8;
 const MIGRATIONS: &[(i32, &str)] = &[
     (1, include_str!("pg/0001_schema.sql")),
     (2, include_str!("pg/0002_requests.sql")),
+    (3, include_str!("pg/0003_session_principal.sql")),
 ];
 
 /// The lock table in PostgreSQL. Cheap to clone (the pool and the `LISTEN` connection are

@@ -13,12 +13,17 @@
 //! limits were replicated); version 2 is the table's [`ApplyLimits`] followed by the table. A
 //! table under `V1` is still written as version 1, byte for byte what earlier releases wrote,
 //! so they keep reading it; only a table under other limits needs version 2, which an older
-//! build refuses by its version rather than applying the log under the wrong limits. On open, leftover `.tmp` files are removed, every `.snap` file is
+//! build refuses by its version rather than applying the log under the wrong limits. Version 3
+//! is the limits, then the principal of every bound session (docs/SECURITY.md §3), then the
+//! table; it is written only when some session is bound, so a cluster that never ran with TLS
+//! keeps writing what earlier releases read, and an older build refuses version 3 rather than
+//! forgetting whom each session belongs to. On open, leftover `.tmp` files are removed, every `.snap` file is
 //! verified (a corrupt one refuses to start, naming the file) and the newest one is current.
 //!
 //! This module stores and loads bytes; it does not decide when to snapshot (openraft does) and
 //! never touches the in-memory state machine.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError};
 
@@ -40,8 +45,10 @@ pub const SNAPSHOT_BYTES_MAX: usize = 1 << 30;
 const DATA_TABLE_ONLY: u8 = codec::FORMAT_VERSION;
 /// Snapshot data version 2: the table's apply limits, then the table.
 const DATA_WITH_LIMITS: u8 = 2;
+/// Snapshot data version 3: the apply limits, the bound sessions' principals, then the table.
+const DATA_WITH_PRINCIPALS: u8 = 3;
 /// The snapshot data versions this build reads.
-const DATA_VERSIONS: [u8; 2] = [DATA_TABLE_ONLY, DATA_WITH_LIMITS];
+const DATA_VERSIONS: [u8; 3] = [DATA_TABLE_ONLY, DATA_WITH_LIMITS, DATA_WITH_PRINCIPALS];
 
 /// Extension of a complete snapshot file.
 const SNAPSHOT_EXT: &str = "snap";
@@ -61,10 +68,14 @@ pub struct SnapshotFile {
     pub data: Vec<u8>,
 }
 
-/// Encodes the lock table and its apply limits as snapshot data: version 1 (the table alone)
+/// Encodes the lock table and its apply limits as snapshot data: version 3 (limits,
+/// principals, table) when a session is bound to a principal, else version 1 (the table alone)
 /// when the limits are `V1`, else version 2.
 pub fn encode_table(table: &LockTable) -> Result<Vec<u8>, StorageError> {
-    let encoded = if *table.limits() == ApplyLimits::V1 {
+    let principals = table.principals();
+    let encoded = if !principals.is_empty() {
+        codec::encode_as(DATA_WITH_PRINCIPALS, &(table.limits(), &principals, table))
+    } else if *table.limits() == ApplyLimits::V1 {
         codec::encode_as(DATA_TABLE_ONLY, table)
     } else {
         codec::encode_as(DATA_WITH_LIMITS, &(table.limits(), table))
@@ -92,15 +103,24 @@ pub fn decode_table(data: &[u8], origin: &Path) -> Result<LockTable, StorageErro
         source,
     };
     let (version, payload) = codec::verify_versions(data, &DATA_VERSIONS).map_err(corrupt)?;
-    let table = if version == DATA_WITH_LIMITS {
+    let layout = |message: String| StorageError::Layout {
+        path: origin.to_path_buf(),
+        message: format!("snapshot data: {message}"),
+    };
+    let table = if version == DATA_WITH_PRINCIPALS {
+        let (limits, principals, mut table): (ApplyLimits, BTreeMap<String, String>, LockTable) =
+            codec::decode_payload(payload).map_err(corrupt)?;
+        table
+            .set_limits(limits)
+            .map_err(|invalid| layout(invalid.to_string()))?;
+        table.set_principals(principals).map_err(layout)?;
+        table
+    } else if version == DATA_WITH_LIMITS {
         let (limits, mut table): (ApplyLimits, LockTable) =
             codec::decode_payload(payload).map_err(corrupt)?;
         table
             .set_limits(limits)
-            .map_err(|invalid| StorageError::Layout {
-                path: origin.to_path_buf(),
-                message: format!("snapshot data: {invalid}"),
-            })?;
+            .map_err(|invalid| layout(invalid.to_string()))?;
         table
     } else {
         // Version 1 recorded no limits: it was applied under V1, whatever this build's
@@ -480,6 +500,35 @@ mod tests {
             "only {differing} answers differ: {answers:?}"
         );
         assert_ne!(under_v1.session_count(), original.session_count());
+    }
+
+    /// Bound sessions keep their principals through a snapshot (version 3), and a table with
+    /// none keeps the old versions; a principal of a session the table lacks is refused.
+    #[test]
+    fn bound_sessions_keep_their_principals_through_a_snapshot() {
+        let mut table = LockTable::new();
+        replay(&mut table, &log());
+        let unbound = encode_table(&table).expect("encodes");
+        assert_eq!(unbound[0], DATA_TABLE_ONLY, "nobody bound: the old format");
+        let bound = Command::AsCaller {
+            principal: "spiffe://lockd/alice".into(),
+            command: Box::new(open("bound")),
+        };
+        replay(&mut table, &[(9_000, bound)]);
+        let data = encode_table(&table).expect("encodes");
+        assert_eq!(data[0], DATA_WITH_PRINCIPALS);
+        let back = decode_table(&data, Path::new("test")).expect("decodes");
+        assert_eq!(back, table);
+        assert_eq!(
+            back.session("bound").and_then(|s| s.principal()),
+            Some("spiffe://lockd/alice")
+        );
+
+        let ghost = BTreeMap::from([("ghost".to_owned(), "p".to_owned())]);
+        let bad = codec::encode_as(DATA_WITH_PRINCIPALS, &(table.limits(), &ghost, &table))
+            .expect("encodes");
+        let err = decode_table(&bad, Path::new("test")).expect_err("refused");
+        assert!(err.to_string().contains("ghost"), "{err}");
     }
 
     /// A table under V1 is written as format version 1 with exactly the payload earlier

@@ -96,7 +96,7 @@ impl LockTable {
                 session_id,
                 owner_id,
                 ttl_ms,
-            } => self.open_session(stamp_ms, session_id, owner_id, ttl_ms, events),
+            } => self.open_session(stamp_ms, session_id, owner_id, None, ttl_ms, events),
             Command::CloseSession { session_id } => {
                 self.end_session(stamp_ms, &session_id, false, events)
             }
@@ -160,14 +160,19 @@ impl LockTable {
             Command::Promote => self.promote(stamp_ms, events),
             Command::Batch(_) => invalid_msg("a Batch must not contain a Batch".to_owned()),
             Command::SetLimits { limits } => self.apply_set_limits(limits),
+            Command::AsCaller { principal, command } => {
+                self.apply_as_caller(stamp_ms, principal, *command, events)
+            }
         }
     }
 
-    fn open_session(
+    /// `OpenSession`, bound to `principal` when a caller opened it (`AsCaller`).
+    pub(super) fn open_session(
         &mut self,
         stamp_ms: u64,
         session_id: String,
         owner_id: String,
+        principal: Option<String>,
         ttl_ms: u64,
         events: &mut Vec<Event>,
     ) -> Response {
@@ -180,7 +185,7 @@ impl LockTable {
         if let Some(existing) = self.sessions.get(&session_id) {
             // A retried open (the leader re-proposing after a lost answer) gets the same
             // answer. The same id for another owner is a leader bug, never a reuse.
-            if existing.owner_id != owner_id {
+            if existing.owner_id != owner_id || existing.principal != principal {
                 return invalid_msg(format!(
                     "session id {session_id} is already open for another owner"
                 ));
@@ -197,8 +202,10 @@ impl LockTable {
                 self.sessions.len()
             ));
         }
-        self.sessions
-            .insert(session_id.clone(), Session::new(owner_id, ttl_ms, stamp_ms));
+        self.sessions.insert(
+            session_id.clone(),
+            Session::new(owner_id, principal, ttl_ms, stamp_ms),
+        );
         events.push(Event::SessionOpened {
             session_id: session_id.clone(),
             ttl_ms,

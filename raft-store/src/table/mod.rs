@@ -25,10 +25,14 @@
 //!   key's FIFO queue, with the waiter's TTL and request id.
 //! - **Not re-entrant.** An `Acquire` of a key the session already holds answers `NotGranted`,
 //!   even with a wait: waiting on oneself would only end when one's own lease does.
+//! - **A session belongs to the principal that opened it** (`binding`): a command a caller
+//!   made (`Command::AsCaller`) presenting another principal's session, or a grant of one, is
+//!   refused before it is even looked up in the session's window of answers.
 //! - **Rejections are not remembered.** A `Rejected` answer changed nothing, so a retry with the
 //!   same request id is simply tried again.
 
 mod apply_limits;
+mod binding;
 mod commands;
 mod invariants;
 mod session;
@@ -146,6 +150,33 @@ impl LockTable {
             );
         }
         response
+    }
+
+    /// The principal of every session bound to one, by session id (for the snapshot, which
+    /// carries them beside the table's own encoding).
+    pub(crate) fn principals(&self) -> BTreeMap<String, String> {
+        self.sessions
+            .iter()
+            .filter_map(|(id, s)| Some((id.clone(), s.principal.clone()?)))
+            .collect()
+    }
+
+    /// Binds the sessions of a table decoded from a snapshot to the principals recorded
+    /// beside it; a principal of a session the table does not hold is corruption.
+    pub(crate) fn set_principals(
+        &mut self,
+        principals: BTreeMap<String, String>,
+    ) -> Result<(), String> {
+        for (session_id, principal) in principals {
+            let Some(session) = self.sessions.get_mut(&session_id) else {
+                return Err(format!(
+                    "principal {principal:?} recorded for session {session_id:?}, which the table \
+                     does not hold"
+                ));
+            };
+            session.principal = Some(principal);
+        }
+        Ok(())
     }
 
     /// The highest stamp applied so far (0 before the first command): the floor for the next

@@ -20,6 +20,12 @@ pub struct Session {
     pub expires_at_ms: u64,
     /// Stamp of the `OpenSession`.
     pub opened_at_ms: u64,
+    /// The principal that opened the session (`Command::AsCaller`), `None` for a session
+    /// opened without one (unbound: an `--insecure` node). Never changes while the session
+    /// lives. Not in the session's own encoding, which stays the one earlier snapshots used:
+    /// the snapshot data carries the principals beside the table (`storage::snapshot`).
+    #[serde(skip)]
+    pub(crate) principal: Option<String>,
     /// Keys this session holds a grant on.
     pub(crate) locks: BTreeSet<String>,
     /// Keys this session has a waiter queued on, with the request id of the `Acquire` that
@@ -53,16 +59,27 @@ pub(crate) enum WindowCheck<'a> {
 }
 
 impl Session {
-    pub(crate) fn new(owner_id: String, ttl_ms: u64, stamp_ms: u64) -> Self {
+    pub(crate) fn new(
+        owner_id: String,
+        principal: Option<String>,
+        ttl_ms: u64,
+        stamp_ms: u64,
+    ) -> Self {
         Session {
             owner_id,
             ttl_ms,
             expires_at_ms: stamp_ms.saturating_add(ttl_ms),
             opened_at_ms: stamp_ms,
+            principal,
             locks: BTreeSet::new(),
             waits: BTreeMap::new(),
             answers: BTreeMap::new(),
         }
+    }
+
+    /// The principal the session is bound to, `None` if it is unbound.
+    pub fn principal(&self) -> Option<&str> {
+        self.principal.as_deref()
     }
 
     /// Keys this session holds a grant on, in key order.

@@ -34,6 +34,57 @@ pub const BOUND_TTL: Duration = Duration::from_secs(10 * 60);
 /// Calls in flight at once while a bound case fills a limit.
 pub const BOUND_PARALLEL: usize = 8;
 
+/// docs/SECURITY.md §3 at the store: a session opened bound answers its principal for as long
+/// as it lives, an unbound one answers none, and an ended or unknown one answers none (its id
+/// is never reused, so the node's check-then-act cannot be fooled by a new session).
+async fn a_bound_session_keeps_its_principal_for_life<S: RequestStore + Clone + 'static>(
+    c: &RCtx<S>,
+) {
+    let principal = format!("spiffe://lockd/conformance/{}", c.nonce);
+    let (bound, _) = c
+        .store
+        .open_bound_session("bound-owner", SESSION_TTL_LONG, &principal)
+        .await
+        .expect("open_bound_session");
+    let unbound = c.session("unbound-owner").await;
+    let of = |id: String| {
+        let store = c.store.clone();
+        async move {
+            store
+                .session_principal(&id)
+                .await
+                .expect("session_principal")
+        }
+    };
+    assert_eq!(of(bound.clone()).await.as_deref(), Some(principal.as_str()));
+    assert_eq!(of(unbound.clone()).await, None);
+    assert_eq!(
+        of(format!("{}-never-opened", c.nonce)
+            .chars()
+            .take(60)
+            .collect())
+        .await,
+        None
+    );
+    // A heartbeat and a grant change nothing of it.
+    assert!(
+        c.store
+            .keep_alive(&bound)
+            .await
+            .expect("keep_alive")
+            .is_some()
+    );
+    let key = c.key("bound", 0);
+    assert!(matches!(
+        c.acquire(&bound, 1, &key, Duration::ZERO).await,
+        Acquired::Granted(_)
+    ));
+    assert_eq!(of(bound.clone()).await.as_deref(), Some(principal.as_str()));
+    assert_eq!(c.store.close_session(&bound).await.expect("close"), 1);
+    assert_eq!(of(bound).await, None, "an ended session is bound to nobody");
+    c.store.close_session(&unbound).await.expect("close");
+}
+
 /// What a backend declares to the request cases.
 pub struct RequestBackend<S> {
     /// The store under test.
@@ -175,6 +226,7 @@ where
         }};
     }
     case!(sessions_keep_their_own_ttl);
+    case!(a_bound_session_keeps_its_principal_for_life);
     case!(an_ended_session_is_refused_or_answered_empty);
     case!(five_waiters_are_served_in_arrival_order);
     case!(release_hands_off_in_the_same_step);

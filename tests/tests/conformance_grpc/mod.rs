@@ -22,12 +22,14 @@
 //! - `retry`: retried acquire, renew, release and force-revoke (same request id).
 //! - `views`: what `Inspect`, `OpenSession`/`Heartbeat` and `ForceRevoke` answer.
 //! - `failure`: session death and hand-off, transient faults that must not read as "lost".
+//! - `principals`: a session refused to a principal other than the one that opened it.
 //!
 //! Shared by several test binaries with `mod conformance_grpc;`, each of which calls
 //! [`cases!`] once; a binary does not use every helper, hence the `dead_code` allowance.
 #![allow(dead_code)]
 
 pub mod failure;
+pub mod principals;
 pub mod queue;
 pub mod retry;
 pub mod views;
@@ -181,6 +183,18 @@ impl Target {
         match &mut self.serving {
             Serving::Raft(cluster) => cluster.leader_client().await,
             Serving::Stateless(nodes) => nodes.client(i % nodes.len()),
+        }
+    }
+
+    /// [`Target::node`] `i`, presenting `name`'s certificate (`client`, `operator`, `admin`)
+    /// instead of the harness's `admin`.
+    pub async fn node_as(&mut self, i: usize, name: &str) -> NodeClient {
+        match &mut self.serving {
+            Serving::Raft(cluster) => {
+                let leader = cluster.leader().await;
+                cluster.client_as(leader, name)
+            }
+            Serving::Stateless(nodes) => nodes.client_as(i % nodes.len(), name),
         }
     }
 
@@ -384,7 +398,7 @@ macro_rules! cases {
         mod $name {
             #[allow(unused_imports)]
             use super::*;
-            use $crate::conformance_grpc::{Target, failure, queue, retry, views};
+            use $crate::conformance_grpc::{Target, failure, principals, queue, retry, views};
 
             $crate::cases!(@case $start, waiters_are_granted_in_arrival_order, queue::fifo);
             $crate::cases!(@case $start, inspect_counts_the_queued_acquires, queue::waiter_count);
@@ -399,6 +413,7 @@ macro_rules! cases {
             $crate::cases!(@case $start, heartbeat_answers_the_session_ttl, views::heartbeat_ttl);
             $crate::cases!(@case $start, a_dead_session_loses_its_grant_to_the_next_waiter, failure::session_death);
             $crate::cases!(@case $start, a_transient_fault_is_never_reported_as_lost, failure::transient_fault);
+            $crate::cases!(@case $start, a_session_is_refused_to_another_principal, principals::session_hijack);
         }
     };
     (@case $start:expr, $test:ident, $case:path) => {

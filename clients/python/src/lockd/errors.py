@@ -37,6 +37,7 @@ __all__ = [
     "NotAcquired",
     "NotLeader",
     "PermissionDenied",
+    "SESSION_OWNER_ROLE",
     "Unauthenticated",
     "error_from_detail",
     "error_from_rpc_error",
@@ -167,15 +168,35 @@ class InvalidArgument(LockError):
     retry_safe: ClassVar[bool] = False
 
 
+#: The ``required_role`` of a :class:`PermissionDenied` for a call that presented a session (or
+#: a grant of one) another principal opened (Rust ``lock_api::SESSION_OWNER_ROLE``).
+SESSION_OWNER_ROLE = "session-owner"
+
+
 class PermissionDenied(LockError):
     """The server refused the call for this caller's identity (it is authenticated but not
-    allowed to do this).
+    allowed to do this): its principal lacks the role the method requires, or it presented a
+    session another principal opened (``required_role`` is then :data:`SESSION_OWNER_ROLE`).
 
     **Not retry-safe:** the same credentials are refused again. Fix the credentials or the
-    server's policy.
+    server's policy. ``principal`` and ``required_role`` come from the server's
+    ``ErrorDetail.permission_denied``; both are ``None`` when the refusal carried none (a proxy).
     """
 
     retry_safe: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        message: str,
+        principal: Optional[str] = None,
+        required_role: Optional[str] = None,
+    ) -> None:
+        super().__init__(message)
+        self.args = (message, principal, required_role)
+        #: The caller's principal, as the server named it.
+        self.principal: Optional[str] = principal
+        #: The role the call requires, as the server named it.
+        self.required_role: Optional[str] = required_role
 
 
 class Unauthenticated(LockError):
@@ -228,6 +249,21 @@ def _kind_error(detail: error_pb2.ErrorDetail) -> Optional[LockError]:
         return InvalidArgument(detail.invalid_argument.message)
     if kind == "lock_lost":
         return LockLost(detail.lock_lost.key)
+    if kind == "unauthenticated":
+        return Unauthenticated(f"not authenticated: {detail.unauthenticated.message}")
+    if kind == "permission_denied":
+        d = detail.permission_denied
+        if d.required_role == SESSION_OWNER_ROLE:
+            text = (
+                f"permission denied: principal {d.principal!r} did not open this session; "
+                "only the principal that opened a session may use it"
+            )
+        else:
+            text = (
+                f"permission denied: principal {d.principal!r} does not have the role "
+                f"{d.required_role!r} this call requires"
+            )
+        return PermissionDenied(text, d.principal, d.required_role)
     return None
 
 

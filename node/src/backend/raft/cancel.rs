@@ -13,6 +13,9 @@ use crate::backend::abandoned::note_cancel;
 /// Proposes `CancelWait { release_if_granted: true }` for its request when dropped armed.
 pub(super) struct CancelOnDrop {
     pub(super) backend: RaftBackend,
+    /// The caller of the acquire: the cancel is proposed as its, so it cannot withdraw another
+    /// principal's waiter that happens to share the session id and request id.
+    pub(super) caller: Option<String>,
     pub(super) session_id: String,
     pub(super) request_id: u64,
     pub(super) key: String,
@@ -28,12 +31,15 @@ impl Drop for CancelOnDrop {
             return;
         };
         let backend = self.backend.clone();
-        let command = Command::CancelWait {
-            session_id: std::mem::take(&mut self.session_id),
-            request_id: self.request_id,
-            key: std::mem::take(&mut self.key),
-            release_if_granted: true,
-        };
+        let command = super::as_caller(
+            self.caller.as_deref(),
+            Command::CancelWait {
+                session_id: std::mem::take(&mut self.session_id),
+                request_id: self.request_id,
+                key: std::mem::take(&mut self.key),
+                release_if_granted: true,
+            },
+        );
         runtime.spawn(async move {
             let result = backend.propose(command).await;
             let now = backend.inner.clock.now();

@@ -162,6 +162,63 @@ impl RaftBackend {
     }
 }
 
+/// `command` as `caller` made it: wrapped in `Command::AsCaller` when there is a caller, so
+/// the state machine binds a new session to it or refuses it another principal's session at
+/// apply (docs/DESIGN.md D-session-principal); unchanged on an `--insecure` node.
+fn as_caller(caller: Option<&str>, command: Command) -> Command {
+    match caller {
+        Some(principal) => Command::AsCaller {
+            principal: principal.to_owned(),
+            command: Box::new(command),
+        },
+        None => command,
+    }
+}
+
+impl RaftBackend {
+    /// Refuses `caller` on `session_id` if the applied state binds that session to another
+    /// principal. For the calls served leader-locally (heartbeats, renewals, `LocksOf`), which
+    /// never reach the state machine's own check: a session's principal is written by the
+    /// entry that opens it and never changes, so any applied state that holds the session
+    /// holds its principal; one that does not yet hold it knows no lease of it either, and the
+    /// call finds nothing to act on.
+    fn check_session_owner(&self, caller: Option<&str>, session_id: &str) -> Result<(), LockError> {
+        if caller.is_none() {
+            return Ok(());
+        }
+        let opened_by = self.inner.reader.read(|table| {
+            table
+                .session(session_id)
+                .and_then(|s| s.principal().map(str::to_owned))
+        });
+        lock_api::validate::session_principal(caller, opened_by.as_deref())
+    }
+
+    /// [`RaftBackend::check_session_owner`] for the session holding grant `(key, token)`, if
+    /// that is still the grant: a renewal names its grant by `(key, token)`, whichever session
+    /// presents it.
+    fn check_grant_owner(
+        &self,
+        caller: Option<&str>,
+        key: &str,
+        token: u64,
+    ) -> Result<(), LockError> {
+        if caller.is_none() {
+            return Ok(());
+        }
+        let holder = self.inner.reader.read(|table| {
+            table
+                .grant(key)
+                .filter(|g| g.token == token)
+                .map(|g| g.session_id.clone())
+        });
+        match holder {
+            Some(session_id) => self.check_session_owner(caller, &session_id),
+            None => Ok(()),
+        }
+    }
+}
+
 /// A replicated grant as the seam's record.
 fn grant(g: lock_raft_store::Grant) -> Grant {
     Grant {

@@ -23,6 +23,11 @@ pub(super) fn rejected(rejection: Rejection) -> LockError {
         } => LockError::contention(format!(
             "unknown outcome: request {request_id} of session {session_id:?} is older than the remembered window; retry with a new request id"
         )),
+        // The session is another principal's; which one is not the caller's business.
+        Rejection::PermissionDenied { principal, .. } => LockError::PermissionDenied {
+            principal,
+            required_role: lock_api::SESSION_OWNER_ROLE.to_owned(),
+        },
     }
 }
 
@@ -60,6 +65,16 @@ mod tests {
             panic!("stale is contention");
         };
         assert!(message.contains("unknown outcome"), "{message}");
+        assert_eq!(
+            rejected(Rejection::PermissionDenied {
+                principal: "mallory".into(),
+                session_id: "s".into(),
+            }),
+            LockError::PermissionDenied {
+                principal: "mallory".into(),
+                required_role: lock_api::SESSION_OWNER_ROLE.into(),
+            }
+        );
     }
 
     #[test]

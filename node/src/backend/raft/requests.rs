@@ -15,7 +15,7 @@ use tokio::sync::watch;
 
 use super::cancel::CancelOnDrop;
 use super::rejection::{rejected, unexpected};
-use super::{RaftBackend, grant};
+use super::{RaftBackend, as_caller, grant};
 use crate::backend::{Backend, Grant, KeyState, NodeStatus, Revocation};
 use crate::leader::leases::RenewCheck;
 use crate::leader::waiters::WaitOutcome;
@@ -28,21 +28,28 @@ impl Backend for RaftBackend {
     /// Opens a session for `owner_id` with a lease of `ttl_ms`; returns its id and TTL.
     async fn open_session(
         &self,
+        caller: Option<&str>,
         owner_id: &str,
         ttl_ms_requested: u64,
     ) -> Result<(String, u64), LockError> {
         validate::owner_id(owner_id)?;
+        if let Some(principal) = caller {
+            validate::principal(principal)?;
+        }
         let ttl = ttl_ms(ttl_ms_requested)?;
         self.leader_check()?;
         // 32 hex characters: within SESSION_ID_LEN_MAX, unguessable, picked here so every
         // replica records the same id.
         let session_id = uuid::Uuid::new_v4().simple().to_string();
         match self
-            .propose(Command::OpenSession {
-                session_id,
-                owner_id: owner_id.to_owned(),
-                ttl_ms: ttl,
-            })
+            .propose(as_caller(
+                caller,
+                Command::OpenSession {
+                    session_id,
+                    owner_id: owner_id.to_owned(),
+                    ttl_ms: ttl,
+                },
+            ))
             .await?
         {
             Response::SessionOpened { session_id, ttl_ms } => Ok((session_id, ttl_ms)),
@@ -53,9 +60,14 @@ impl Backend for RaftBackend {
 
     /// Restarts a session's lease (leader-local, leadership-confirmed). `Ok(None)` is terminal:
     /// the session is gone, lapsed or being expired.
-    async fn keep_alive(&self, session_id: &str) -> Result<Option<u64>, LockError> {
+    async fn keep_alive(
+        &self,
+        caller: Option<&str>,
+        session_id: &str,
+    ) -> Result<Option<u64>, LockError> {
         validate::session_id(session_id)?;
         self.leases_ready()?;
+        self.check_session_owner(caller, session_id)?;
         let Some(ttl) = self.inner.keeper.heartbeat_session(session_id) else {
             return Ok(None);
         };
@@ -74,12 +86,17 @@ impl Backend for RaftBackend {
     /// table stays locked.
     async fn keep_alive_batch(
         &self,
+        caller: Option<&str>,
         session_ids: &[String],
     ) -> Result<Vec<Result<Option<u64>, LockError>>, LockError> {
         self.leases_ready()?;
+        // Another principal's session is that entry's own refusal, and its lease is left alone.
         let checked: Vec<Result<(), LockError>> = session_ids
             .iter()
-            .map(|id| validate::session_id(id))
+            .map(|id| {
+                validate::session_id(id)?;
+                self.check_session_owner(caller, id)
+            })
             .collect();
         let mut ttls = self
             .inner
@@ -105,13 +122,20 @@ impl Backend for RaftBackend {
     }
 
     /// Closes a session, releasing its grants; returns how many (0 if it was already gone).
-    async fn close_session(&self, session_id: &str) -> Result<u32, LockError> {
+    async fn close_session(
+        &self,
+        caller: Option<&str>,
+        session_id: &str,
+    ) -> Result<u32, LockError> {
         validate::session_id(session_id)?;
         self.leader_check()?;
         match self
-            .propose(Command::CloseSession {
-                session_id: session_id.to_owned(),
-            })
+            .propose(as_caller(
+                caller,
+                Command::CloseSession {
+                    session_id: session_id.to_owned(),
+                },
+            ))
             .await?
         {
             Response::SessionClosed { locks_released } => Ok(locks_released),
@@ -122,15 +146,21 @@ impl Backend for RaftBackend {
     }
 
     /// The keys a session holds, read on the leader (empty for a session that is gone).
-    async fn locks_of(&self, session_id: &str) -> Result<BTreeSet<String>, LockError> {
+    async fn locks_of(
+        &self,
+        caller: Option<&str>,
+        session_id: &str,
+    ) -> Result<BTreeSet<String>, LockError> {
         validate::session_id(session_id)?;
         self.leader_check()?;
+        self.check_session_owner(caller, session_id)?;
         Ok(self.inner.reader.read(|table| table.locks_of(session_id)))
     }
 
     /// Single-shot acquire: `Ok(None)` if the key is held.
     async fn try_acquire(
         &self,
+        caller: Option<&str>,
         session_id: &str,
         request_id: u64,
         key: &str,
@@ -141,13 +171,16 @@ impl Backend for RaftBackend {
         let ttl = ttl_ms(ttl_ms_requested)?;
         self.leader_check()?;
         match self
-            .propose(Command::Acquire {
-                session_id: session_id.to_owned(),
-                request_id,
-                key: key.to_owned(),
-                ttl_ms: ttl,
-                wait_ms: 0,
-            })
+            .propose(as_caller(
+                caller,
+                Command::Acquire {
+                    session_id: session_id.to_owned(),
+                    request_id,
+                    key: key.to_owned(),
+                    ttl_ms: ttl,
+                    wait_ms: 0,
+                },
+            ))
             .await?
         {
             Response::Granted(g) => Ok(Some(grant(g))),
@@ -163,6 +196,7 @@ impl Backend for RaftBackend {
     /// grant that raced the cancellation is released.
     async fn acquire(
         &self,
+        caller: Option<&str>,
         session_id: &str,
         request_id: u64,
         key: &str,
@@ -172,17 +206,26 @@ impl Backend for RaftBackend {
         let max_wait_ms = validate::max_wait(Duration::from_millis(max_wait_ms))?;
         if max_wait_ms == 0 {
             return self
-                .try_acquire(session_id, request_id, key, ttl_ms_requested)
+                .try_acquire(caller, session_id, request_id, key, ttl_ms_requested)
                 .await;
         }
         validate::session_id(session_id)?;
         validate::key(key)?;
         let ttl = ttl_ms(ttl_ms_requested)?;
         self.leader_check()?;
+        if caller.is_some() {
+            // Registering below takes over the slot of a waiting acquire with the same session
+            // and request id (a retry), so another principal must be refused before it, not
+            // only at apply. Once the promote has applied, the applied state holds every
+            // session whose id a client can know, and so its principal.
+            self.leases_ready()?;
+            self.check_session_owner(caller, session_id)?;
+        }
         let deadline = tokio::time::Instant::now() + Duration::from_millis(max_wait_ms);
         // Registered before proposing, so a hand-off applied before our answer is not missed.
         let mut slot = self.inner.waiters.register(session_id, request_id);
         let mut guard = CancelOnDrop {
+            caller: caller.map(str::to_owned),
             backend: self.clone(),
             session_id: session_id.to_owned(),
             request_id,
@@ -190,13 +233,16 @@ impl Backend for RaftBackend {
             armed: true,
         };
         let answer = self
-            .propose(Command::Acquire {
-                session_id: session_id.to_owned(),
-                request_id,
-                key: key.to_owned(),
-                ttl_ms: ttl,
-                wait_ms: max_wait_ms,
-            })
+            .propose(as_caller(
+                caller,
+                Command::Acquire {
+                    session_id: session_id.to_owned(),
+                    request_id,
+                    key: key.to_owned(),
+                    ttl_ms: ttl,
+                    wait_ms: max_wait_ms,
+                },
+            ))
             .await;
         let answer = match answer {
             Ok(answer) => answer,
@@ -245,12 +291,15 @@ impl Backend for RaftBackend {
                     // grant that raced the withdrawal is the caller's, so keep it.
                     Ok(None) | Err(_) => {
                         let cancelled = self
-                            .propose(Command::CancelWait {
-                                session_id: session_id.to_owned(),
-                                request_id,
-                                key: key.to_owned(),
-                                release_if_granted: false,
-                            })
+                            .propose(as_caller(
+                                caller,
+                                Command::CancelWait {
+                                    session_id: session_id.to_owned(),
+                                    request_id,
+                                    key: key.to_owned(),
+                                    release_if_granted: false,
+                                },
+                            ))
                             .await?;
                         guard.armed = false;
                         match cancelled {
@@ -275,6 +324,7 @@ impl Backend for RaftBackend {
     /// grant was released.
     async fn cancel_acquire(
         &self,
+        caller: Option<&str>,
         session_id: &str,
         request_id: u64,
         key: &str,
@@ -283,12 +333,15 @@ impl Backend for RaftBackend {
         validate::key(key)?;
         self.leader_check()?;
         match self
-            .propose(Command::CancelWait {
-                session_id: session_id.to_owned(),
-                request_id,
-                key: key.to_owned(),
-                release_if_granted: true,
-            })
+            .propose(as_caller(
+                caller,
+                Command::CancelWait {
+                    session_id: session_id.to_owned(),
+                    request_id,
+                    key: key.to_owned(),
+                    release_if_granted: true,
+                },
+            ))
             .await?
         {
             Response::WaitCancelled { released, .. } => Ok(released),
@@ -306,6 +359,7 @@ impl Backend for RaftBackend {
     /// the lease with it.
     async fn renew(
         &self,
+        caller: Option<&str>,
         session_id: &str,
         request_id: u64,
         key: &str,
@@ -317,6 +371,9 @@ impl Backend for RaftBackend {
         validate::fencing_token(token)?;
         let ttl = ttl_ms(ttl_ms_requested)?;
         self.leases_ready()?;
+        // Before the lease is touched: a refused renewal must not extend anyone's lease.
+        self.check_session_owner(caller, session_id)?;
+        self.check_grant_owner(caller, key, token)?;
         let (lease, previous_ttl_ms) = match self.inner.keeper.renew_grant(key, token, ttl) {
             RenewCheck::Lost => return Ok(None),
             RenewCheck::Extended {
@@ -328,13 +385,16 @@ impl Backend for RaftBackend {
         self.confirm_leadership().await?;
         if previous_ttl_ms != ttl {
             match self
-                .propose(Command::Renew {
-                    session_id: lease.session_id.clone(),
-                    request_id,
-                    key: key.to_owned(),
-                    token,
-                    ttl_ms: ttl,
-                })
+                .propose(as_caller(
+                    caller,
+                    Command::Renew {
+                        session_id: lease.session_id.clone(),
+                        request_id,
+                        key: key.to_owned(),
+                        token,
+                        ttl_ms: ttl,
+                    },
+                ))
                 .await?
             {
                 Response::Renewed(_) => {}
@@ -365,6 +425,7 @@ impl Backend for RaftBackend {
     /// Compare-and-delete of grant `(key, token)`. `Ok(false)` if it was already gone.
     async fn release(
         &self,
+        caller: Option<&str>,
         session_id: &str,
         request_id: u64,
         key: &str,
@@ -375,12 +436,15 @@ impl Backend for RaftBackend {
         validate::fencing_token(token)?;
         self.leader_check()?;
         match self
-            .propose(Command::Release {
-                session_id: session_id.to_owned(),
-                request_id,
-                key: key.to_owned(),
-                token,
-            })
+            .propose(as_caller(
+                caller,
+                Command::Release {
+                    session_id: session_id.to_owned(),
+                    request_id,
+                    key: key.to_owned(),
+                    token,
+                },
+            ))
             .await?
         {
             Response::Released { released } => Ok(released),

@@ -54,7 +54,7 @@ impl LockStore for RaftBackend {
         let started = std::time::Instant::now();
         let ttl_ms = validate::ttl(ttl)?;
         let grant = self
-            .try_acquire(session_id, self.next_request_id(), key, ttl_ms)
+            .try_acquire(None, session_id, self.next_request_id(), key, ttl_ms)
             .await?;
         Ok(grant.map(|g| self.handle_of(g, started)))
     }
@@ -74,6 +74,7 @@ impl LockStore for RaftBackend {
         };
         let grant = self
             .renew(
+                None,
                 &lease.session_id,
                 self.next_request_id(),
                 key,
@@ -97,8 +98,14 @@ impl LockStore for RaftBackend {
         let Some(session_id) = holder else {
             return Ok(false);
         };
-        self.release(&session_id, self.next_request_id(), key, fencing_token)
-            .await
+        self.release(
+            None,
+            &session_id,
+            self.next_request_id(),
+            key,
+            fencing_token,
+        )
+        .await
     }
 
     async fn read(&self, key: &str) -> Result<Option<LockInfo>, LockError> {
@@ -146,21 +153,21 @@ impl LockStore for RaftBackend {
 impl SessionRegistry for RaftBackend {
     async fn open_session(&self, owner_id: &str, ttl: Duration) -> Result<String, LockError> {
         let ttl_ms = validate::ttl(ttl)?;
-        Ok(Backend::open_session(self, owner_id, ttl_ms).await?.0)
+        Ok(Backend::open_session(self, None, owner_id, ttl_ms).await?.0)
     }
 
     /// The session's TTL was fixed when it was opened; `ttl` must be valid but does not change
     /// it (the wire protocol's heartbeat carries none).
     async fn heartbeat(&self, session_id: &str, ttl: Duration) -> Result<bool, LockError> {
         validate::ttl(ttl)?;
-        Ok(self.keep_alive(session_id).await?.is_some())
+        Ok(self.keep_alive(None, session_id).await?.is_some())
     }
 
     async fn close_session(&self, session_id: &str) -> Result<usize, LockError> {
-        Ok(Backend::close_session(self, session_id).await? as usize)
+        Ok(Backend::close_session(self, None, session_id).await? as usize)
     }
 
     async fn locks_of(&self, session_id: &str) -> Result<BTreeSet<String>, LockError> {
-        Backend::locks_of(self, session_id).await
+        Backend::locks_of(self, None, session_id).await
     }
 }

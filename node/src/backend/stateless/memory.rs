@@ -32,6 +32,8 @@ type RequestId = (String, u64);
 struct Table {
     /// session id → (owner, ttl).
     sessions: HashMap<String, (String, Duration)>,
+    /// session id → the principal it is bound to (bound sessions only).
+    principals: HashMap<String, String>,
     /// key → (holder's request, handle).
     grants: BTreeMap<String, (RequestId, LockHandle)>,
     /// key → queued requests with their lease length, first first.
@@ -224,6 +226,7 @@ impl SessionRegistry for MemoryStore {
     async fn close_session(&self, session_id: &str) -> Result<usize, LockError> {
         self.touch();
         let mut t = self.table.lock().unwrap();
+        t.principals.remove(session_id);
         if t.sessions.remove(session_id).is_none() {
             return Ok(0);
         }
@@ -270,6 +273,27 @@ impl RequestStore for MemoryStore {
         let id = format!("s{}", t.next_session);
         t.sessions.insert(id.clone(), (owner_id.to_owned(), kept));
         Ok((id, kept))
+    }
+
+    async fn open_bound_session(
+        &self,
+        owner_id: &str,
+        ttl: Duration,
+        principal: &str,
+    ) -> Result<(String, Duration), LockError> {
+        let (id, kept) = self.open_session_with_ttl(owner_id, ttl).await?;
+        let mut t = self.table.lock().unwrap();
+        t.principals.insert(id.clone(), principal.to_owned());
+        Ok((id, kept))
+    }
+
+    async fn session_principal(&self, session_id: &str) -> Result<Option<String>, LockError> {
+        self.touch();
+        let t = self.table.lock().unwrap();
+        Ok(t.sessions
+            .contains_key(session_id)
+            .then(|| t.principals.get(session_id).cloned())
+            .flatten())
     }
 
     async fn keep_alive(&self, session_id: &str) -> Result<Option<Duration>, LockError> {

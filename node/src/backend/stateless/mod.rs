@@ -142,19 +142,32 @@ fn grant(h: LockHandle) -> Grant {
 }
 
 impl<S: RequestStore + 'static> Backend for StatelessBackend<S> {
-    async fn open_session(&self, owner_id: &str, ttl_ms: u64) -> Result<(String, u64), LockError> {
+    async fn open_session(
+        &self,
+        caller: Option<&str>,
+        owner_id: &str,
+        ttl_ms: u64,
+    ) -> Result<(String, u64), LockError> {
         validate::owner_id(owner_id)?;
         let ttl = ttl(ttl_ms)?;
-        let (session_id, kept) = self
-            .inner
-            .store
-            .open_session_with_ttl(owner_id, ttl)
-            .await?;
+        let store = &self.inner.store;
+        let (session_id, kept) = match caller {
+            Some(principal) => {
+                validate::principal(principal)?;
+                store.open_bound_session(owner_id, ttl, principal).await?
+            }
+            None => store.open_session_with_ttl(owner_id, ttl).await?,
+        };
         Ok((session_id, millis(kept)))
     }
 
-    async fn keep_alive(&self, session_id: &str) -> Result<Option<u64>, LockError> {
+    async fn keep_alive(
+        &self,
+        caller: Option<&str>,
+        session_id: &str,
+    ) -> Result<Option<u64>, LockError> {
         validate::session_id(session_id)?;
+        self.check_session_owner(caller, session_id).await?;
         Ok(self.inner.store.keep_alive(session_id).await?.map(millis))
     }
 
@@ -163,30 +176,45 @@ impl<S: RequestStore + 'static> Backend for StatelessBackend<S> {
     /// session's own answer (there is no leader whose loss would fail them all).
     async fn keep_alive_batch(
         &self,
+        caller: Option<&str>,
         session_ids: &[String],
     ) -> Result<Vec<Result<Option<u64>, LockError>>, LockError> {
         // Built up front rather than in the stream's `map`: a closure over `&String` makes the
         // future's lifetime higher-ranked, and the compiler cannot then prove it `Send`.
-        let beats: Vec<_> = session_ids.iter().map(|id| self.keep_alive(id)).collect();
+        let beats: Vec<_> = session_ids
+            .iter()
+            .map(|id| self.keep_alive(caller, id))
+            .collect();
         Ok(futures::stream::iter(beats)
             .buffered(KEEP_ALIVE_CONCURRENCY_MAX)
             .collect()
             .await)
     }
 
-    async fn close_session(&self, session_id: &str) -> Result<u32, LockError> {
+    async fn close_session(
+        &self,
+        caller: Option<&str>,
+        session_id: &str,
+    ) -> Result<u32, LockError> {
         validate::session_id(session_id)?;
+        self.check_session_owner(caller, session_id).await?;
         let released = self.inner.store.close_session(session_id).await?;
         Ok(u32::try_from(released).unwrap_or(u32::MAX))
     }
 
-    async fn locks_of(&self, session_id: &str) -> Result<BTreeSet<String>, LockError> {
+    async fn locks_of(
+        &self,
+        caller: Option<&str>,
+        session_id: &str,
+    ) -> Result<BTreeSet<String>, LockError> {
         validate::session_id(session_id)?;
+        self.check_session_owner(caller, session_id).await?;
         self.inner.store.locks_of(session_id).await
     }
 
     async fn try_acquire(
         &self,
+        caller: Option<&str>,
         session_id: &str,
         request_id: u64,
         key: &str,
@@ -195,11 +223,13 @@ impl<S: RequestStore + 'static> Backend for StatelessBackend<S> {
         validate::session_id(session_id)?;
         validate::key(key)?;
         let ttl = ttl(ttl_ms)?;
+        self.check_session_owner(caller, session_id).await?;
         self.try_once(session_id, request_id, key, ttl).await
     }
 
     async fn acquire(
         &self,
+        caller: Option<&str>,
         session_id: &str,
         request_id: u64,
         key: &str,
@@ -208,11 +238,14 @@ impl<S: RequestStore + 'static> Backend for StatelessBackend<S> {
     ) -> Result<Option<Grant>, LockError> {
         let max_wait_ms = validate::max_wait(Duration::from_millis(max_wait_ms))?;
         if max_wait_ms == 0 {
-            return self.try_acquire(session_id, request_id, key, ttl_ms).await;
+            return self
+                .try_acquire(caller, session_id, request_id, key, ttl_ms)
+                .await;
         }
         validate::session_id(session_id)?;
         validate::key(key)?;
         let ttl = ttl(ttl_ms)?;
+        self.check_session_owner(caller, session_id).await?;
         self.wait_for(
             session_id,
             request_id,
@@ -225,12 +258,14 @@ impl<S: RequestStore + 'static> Backend for StatelessBackend<S> {
 
     async fn cancel_acquire(
         &self,
+        caller: Option<&str>,
         session_id: &str,
         request_id: u64,
         key: &str,
     ) -> Result<bool, LockError> {
         validate::session_id(session_id)?;
         validate::key(key)?;
+        self.check_session_owner(caller, session_id).await?;
         let cancelled = self
             .inner
             .store
@@ -243,6 +278,7 @@ impl<S: RequestStore + 'static> Backend for StatelessBackend<S> {
     /// where the lease, not the caller's session, decides.
     async fn renew(
         &self,
+        caller: Option<&str>,
         session_id: &str,
         _request_id: u64,
         key: &str,
@@ -253,11 +289,14 @@ impl<S: RequestStore + 'static> Backend for StatelessBackend<S> {
         validate::key(key)?;
         validate::fencing_token(token)?;
         let ttl = ttl(ttl_ms)?;
+        self.check_session_owner(caller, session_id).await?;
+        self.check_grant_owner(caller, key, token).await?;
         Ok(self.inner.store.extend(key, token, ttl).await?.map(grant))
     }
 
     async fn release(
         &self,
+        caller: Option<&str>,
         session_id: &str,
         request_id: u64,
         key: &str,
@@ -266,6 +305,8 @@ impl<S: RequestStore + 'static> Backend for StatelessBackend<S> {
         validate::session_id(session_id)?;
         validate::key(key)?;
         validate::fencing_token(token)?;
+        self.check_session_owner(caller, session_id).await?;
+        self.check_grant_owner(caller, key, token).await?;
         self.inner
             .store
             .release_request(session_id, request_id, key, token)
@@ -368,6 +409,44 @@ impl<S: RequestStore + 'static> Backend for StatelessBackend<S> {
 }
 
 impl<S: RequestStore + 'static> StatelessBackend<S> {
+    /// Refuses `caller` on a session another principal opened (docs/SECURITY.md §3), before
+    /// the call reaches the store. Checking first and acting after is sound without a
+    /// transaction around both because the store never changes a session's principal and
+    /// never reuses a session id (`RequestStore::session_principal`): the answer read here is
+    /// the one that holds when the call acts, or the session is gone and the call finds
+    /// nothing. One more round trip to the store per call, and only with a caller.
+    async fn check_session_owner(
+        &self,
+        caller: Option<&str>,
+        session_id: &str,
+    ) -> Result<(), LockError> {
+        if caller.is_none() {
+            return Ok(());
+        }
+        let opened_by = self.inner.store.session_principal(session_id).await?;
+        validate::session_principal(caller, opened_by.as_deref())
+    }
+
+    /// [`StatelessBackend::check_session_owner`] for the session holding grant `(key, token)`:
+    /// renew and release name a grant by `(key, token)` whichever session presents it, and a
+    /// grant's session never changes (a token is issued once).
+    async fn check_grant_owner(
+        &self,
+        caller: Option<&str>,
+        key: &str,
+        token: u64,
+    ) -> Result<(), LockError> {
+        if caller.is_none() {
+            return Ok(());
+        }
+        match self.inner.store.read(key).await? {
+            Some(info) if info.fencing_token == token => {
+                self.check_session_owner(caller, &info.session_id).await
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// One attempt, no wait. A store that queues a zero-wait request breaks its contract: the
     /// request is withdrawn (releasing a grant that raced it) and the caller told the outcome
     /// is unknown.

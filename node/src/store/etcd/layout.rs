@@ -41,6 +41,14 @@ impl Layout {
         self.k(format_args!("session/{session_id}"))
     }
 
+    /// `principal/<id>`: the principal the session is bound to (docs/SECURITY.md §3), on the
+    /// session's lease; absent for an unbound session. A key of its own rather than a field of
+    /// the session's value, so sessions written before it, and every reader of the owner id,
+    /// stay as they were.
+    pub(super) fn principal(&self, session_id: &str) -> Vec<u8> {
+        self.k(format_args!("principal/{session_id}"))
+    }
+
     /// `lock/<key>`: the [`GrantRecord`], on the holder's lease.
     pub(super) fn lock(&self, key: &str) -> Vec<u8> {
         self.k(format_args!("lock/{key}"))

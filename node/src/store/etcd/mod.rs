@@ -13,6 +13,8 @@
 //!
 //! - `session/<id>` = the owner id, on the session's lease. A session **is** an etcd lease;
 //!   its id is the lease id in 16 hex digits, and its TTL the lease's, in whole seconds.
+//! - `principal/<id>` = the principal a bound session belongs to (docs/SECURITY.md §3), on the
+//!   session's lease, written in the transaction that writes `session/<id>`.
 //! - `lock/<key>` = a [`GrantRecord`], on the holder's session lease, so a session that dies
 //!   takes its grants with it in the same etcd step (FR-04 cascade).
 //! - `waiter/<key>\0<session>` = a [`WaiterRecord`] (request id, TTL, wait deadline), on the
@@ -768,7 +770,7 @@ impl SessionRegistry for EtcdLockStore {
     /// The session's lease is `ttl` rounded up to whole seconds (etcd leases are in seconds, and
     /// etcd may raise a very short one to its own minimum).
     async fn open_session(&self, owner_id: &str, ttl: Duration) -> Result<String, LockError> {
-        Ok(self.open_lease_session(owner_id, ttl).await?.0)
+        Ok(self.open_lease_session(owner_id, ttl, None).await?.0)
     }
 
     /// One keep-alive of the session's lease, by the lease's own TTL (`ttl` is checked, not
@@ -845,6 +847,7 @@ impl EtcdLockStore {
         &self,
         owner_id: &str,
         ttl: Duration,
+        principal: Option<&str>,
     ) -> Result<(String, Duration), LockError> {
         validate::owner_id(owner_id)?;
         let ttl_ms = validate::ttl(ttl)?;
@@ -869,11 +872,21 @@ impl EtcdLockStore {
                 "open_session record",
                 TxnRequest {
                     compare: vec![],
-                    success: vec![put(
+                    // The principal in the same transaction as the session, on its lease: the
+                    // session never exists unbound if it was opened bound.
+                    success: std::iter::once(put(
                         self.layout.session(&session_id),
                         owner_id.as_bytes().to_vec(),
                         granted.id,
-                    )],
+                    ))
+                    .chain(principal.map(|p| {
+                        put(
+                            self.layout.principal(&session_id),
+                            p.as_bytes().to_vec(),
+                            granted.id,
+                        )
+                    }))
+                    .collect(),
                     failure: vec![],
                 },
             )

@@ -234,7 +234,33 @@ impl RequestStore for EtcdLockStore {
         owner_id: &str,
         ttl: Duration,
     ) -> Result<(String, Duration), LockError> {
-        self.open_lease_session(owner_id, ttl).await
+        self.open_lease_session(owner_id, ttl, None).await
+    }
+
+    async fn open_bound_session(
+        &self,
+        owner_id: &str,
+        ttl: Duration,
+        principal: &str,
+    ) -> Result<(String, Duration), LockError> {
+        validate::principal(principal)?;
+        self.open_lease_session(owner_id, ttl, Some(principal))
+            .await
+    }
+
+    async fn session_principal(&self, session_id: &str) -> Result<Option<String>, LockError> {
+        validate::session_id(session_id)?;
+        let Some(kv) = self
+            .get_one("session_principal", self.layout.principal(session_id))
+            .await?
+        else {
+            return Ok(None);
+        };
+        String::from_utf8(kv.value).map(Some).map_err(|_| {
+            LockError::contention(format!(
+                "etcd: the principal of session {session_id:?} is not UTF-8"
+            ))
+        })
     }
 
     async fn keep_alive(&self, session_id: &str) -> Result<Option<Duration>, LockError> {

@@ -489,6 +489,33 @@ impl PgLockStore {
 /// scans and an empty delete: about 60 cheap statements a second per node.
 pub const PG_REAP_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
 
+impl PgLockStore {
+    /// Inserts a new session row, bound to `principal` if one is given (docs/SECURITY.md §3).
+    async fn insert_session(
+        &self,
+        owner_id: &str,
+        ttl: Duration,
+        principal: Option<&str>,
+    ) -> Result<(String, Duration), LockError> {
+        validate::owner_id(owner_id)?;
+        let ttl_ms = ttl_ms_sql(ttl)?;
+        let session_id = uuid::Uuid::new_v4().simple().to_string();
+        let client = self.client().await?;
+        client
+            .execute(
+                "INSERT INTO lock_session (session_id, owner_id, ttl_ms, expires_at, principal)
+                 VALUES ($1, $2, $3, now() + $3::bigint * interval '1 millisecond', $4)",
+                &[&session_id, &owner_id, &ttl_ms, &principal],
+            )
+            .await
+            .map_err(|e| contention("open_session", e))?;
+        Ok((
+            session_id,
+            Duration::from_millis(u64::try_from(ttl_ms).unwrap_or(0)),
+        ))
+    }
+}
+
 impl RequestStore for PgLockStore {
     fn reap_interval(&self) -> std::time::Duration {
         PG_REAP_INTERVAL
@@ -499,22 +526,35 @@ impl RequestStore for PgLockStore {
         owner_id: &str,
         ttl: Duration,
     ) -> Result<(String, Duration), LockError> {
-        validate::owner_id(owner_id)?;
-        let ttl_ms = ttl_ms_sql(ttl)?;
-        let session_id = uuid::Uuid::new_v4().simple().to_string();
+        self.insert_session(owner_id, ttl, None).await
+    }
+
+    async fn open_bound_session(
+        &self,
+        owner_id: &str,
+        ttl: Duration,
+        principal: &str,
+    ) -> Result<(String, Duration), LockError> {
+        validate::principal(principal)?;
+        self.insert_session(owner_id, ttl, Some(principal)).await
+    }
+
+    async fn session_principal(&self, session_id: &str) -> Result<Option<String>, LockError> {
+        validate::session_id(session_id)?;
         let client = self.client().await?;
-        client
-            .execute(
-                "INSERT INTO lock_session (session_id, owner_id, ttl_ms, expires_at)
-                 VALUES ($1, $2, $3, now() + $3::bigint * interval '1 millisecond')",
-                &[&session_id, &owner_id, &ttl_ms],
+        let row = client
+            .query_opt(
+                "SELECT principal FROM lock_session WHERE session_id = $1",
+                &[&session_id],
             )
             .await
-            .map_err(|e| contention("open_session", e))?;
-        Ok((
-            session_id,
-            Duration::from_millis(u64::try_from(ttl_ms).unwrap_or(0)),
-        ))
+            .map_err(|e| contention("session_principal", e))?;
+        match row {
+            Some(row) => row
+                .try_get::<_, Option<String>>(0)
+                .map_err(|e| contention("session_principal", e)),
+            None => Ok(None),
+        }
     }
 
     async fn keep_alive(&self, session_id: &str) -> Result<Option<Duration>, LockError> {

@@ -41,8 +41,10 @@ pub use wal::WAL_FORMAT_VERSION;
 pub const RECORD_BYTES_MAX: usize = 1024 * 1024;
 
 /// An upper bound of one command's postcard encoding: every string argument at its limit (no
-/// command has them all) plus 64 bytes of tags, integers and length prefixes.
+/// command has them all), the principal of an `AsCaller` around it, plus 64 bytes of tags,
+/// integers and length prefixes.
 const COMMAND_BYTES_BOUND: usize = lock_api::limits::KEY_LEN_MAX
+    + lock_api::limits::PRINCIPAL_LEN_MAX
     + lock_api::limits::OWNER_ID_LEN_MAX
     + lock_api::limits::SESSION_ID_LEN_MAX
     + lock_api::limits::OPERATOR_LEN_MAX

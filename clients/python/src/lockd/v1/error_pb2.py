@@ -15,7 +15,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import any_pb2 as google_dot_protobuf_dot_any__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14lockd/v1/error.proto\x12\x08lockd.v1\x1a\x19google/protobuf/any.proto\"Q\n\tRpcStatus\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12%\n\x07\x64\x65tails\x18\x03 \x03(\x0b\x32\x14.google.protobuf.Any\"\xf7\x01\n\x0b\x45rrorDetail\x12)\n\nnot_leader\x18\x01 \x01(\x0b\x32\x13.lockd.v1.NotLeaderH\x00\x12)\n\nfenced_out\x18\x02 \x01(\x0b\x32\x13.lockd.v1.FencedOutH\x00\x12*\n\ncontention\x18\x03 \x01(\x0b\x32\x14.lockd.v1.ContentionH\x00\x12\x35\n\x10invalid_argument\x18\x04 \x01(\x0b\x32\x19.lockd.v1.InvalidArgumentH\x00\x12\'\n\tlock_lost\x18\x05 \x01(\x0b\x32\x12.lockd.v1.LockLostH\x00\x42\x06\n\x04kind\"[\n\tNotLeader\x12\x16\n\tleader_id\x18\x01 \x01(\x04H\x00\x88\x01\x01\x12\x18\n\x0bleader_addr\x18\x02 \x01(\tH\x01\x88\x01\x01\x42\x0c\n\n_leader_idB\x0e\n\x0c_leader_addr\";\n\tFencedOut\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x11\n\tpresented\x18\x02 \x01(\x04\x12\x0e\n\x06stored\x18\x03 \x01(\x04\"\x1d\n\nContention\x12\x0f\n\x07message\x18\x01 \x01(\t\"\"\n\x0fInvalidArgument\x12\x0f\n\x07message\x18\x01 \x01(\t\"\x17\n\x08LockLost\x12\x0b\n\x03key\x18\x01 \x01(\tb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14lockd/v1/error.proto\x12\x08lockd.v1\x1a\x19google/protobuf/any.proto\"Q\n\tRpcStatus\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12%\n\x07\x64\x65tails\x18\x03 \x03(\x0b\x32\x14.google.protobuf.Any\"\xe6\x02\n\x0b\x45rrorDetail\x12)\n\nnot_leader\x18\x01 \x01(\x0b\x32\x13.lockd.v1.NotLeaderH\x00\x12)\n\nfenced_out\x18\x02 \x01(\x0b\x32\x13.lockd.v1.FencedOutH\x00\x12*\n\ncontention\x18\x03 \x01(\x0b\x32\x14.lockd.v1.ContentionH\x00\x12\x35\n\x10invalid_argument\x18\x04 \x01(\x0b\x32\x19.lockd.v1.InvalidArgumentH\x00\x12\'\n\tlock_lost\x18\x05 \x01(\x0b\x32\x12.lockd.v1.LockLostH\x00\x12\x34\n\x0funauthenticated\x18\x06 \x01(\x0b\x32\x19.lockd.v1.UnauthenticatedH\x00\x12\x37\n\x11permission_denied\x18\x07 \x01(\x0b\x32\x1a.lockd.v1.PermissionDeniedH\x00\x42\x06\n\x04kind\"[\n\tNotLeader\x12\x16\n\tleader_id\x18\x01 \x01(\x04H\x00\x88\x01\x01\x12\x18\n\x0bleader_addr\x18\x02 \x01(\tH\x01\x88\x01\x01\x42\x0c\n\n_leader_idB\x0e\n\x0c_leader_addr\";\n\tFencedOut\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x11\n\tpresented\x18\x02 \x01(\x04\x12\x0e\n\x06stored\x18\x03 \x01(\x04\"\x1d\n\nContention\x12\x0f\n\x07message\x18\x01 \x01(\t\"\"\n\x0fInvalidArgument\x12\x0f\n\x07message\x18\x01 \x01(\t\"\x17\n\x08LockLost\x12\x0b\n\x03key\x18\x01 \x01(\t\"\"\n\x0fUnauthenticated\x12\x0f\n\x07message\x18\x01 \x01(\t\"<\n\x10PermissionDenied\x12\x11\n\tprincipal\x18\x01 \x01(\t\x12\x15\n\rrequired_role\x18\x02 \x01(\tb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -25,15 +25,19 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   _globals['_RPCSTATUS']._serialized_start=61
   _globals['_RPCSTATUS']._serialized_end=142
   _globals['_ERRORDETAIL']._serialized_start=145
-  _globals['_ERRORDETAIL']._serialized_end=392
-  _globals['_NOTLEADER']._serialized_start=394
-  _globals['_NOTLEADER']._serialized_end=485
-  _globals['_FENCEDOUT']._serialized_start=487
-  _globals['_FENCEDOUT']._serialized_end=546
-  _globals['_CONTENTION']._serialized_start=548
-  _globals['_CONTENTION']._serialized_end=577
-  _globals['_INVALIDARGUMENT']._serialized_start=579
-  _globals['_INVALIDARGUMENT']._serialized_end=613
-  _globals['_LOCKLOST']._serialized_start=615
-  _globals['_LOCKLOST']._serialized_end=638
+  _globals['_ERRORDETAIL']._serialized_end=503
+  _globals['_NOTLEADER']._serialized_start=505
+  _globals['_NOTLEADER']._serialized_end=596
+  _globals['_FENCEDOUT']._serialized_start=598
+  _globals['_FENCEDOUT']._serialized_end=657
+  _globals['_CONTENTION']._serialized_start=659
+  _globals['_CONTENTION']._serialized_end=688
+  _globals['_INVALIDARGUMENT']._serialized_start=690
+  _globals['_INVALIDARGUMENT']._serialized_end=724
+  _globals['_LOCKLOST']._serialized_start=726
+  _globals['_LOCKLOST']._serialized_end=749
+  _globals['_UNAUTHENTICATED']._serialized_start=751
+  _globals['_UNAUTHENTICATED']._serialized_end=785
+  _globals['_PERMISSIONDENIED']._serialized_start=787
+  _globals['_PERMISSIONDENIED']._serialized_end=847
 # @@protoc_insertion_point(module_scope)

@@ -17,18 +17,22 @@ class RpcStatus(_message.Message):
     def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., details: _Optional[_Iterable[_Union[_any_pb2.Any, _Mapping]]] = ...) -> None: ...
 
 class ErrorDetail(_message.Message):
-    __slots__ = ("not_leader", "fenced_out", "contention", "invalid_argument", "lock_lost")
+    __slots__ = ("not_leader", "fenced_out", "contention", "invalid_argument", "lock_lost", "unauthenticated", "permission_denied")
     NOT_LEADER_FIELD_NUMBER: _ClassVar[int]
     FENCED_OUT_FIELD_NUMBER: _ClassVar[int]
     CONTENTION_FIELD_NUMBER: _ClassVar[int]
     INVALID_ARGUMENT_FIELD_NUMBER: _ClassVar[int]
     LOCK_LOST_FIELD_NUMBER: _ClassVar[int]
+    UNAUTHENTICATED_FIELD_NUMBER: _ClassVar[int]
+    PERMISSION_DENIED_FIELD_NUMBER: _ClassVar[int]
     not_leader: NotLeader
     fenced_out: FencedOut
     contention: Contention
     invalid_argument: InvalidArgument
     lock_lost: LockLost
-    def __init__(self, not_leader: _Optional[_Union[NotLeader, _Mapping]] = ..., fenced_out: _Optional[_Union[FencedOut, _Mapping]] = ..., contention: _Optional[_Union[Contention, _Mapping]] = ..., invalid_argument: _Optional[_Union[InvalidArgument, _Mapping]] = ..., lock_lost: _Optional[_Union[LockLost, _Mapping]] = ...) -> None: ...
+    unauthenticated: Unauthenticated
+    permission_denied: PermissionDenied
+    def __init__(self, not_leader: _Optional[_Union[NotLeader, _Mapping]] = ..., fenced_out: _Optional[_Union[FencedOut, _Mapping]] = ..., contention: _Optional[_Union[Contention, _Mapping]] = ..., invalid_argument: _Optional[_Union[InvalidArgument, _Mapping]] = ..., lock_lost: _Optional[_Union[LockLost, _Mapping]] = ..., unauthenticated: _Optional[_Union[Unauthenticated, _Mapping]] = ..., permission_denied: _Optional[_Union[PermissionDenied, _Mapping]] = ...) -> None: ...
 
 class NotLeader(_message.Message):
     __slots__ = ("leader_id", "leader_addr")
@@ -65,3 +69,17 @@ class LockLost(_message.Message):
     KEY_FIELD_NUMBER: _ClassVar[int]
     key: str
     def __init__(self, key: _Optional[str] = ...) -> None: ...
+
+class Unauthenticated(_message.Message):
+    __slots__ = ("message",)
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    message: str
+    def __init__(self, message: _Optional[str] = ...) -> None: ...
+
+class PermissionDenied(_message.Message):
+    __slots__ = ("principal", "required_role")
+    PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
+    REQUIRED_ROLE_FIELD_NUMBER: _ClassVar[int]
+    principal: str
+    required_role: str
+    def __init__(self, principal: _Optional[str] = ..., required_role: _Optional[str] = ...) -> None: ...
