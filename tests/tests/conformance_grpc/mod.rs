@@ -22,11 +22,13 @@
 //! - `retry`: retried acquire, renew, release and force-revoke (same request id).
 //! - `views`: what `Inspect`, `OpenSession`/`Heartbeat` and `ForceRevoke` answer.
 //! - `failure`: session death and hand-off, transient faults that must not read as "lost".
+//! - `audit`: the force-revoke audit log (`ListRevocations`): fields, order, filter, paging.
 //!
 //! Shared by several test binaries with `mod conformance_grpc;`, each of which calls
 //! [`cases!`] once; a binary does not use every helper, hence the `dead_code` allowance.
 #![allow(dead_code)]
 
+pub mod audit;
 pub mod failure;
 pub mod queue;
 pub mod retry;
@@ -375,7 +377,7 @@ macro_rules! cases {
         mod $name {
             #[allow(unused_imports)]
             use super::*;
-            use $crate::conformance_grpc::{Target, failure, queue, retry, views};
+            use $crate::conformance_grpc::{Target, audit, failure, queue, retry, views};
 
             $crate::cases!(@case $start, waiters_are_granted_in_arrival_order, queue::fifo);
             $crate::cases!(@case $start, inspect_counts_the_queued_acquires, queue::waiter_count);
@@ -390,6 +392,8 @@ macro_rules! cases {
             $crate::cases!(@case $start, heartbeat_answers_the_session_ttl, views::heartbeat_ttl);
             $crate::cases!(@case $start, a_dead_session_loses_its_grant_to_the_next_waiter, failure::session_death);
             $crate::cases!(@case $start, a_transient_fault_is_never_reported_as_lost, failure::transient_fault);
+            $crate::cases!(@case $start, the_audit_log_lists_revokes_newest_first_with_every_field, audit::newest_first);
+            $crate::cases!(@case $start, the_audit_log_pages_stably_and_refuses_a_bad_token, audit::paging);
         }
     };
     (@case $start:expr, $test:ident, $case:path) => {

@@ -1,0 +1,97 @@
+//! Whom a force-revoke is recorded for, and the one log event each revoke makes
+//! (docs/SECURITY.md §4).
+//!
+//! On a node that authenticates its callers the audit record's `operator` is the caller's
+//! principal ([`Caller`]), never a name the caller typed: a request may leave `operator` blank
+//! (it is filled in) or repeat its own principal, and one that names somebody else is refused
+//! with `PERMISSION_DENIED` before anything is revoked — nobody records a revoke in another's
+//! name. On an `--insecure` node nobody is authenticated and the request's `operator` is
+//! recorded as given (and must not be blank, as before).
+//!
+//! Owns that rule and the event's fields only; the revoke itself is the backend's.
+
+use tonic::Status;
+
+use crate::backend::Revocation;
+use crate::peer::Caller;
+
+/// The operator to record for a revoke that `caller` (absent on an `--insecure` node) asked
+/// for with the request field `asked`. A blank `asked` is the caller's principal; an `asked`
+/// naming another principal is `PERMISSION_DENIED` naming both.
+// The refusal should become the authorization layer's `LockError::PermissionDenied` (and its
+// `ErrorDetail`) once that variant exists in lock-api; until then it is a plain status.
+pub fn operator(caller: Option<&Caller>, asked: &str) -> Result<String, Status> {
+    let Some(caller) = caller else {
+        return Ok(asked.to_owned());
+    };
+    if asked.trim().is_empty() || asked == caller.principal {
+        return Ok(caller.principal.clone());
+    }
+    Err(Status::permission_denied(format!(
+        "principal {:?} may not record a force-revoke as operator {asked:?}: the audit log \
+         records the authenticated caller; leave operator blank or set it to {:?}",
+        caller.principal, caller.principal
+    )))
+}
+
+/// The one structured event of a revoke, on the node that served it (the Raft leader that
+/// proposed it, or the stateless node that ran its transaction): replicas applying the entry
+/// log nothing, so one revoke is one line however many nodes there are. A retry answered from
+/// the first outcome (same request id) logs again with the same `new_token_floor`, which tells
+/// it apart from a second revoke. Target `lockd::audit`, so a deployment can route it.
+pub fn log(
+    revocation: &Revocation,
+    operator: &str,
+    reason: &str,
+    request_id: u64,
+    authenticated: bool,
+) {
+    tracing::warn!(
+        target: "lockd::audit",
+        key = %revocation.key,
+        operator,
+        authenticated,
+        reason,
+        previous_owner_id = revocation.previous_owner_id.as_deref(),
+        previous_token = revocation.previous_token,
+        new_token_floor = revocation.new_token_floor,
+        request_id,
+        "force revoke"
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn caller(principal: &str) -> Caller {
+        Caller {
+            principal: principal.to_owned(),
+        }
+    }
+
+    #[test]
+    fn without_a_caller_the_request_names_the_operator() {
+        assert_eq!(operator(None, "oncall").unwrap(), "oncall");
+        // Blank stays blank: the backend refuses it as before (InvalidArgument).
+        assert_eq!(operator(None, " ").unwrap(), " ");
+    }
+
+    #[test]
+    fn a_caller_is_recorded_as_the_operator() {
+        let op = caller("operator");
+        assert_eq!(operator(Some(&op), "").unwrap(), "operator");
+        assert_eq!(operator(Some(&op), "  ").unwrap(), "operator");
+        assert_eq!(operator(Some(&op), "operator").unwrap(), "operator");
+    }
+
+    #[test]
+    fn a_caller_naming_someone_else_is_permission_denied() {
+        let op = caller("operator");
+        for other in ["admin", "Operator", "operator "] {
+            let refused = operator(Some(&op), other).expect_err(other);
+            assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{other:?}");
+            assert!(refused.message().contains("\"operator\""), "{refused:?}");
+        }
+    }
+}
