@@ -66,7 +66,34 @@ pub enum LockError {
         /// Which argument and why, naming the limit that was broken.
         message: String,
     },
+    /// The call carried no identity the node accepts: over TLS without a client certificate
+    /// and without a valid bearer token, or with a token that matches no principal.
+    ///
+    /// **Not retry-safe:** a configuration or caller fault. The same call fails the same way
+    /// until the caller presents a certificate or a token; fix its credentials.
+    Unauthenticated {
+        /// Why the call is not authenticated (never the token itself).
+        message: String,
+    },
+    /// The caller is authenticated but may not make this call: its principal lacks the role
+    /// the method requires, or it presented a session that another principal opened
+    /// (`required_role` is then [`SESSION_OWNER_ROLE`]).
+    ///
+    /// **Not retry-safe:** a configuration or caller fault. Map the principal to the role in
+    /// the node's configuration, or use the caller's own session.
+    PermissionDenied {
+        /// The caller's principal.
+        principal: String,
+        /// The role the call requires (`client`, `operator`, `admin`, `node`), or
+        /// [`SESSION_OWNER_ROLE`].
+        required_role: String,
+    },
 }
+
+/// The `required_role` of a [`LockError::PermissionDenied`] for a call that presented a session
+/// (or a grant of one) that another principal opened: only the principal that opened a session
+/// may use it, whatever roles the caller has.
+pub const SESSION_OWNER_ROLE: &str = "session-owner";
 
 impl LockError {
     /// Whether retrying the *lock operation* may succeed (C2 §2.4): `true` for
@@ -116,6 +143,32 @@ impl fmt::Display for LockError {
                 _ => write!(f, "not the leader; no leader is known"),
             },
             Self::InvalidArgument { message } => write!(f, "invalid argument: {message}"),
+            Self::Unauthenticated { message } => write!(f, "not authenticated: {message}"),
+            // A refusal relayed without lockd's detail (a proxy) names neither.
+            Self::PermissionDenied {
+                principal,
+                required_role,
+            } if principal.is_empty() && required_role.is_empty() => write!(
+                f,
+                "permission denied: the server refused this call without naming the principal \
+                 or the role"
+            ),
+            Self::PermissionDenied {
+                principal,
+                required_role,
+            } if required_role == SESSION_OWNER_ROLE => write!(
+                f,
+                "permission denied: principal {principal:?} did not open this session; \
+                 only the principal that opened a session may use it"
+            ),
+            Self::PermissionDenied {
+                principal,
+                required_role,
+            } => write!(
+                f,
+                "permission denied: principal {principal:?} does not have the role \
+                 {required_role:?} this call requires"
+            ),
         }
     }
 }
@@ -147,6 +200,19 @@ mod tests {
                 true,
             ),
             (LockError::invalid("x"), false),
+            (
+                LockError::Unauthenticated {
+                    message: "no certificate".into(),
+                },
+                false,
+            ),
+            (
+                LockError::PermissionDenied {
+                    principal: "p".into(),
+                    required_role: "admin".into(),
+                },
+                false,
+            ),
         ];
         for (err, safe) in cases {
             assert_eq!(err.is_retry_safe(), safe, "{err}");
@@ -162,6 +228,28 @@ mod tests {
         assert_eq!(
             err.to_string(),
             "not the leader; the leader is node 2 at 127.0.0.1:7002"
+        );
+    }
+
+    #[test]
+    fn display_of_a_refusal_names_the_principal_and_the_role() {
+        let err = LockError::PermissionDenied {
+            principal: "client".into(),
+            required_role: "operator".into(),
+        };
+        assert_eq!(
+            err.to_string(),
+            "permission denied: principal \"client\" does not have the role \"operator\" \
+             this call requires"
+        );
+        let hijack = LockError::PermissionDenied {
+            principal: "mallory".into(),
+            required_role: SESSION_OWNER_ROLE.into(),
+        };
+        assert!(
+            hijack
+                .to_string()
+                .contains("\"mallory\" did not open this session")
         );
     }
 }

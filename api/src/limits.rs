@@ -22,6 +22,13 @@ pub const SESSION_ID_LEN_MAX: usize = 64;
 /// Longest operator name on a force-revoke, in bytes (recorded in the audit log).
 pub const OPERATOR_LEN_MAX: usize = 128;
 
+/// Longest principal, in bytes: the name a certificate (URI SAN, DNS SAN or CN) or a bearer
+/// token gives the caller. A session records its principal in every replica and every log entry
+/// of a bound call carries it; 256 bytes fits a SPIFFE id or a DNS name (at most 253). A node
+/// refuses a longer one as unauthenticated rather than truncating it, since two names sharing a
+/// prefix must never become one principal.
+pub const PRINCIPAL_LEN_MAX: usize = 256;
+
 /// Longest revoke reason, in bytes: enough for a sentence and a ticket link, recorded in the
 /// bounded audit log of every replica.
 pub const REASON_LEN_MAX: usize = 1024;

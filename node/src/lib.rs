@@ -22,6 +22,8 @@
 //! - [`grpc`]: the lock, session and admin services, their conversions and the serve loop.
 //! - [`server`]: assembles a node, Raft or stateless (`--backend pg|etcd`, cargo features
 //!   `pg`, `etcd`), and serves it.
+//! - [`auth`]: the authorization layer on the serve loop — roles, bearer tokens, the method
+//!   table, the decision and the tower layer that inserts the [`peer::Caller`].
 //! - [`peer`]: who is at the other end of a connection (address, certificate principal).
 //! - [`clock`]: the injected wall and monotonic clocks; [`log_limit`]: a repeating failure
 //!   logged as a change of state with a summary a minute. At the root because every folder
@@ -30,6 +32,7 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod auth;
 pub mod backend;
 pub mod clock;
 pub mod grpc;

@@ -183,6 +183,7 @@ async fn serve(
             cluster_name: config.cluster_name.clone(),
             listener,
             stop: stop_tx,
+            access: access(&config)?,
         },
         |router| router.add_service(raft_service),
         shutdown,
@@ -197,6 +198,18 @@ async fn serve(
     served?;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Who may call what on this node: the role map and the tokens file of `config`, enforced on
+/// a TLS node; everything open on an `--insecure` one.
+///
+/// Until the TLS work's `insecure` field and acceptor are merged every node serves plaintext,
+/// where no call carries a principal, so every node is open; the merge passes
+/// `config.insecure` here.
+fn access(config: &Config) -> anyhow::Result<crate::auth::Access> {
+    let insecure = true;
+    crate::auth::Access::for_node(insecure, &config.roles, config.tokens_file.as_deref())
+        .map_err(|reason| anyhow::anyhow!("config field `tokens_file`: {reason}"))
 }
 
 /// Where in etcd the lock table lives; every node of one deployment uses the same prefix.
@@ -270,6 +283,7 @@ async fn serve_store<S: lock_api::RequestStore + 'static>(
             cluster_name: config.cluster_name.clone(),
             listener,
             stop: stop_tx,
+            access: access(&config)?,
         },
         |router| router,
         shutdown,

@@ -25,6 +25,8 @@
 //! | `InvalidArgument` | `InvalidArgument` | caller bug; same call fails again |
 //! | `LockLost` | `FailedPrecondition` | the grant the call depends on is gone |
 //! | `FencedOut` | `FailedPrecondition` | the presented token is not above the fence |
+//! | `Unauthenticated` | `Unauthenticated` | no accepted identity; fix the credentials |
+//! | `PermissionDenied` | `PermissionDenied` | the principal lacks the role, or the session is another's |
 //!
 //! `Contention` is `Unavailable` rather than `Aborted`: docs/DESIGN.md D-errors folds
 //! timeouts, network failures and leader changes into it, which is what
@@ -33,8 +35,11 @@
 //! safe. `FencedOut` is `FailedPrecondition` rather than `PermissionDenied`
 //! because it is about state (a newer holder exists), not about credentials.
 //!
-//! Without a decodable detail the decoder maps by code, and everything that is
-//! not `InvalidArgument` becomes `Contention`: a status from a proxy, a
+//! Without a decodable detail the decoder maps by code: `InvalidArgument` (and
+//! `OutOfRange`, `Unimplemented`) becomes `InvalidArgument`, `Unauthenticated` and
+//! `PermissionDenied` keep their meaning (a proxy or an older node refusing the
+//! caller's credentials is no transient trouble, and retrying it would only repeat
+//! the refusal), and everything else becomes `Contention`: a status from a proxy, a
 //! deadline, a dropped connection or an older server is transient, and
 //! transient is never reported as lost (docs/DESIGN.md D-errors).
 
@@ -143,6 +148,22 @@ fn code_and_kind(err: &LockError) -> Option<(Code, Kind)> {
                 stored: *stored,
             }),
         ),
+        LockError::Unauthenticated { message } => (
+            Code::Unauthenticated,
+            Kind::Unauthenticated(v1::Unauthenticated {
+                message: message.clone(),
+            }),
+        ),
+        LockError::PermissionDenied {
+            principal,
+            required_role,
+        } => (
+            Code::PermissionDenied,
+            Kind::PermissionDenied(v1::PermissionDenied {
+                principal: principal.clone(),
+                required_role: required_role.clone(),
+            }),
+        ),
         _ => return None,
     };
     Some(pair)
@@ -205,6 +226,16 @@ fn lock_error_from_kind(kind: Kind) -> LockError {
             LockError::InvalidArgument { message }
         }
         Kind::LockLost(v1::LockLost { key }) => LockError::LockLost { key },
+        Kind::Unauthenticated(v1::Unauthenticated { message }) => {
+            LockError::Unauthenticated { message }
+        }
+        Kind::PermissionDenied(v1::PermissionDenied {
+            principal,
+            required_role,
+        }) => LockError::PermissionDenied {
+            principal,
+            required_role,
+        },
     }
 }
 
@@ -220,6 +251,17 @@ fn lock_error_from_code(status: &Status) -> LockError {
         // retry-safe would make a client retry forever a request that can never succeed.
         code @ (Code::OutOfRange | Code::Unimplemented) => LockError::InvalidArgument {
             message: format!("gRPC {code:?}: {}", status.message()),
+        },
+        // A refusal of the caller's credentials, from something that sent no lockd detail (a
+        // proxy, or the transport): the same call is refused again, so it is never retried.
+        // Without the detail the principal and role are unknown; the message says what the
+        // refusing side said.
+        Code::Unauthenticated => LockError::Unauthenticated {
+            message: format!("gRPC Unauthenticated: {}", status.message()),
+        },
+        Code::PermissionDenied => LockError::PermissionDenied {
+            principal: String::new(),
+            required_role: String::new(),
         },
         // Transient, unknown-outcome or foreign: never a loss (docs/DESIGN.md D-errors).
         code => LockError::Contention {
@@ -276,7 +318,33 @@ mod tests {
                 },
                 Code::FailedPrecondition,
             ),
+            (
+                LockError::Unauthenticated {
+                    message: "no client certificate and no bearer token".into(),
+                },
+                Code::Unauthenticated,
+            ),
+            (
+                LockError::PermissionDenied {
+                    principal: "client".into(),
+                    required_role: "operator".into(),
+                },
+                Code::PermissionDenied,
+            ),
         ]
+    }
+
+    #[test]
+    fn a_refusal_without_a_detail_is_still_a_refusal_never_retried() {
+        let err = lock_error_from_status(&Status::unauthenticated("no token"));
+        assert!(
+            matches!(&err, LockError::Unauthenticated { message } if message.contains("no token")),
+            "{err:?}"
+        );
+        assert!(!err.is_retry_safe());
+        let err = lock_error_from_status(&Status::permission_denied("nope"));
+        assert!(matches!(err, LockError::PermissionDenied { .. }), "{err:?}");
+        assert!(!err.is_retry_safe());
     }
 
     #[test]
@@ -352,7 +420,6 @@ mod tests {
             Code::Aborted,
             Code::Internal,
             Code::FailedPrecondition,
-            Code::PermissionDenied,
             Code::NotFound,
             Code::Ok,
         ];

@@ -221,8 +221,8 @@ impl SessionInner {
 
     /// Applies the answer to a heartbeat of this session sent at `sent_at` (alone or in a
     /// batch): `Ok(Some(ttl))` moves the local deadline to `sent_at + ttl - margin`;
-    /// `Ok(None)` (the server says the session is gone) and `InvalidArgument` / `LockLost`
-    /// kill the session; any other error is transient and retried after a short pause, up to
+    /// `Ok(None)` (the server says the session is gone) and `InvalidArgument` / `LockLost` /
+    /// `Unauthenticated` / `PermissionDenied` kill the session; any other error is transient and retried after a short pause, up to
     /// the local deadline. Answers when the next heartbeat is due, or `None` when the session
     /// ended (or had already ended: a late answer changes nothing then).
     pub(crate) fn on_heartbeat(
@@ -253,6 +253,12 @@ impl SessionInner {
             Err(LockError::InvalidArgument { message })
             | Err(LockError::LockLost { key: message }) => {
                 self.die(format!("the server refused the heartbeat: {message}"), true);
+                None
+            }
+            // A refusal of the caller's credentials repeats on every retry: the session cannot
+            // be kept alive by this caller, so it ends now instead of at its deadline.
+            Err(err @ (LockError::Unauthenticated { .. } | LockError::PermissionDenied { .. })) => {
+                self.die(format!("the server refused the heartbeat: {err}"), true);
                 None
             }
             Err(err) => {

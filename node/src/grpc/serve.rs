@@ -5,7 +5,8 @@
 //! Owns the listener's lifetime and the order of a stop: the shutdown future turns the stop
 //! signal on (waiting acquires stop waiting, pipelines read no new call), in-flight calls get
 //! [`SERVE_DRAIN_TIMEOUT`] to finish, then the listener closes. A Raft node adds its
-//! `RaftService` to the same router (`extra`); nothing here knows of Raft.
+//! `RaftService` to the same router (`extra`); nothing here knows of Raft. Every service sits
+//! behind the authorization layer (`auth`), the Raft service included.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -23,7 +24,12 @@ use super::CLIENT_MESSAGE_BYTES_MAX;
 use super::admin::AdminApi;
 use super::lock::LockApi;
 use super::session::SessionApi;
+use crate::auth::{Access, AuthLayer};
 use crate::backend::Backend;
+
+/// The router of the serve loop: every service behind the one authorization layer
+/// (`auth::layer`), so no method is reachable without its check.
+pub type NodeRouter = Router<tower::layer::util::Stack<AuthLayer, tower::layer::util::Identity>>;
 
 /// How long a graceful stop waits for in-flight calls before closing them.
 pub const SERVE_DRAIN_TIMEOUT: Duration = Duration::from_secs(3);
@@ -62,6 +68,8 @@ pub struct Serve<B> {
     /// Turned `true` when the shutdown future resolves; the backend's
     /// [`Backend::stop_signal`] must be its receiver.
     pub stop: watch::Sender<bool>,
+    /// Who may call what (`--insecure`: everyone, everything).
+    pub access: Access,
 }
 
 /// Serves the lock, session, admin, health and reflection services (and whatever `extra`
@@ -69,7 +77,7 @@ pub struct Serve<B> {
 /// `lockd ready node_id=N listen=ADDR` to stdout once serving (the CLI contract).
 pub async fn serve<B: Backend + std::fmt::Debug>(
     parts: Serve<B>,
-    extra: impl FnOnce(Router) -> Router,
+    extra: impl FnOnce(NodeRouter) -> NodeRouter,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let Serve {
@@ -78,6 +86,7 @@ pub async fn serve<B: Backend + std::fmt::Debug>(
         cluster_name,
         listener,
         stop,
+        access,
     } = parts;
     let local: SocketAddr = listener.local_addr().context("listener has no address")?;
     let (health, health_service) = tonic_health::server::health_reporter();
@@ -87,6 +96,7 @@ pub async fn serve<B: Backend + std::fmt::Debug>(
         .build_v1()
         .context("cannot build the reflection service")?;
     let router = tonic::transport::Server::builder()
+        .layer(AuthLayer::new(access))
         .add_service(health_service)
         .add_service(reflection)
         .add_service(

@@ -144,6 +144,15 @@ pub struct RunArgs {
     /// The cluster's name; a data dir written by another cluster is refused.
     #[arg(long, env = "LOCKD_CLUSTER_NAME")]
     pub cluster_name: Option<String>,
+    /// Maps a principal to a role, repeatable: `--role admin=admin --role node-1=node`
+    /// (env: `LOCKD_ROLES="p=r,p=r"`). Roles: client, operator (includes client), admin
+    /// (includes operator), node (Raft traffic only). A principal not mapped has no role.
+    #[arg(long = "role", env = "LOCKD_ROLES", value_delimiter = ',', value_parser = parse_role)]
+    pub role: Option<Vec<(String, crate::auth::Role)>>,
+    /// File of bearer tokens, one `<principal> sha256:<hex of the token's SHA-256>` a line;
+    /// tokens are accepted over TLS only, in metadata `authorization: Bearer <token>`.
+    #[arg(long, env = "LOCKD_TOKENS_FILE")]
+    pub tokens_file: Option<PathBuf>,
     /// TOML file with the same keys in snake_case (flags and env win over it).
     #[arg(long, env = "LOCKD_CONFIG")]
     pub config: Option<PathBuf>,
@@ -202,6 +211,11 @@ fn parse_peers(text: &str) -> Result<Peers, String> {
     parse_id_addrs(text, "peer")
 }
 
+/// Parses one `--role PRINCIPAL=ROLE`.
+fn parse_role(text: &str) -> Result<(String, crate::auth::Role), String> {
+    crate::auth::roles::parse_mapping(text)
+}
+
 /// Parses `--raft-dial`: `2=127.0.0.1:9002,3=127.0.0.1:9003`.
 fn parse_raft_dial(text: &str) -> Result<Peers, String> {
     parse_id_addrs(text, "raft dial entry")
@@ -244,6 +258,8 @@ struct FileConfig {
     raft_dial: Option<Vec<FilePeer>>,
     bootstrap: Option<bool>,
     cluster_name: Option<String>,
+    roles: Option<BTreeMap<String, String>>,
+    tokens_file: Option<PathBuf>,
     log_format: Option<LogFormat>,
     heartbeat_interval_ms: Option<u64>,
     election_timeout_min_ms: Option<u64>,
@@ -318,6 +334,10 @@ pub struct Config {
     pub bootstrap: bool,
     /// The cluster's name.
     pub cluster_name: String,
+    /// Principal → role (`--role`, `LOCKD_ROLES`, `[roles]`; docs/SECURITY.md §2).
+    pub roles: BTreeMap<String, crate::auth::Role>,
+    /// The bearer tokens file, if any (read when the node starts serving).
+    pub tokens_file: Option<PathBuf>,
     /// Log format.
     pub log_format: LogFormat,
     /// Leader heartbeat interval.
@@ -354,6 +374,21 @@ impl Config {
         };
         let file_peers = file_id_addrs(file.peers, "peers")?;
         let file_raft_dial = file_id_addrs(file.raft_dial, "raft_dial")?;
+        let roles = match (&args.role, file.roles) {
+            (Some(flags), _) => crate::auth::roles::role_map(flags.iter().cloned()),
+            (None, Some(table)) => table
+                .into_iter()
+                .map(|(principal, role)| {
+                    let role = role
+                        .parse()
+                        .map_err(|e| format!("principal {principal:?}: {e}"))?;
+                    Ok((principal, role))
+                })
+                .collect::<Result<Vec<_>, String>>()
+                .and_then(crate::auth::roles::role_map),
+            (None, None) => Ok(BTreeMap::new()),
+        }
+        .map_err(|reason| invalid("roles", reason))?;
         let backend = args.backend.or(file.backend).unwrap_or_default();
         let data_dir = args.data_dir.clone().or(file.data_dir);
         let peers = args.peers.clone().map(|p| p.0).or(file_peers);
@@ -399,6 +434,8 @@ impl Config {
                 .clone()
                 .or(file.cluster_name)
                 .unwrap_or_else(|| CLUSTER_NAME_DEFAULT.to_owned()),
+            roles,
+            tokens_file: args.tokens_file.clone().or(file.tokens_file),
             log_format: args.log_format.or(file.log_format).unwrap_or_default(),
             heartbeat_interval_ms: args
                 .heartbeat_interval_ms
@@ -989,5 +1026,63 @@ peers = [{ id = 1, addr = "127.0.0.1:7101" }, { id = 2, addr = "127.0.0.1:7102" 
         std::fs::write(&path, "node_idd = 1\n").unwrap();
         let err = Config::load(&a).unwrap_err();
         assert!(err.to_string().contains("node_idd"), "{err}");
+    }
+
+    #[test]
+    fn roles_come_from_flags_over_the_file_and_bad_ones_name_the_field() {
+        use crate::auth::Role;
+        use clap::Parser;
+
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            run: RunArgs,
+        }
+        let parsed = Cli::try_parse_from([
+            "lockd",
+            "--role",
+            "admin=admin",
+            "--role",
+            "node-1=node,client=client",
+            "--tokens-file",
+            "/etc/lockd/tokens",
+        ])
+        .expect("the flags parse");
+        let mut a = args();
+        a.role = parsed.run.role;
+        a.tokens_file = parsed.run.tokens_file;
+        let c = Config::load(&a).unwrap();
+        assert_eq!(
+            c.roles,
+            BTreeMap::from([
+                ("admin".to_owned(), Role::Admin),
+                ("client".to_owned(), Role::Client),
+                ("node-1".to_owned(), Role::Node),
+            ])
+        );
+        assert_eq!(c.tokens_file, Some(PathBuf::from("/etc/lockd/tokens")));
+        assert!(Cli::try_parse_from(["lockd", "--role", "alice=root"]).is_err());
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("lockd.toml");
+        std::fs::write(&path, "[roles]\n\"spiffe://x/op\" = \"operator\"\n").unwrap();
+        let mut a = args();
+        a.config = Some(path.clone());
+        let c = Config::load(&a).unwrap();
+        assert_eq!(c.roles.get("spiffe://x/op"), Some(&Role::Operator));
+        a.role = Some(vec![("admin".to_owned(), Role::Admin)]);
+        assert_eq!(
+            Config::load(&a).unwrap().roles.len(),
+            1,
+            "the flags replace the file's map"
+        );
+
+        std::fs::write(&path, "[roles]\nalice = \"root\"\n").unwrap();
+        let mut a = args();
+        a.config = Some(path);
+        assert_eq!(field_of(Config::load(&a).unwrap_err()), "roles");
+        let mut a = args();
+        a.role = Some(vec![("a".into(), Role::Client), ("a".into(), Role::Admin)]);
+        assert_eq!(field_of(Config::load(&a).unwrap_err()), "roles");
     }
 }
