@@ -25,8 +25,9 @@ use super::wire::{RequestOp, TxnRequest};
 use super::{EtcdLockStore, RevocationRecord as StoredRevocation, ops, system_time, token_of};
 
 /// Most deletes in one trim transaction: below etcd's default `--max-txn-ops` (128). The trim
-/// normally deletes one record (the one the latest revoke pushed out).
-const TRIM_OPS_MAX: usize = 64;
+/// normally deletes one record (the one the latest revoke pushed out); a longer backlog is
+/// worked off by the following revokes.
+const TRIM_OPS_MAX_ETCD: i64 = 64;
 
 /// `AUDIT_LOG_MAX` as etcd's `int64` range limit (checked to fit at compile time).
 const AUDIT_LOG_MAX_ETCD: i64 = AUDIT_LOG_MAX as i64;
@@ -93,31 +94,33 @@ impl EtcdLockStore {
         }
     }
 
+    /// One trim. The count and the oldest records are read at one revision: the records
+    /// beyond the newest `AUDIT_LOG_MAX` *at that revision* are beyond them for ever (later
+    /// revokes only add newer ones), so deleting them is right however many nodes trim at once.
+    /// Counting and reading the oldest at two revisions would let a trim that another one
+    /// overtook delete records inside the bound.
     async fn trim_once(&self) -> Result<(), LockError> {
         let start = self.layout.audit_log();
         let end = prefix_end(&start);
-        let counted = self
+        let read = self
             .read_all(
-                "counting the audit log",
-                vec![ops::count(start.clone(), end.clone())],
+                "reading the audit log's size and oldest records",
+                vec![
+                    ops::count(start.clone(), end.clone()),
+                    ops::oldest_keys(start, end, TRIM_OPS_MAX_ETCD),
+                ],
             )
             .await?;
-        let excess = usize::try_from(ops::counted(&counted, 0)?)
+        let excess = usize::try_from(ops::counted(&read, 0)?)
             .unwrap_or(0)
             .saturating_sub(AUDIT_LOG_MAX);
         if excess == 0 {
             return Ok(());
         }
-        let limit = i64::try_from(excess.min(TRIM_OPS_MAX)).unwrap_or(1);
-        let oldest = self
-            .read_all(
-                "reading the audit log's oldest",
-                vec![ops::range_by_age(start, end, limit, false)],
-            )
-            .await?;
-        let deletes: Vec<RequestOp> = ops::range_result(&oldest, 0)?
+        let deletes: Vec<RequestOp> = ops::range_result(&read, 1)?
             .kvs
             .iter()
+            .take(excess)
             .map(|kv| ops::delete(kv.key.clone()))
             .collect();
         self.txn(
