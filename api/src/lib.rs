@@ -37,7 +37,7 @@ pub mod store;
 pub mod types;
 pub mod validate;
 
-pub use error::{LockError, SESSION_OWNER_ROLE};
+pub use error::{LockError, REVOKE_AS_SELF_ROLE, SESSION_OWNER_ROLE};
 pub use fence::{
     Fence, HEADER_FENCING_TOKEN, HEADER_IDEMPOTENCY_KEY, HEADER_OWNER_ID, fence_accepts,
     parse_fencing_token,

@@ -62,6 +62,8 @@ impl InProcessCluster {
                 backend: lockd::config::Backend::Raft,
                 pg_url: None,
                 etcd_endpoints: Vec::new(),
+                roles: Default::default(),
+                tokens_file: None,
             };
             config.validate().expect("valid config");
             let (stop_tx, stop_rx) = oneshot::channel::<()>();

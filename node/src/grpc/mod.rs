@@ -13,6 +13,9 @@ pub mod revoke;
 pub mod serve;
 pub mod session;
 
+#[cfg(test)]
+mod audit_tests;
+
 /// Largest client API message, in bytes, either way. The largest request is a force-revoke
 /// (key 256 B + operator 128 B + reason 1 KiB); the largest answer a `LocksOf` of
 /// `LOCKS_PER_SESSION_MAX` keys of `KEY_LEN_MAX` bytes (256 KiB). 1 MiB covers both with room.

@@ -10,28 +10,33 @@
 //!
 //! Owns that rule and the event's fields only; the revoke itself is the backend's.
 
-use tonic::Status;
+use lock_api::{LockError, REVOKE_AS_SELF_ROLE};
 
 use crate::backend::Revocation;
 use crate::peer::Caller;
 
 /// The operator to record for a revoke that `caller` (absent on an `--insecure` node) asked
 /// for with the request field `asked`. A blank `asked` is the caller's principal; an `asked`
-/// naming another principal is `PERMISSION_DENIED` naming both.
-// The refusal should become the authorization layer's `LockError::PermissionDenied` (and its
-// `ErrorDetail`) once that variant exists in lock-api; until then it is a plain status.
-pub fn operator(caller: Option<&Caller>, asked: &str) -> Result<String, Status> {
+/// naming another principal is `PermissionDenied` with `required_role`
+/// [`REVOKE_AS_SELF_ROLE`] (`PERMISSION_DENIED` with its `ErrorDetail` on the wire).
+pub fn operator(caller: Option<&Caller>, asked: &str) -> Result<String, LockError> {
     let Some(caller) = caller else {
         return Ok(asked.to_owned());
     };
     if asked.trim().is_empty() || asked == caller.principal {
         return Ok(caller.principal.clone());
     }
-    Err(Status::permission_denied(format!(
-        "principal {:?} may not record a force-revoke as operator {asked:?}: the audit log \
-         records the authenticated caller; leave operator blank or set it to {:?}",
-        caller.principal, caller.principal
-    )))
+    // The refusal names the caller, not `asked`: it says whose name the caller may use.
+    tracing::warn!(
+        target: "lockd::audit",
+        principal = %caller.principal,
+        operator = asked,
+        "force revoke refused: the request names another operator than the caller"
+    );
+    Err(LockError::PermissionDenied {
+        principal: caller.principal.clone(),
+        required_role: REVOKE_AS_SELF_ROLE.to_owned(),
+    })
 }
 
 /// The one structured event of a revoke, on the node that served it (the Raft leader that
@@ -89,9 +94,14 @@ mod tests {
     fn a_caller_naming_someone_else_is_permission_denied() {
         let op = caller("operator");
         for other in ["admin", "Operator", "operator "] {
-            let refused = operator(Some(&op), other).expect_err(other);
-            assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{other:?}");
-            assert!(refused.message().contains("\"operator\""), "{refused:?}");
+            assert_eq!(
+                operator(Some(&op), other),
+                Err(LockError::PermissionDenied {
+                    principal: "operator".to_owned(),
+                    required_role: REVOKE_AS_SELF_ROLE.to_owned(),
+                }),
+                "{other:?}"
+            );
         }
     }
 }

@@ -26,7 +26,7 @@ mod reaper;
 mod wait;
 
 #[cfg(test)]
-mod memory;
+pub(crate) mod memory;
 #[cfg(test)]
 mod tests;
 
