@@ -1,6 +1,11 @@
 //! lockd under test: starts a three-node cluster of real `lockd run` processes on free
 //! loopback ports with data on disk, finds the leader, and drives it over the raw gRPC API of
 //! `lock-proto` (sessions, Acquire, Release, HeartbeatBatch). Owns nothing of the workloads.
+//!
+//! The nodes serve TLS by default, as `lockd run` requires: a CA and certificates are minted
+//! (lock-tls `mint`) into the data folder, the nodes require client certificates, and every
+//! benchmark connection presents the `client` certificate. `--insecure` runs them plaintext,
+//! so the cost of TLS is one flag between two runs of the same binary.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -20,7 +25,7 @@ use lock_proto::v1::{
 };
 use tokio::sync::{Semaphore, mpsc, watch};
 use tonic::Status;
-use tonic::transport::Channel;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
 
 use crate::procs::{NodeProcess, free_ports};
 use crate::system::{
@@ -53,13 +58,84 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Opens a plain-text HTTP/2 channel to `addr` (`host:port`), Nagle off.
 pub async fn channel(addr: &str) -> Result<Channel> {
-    tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+    channel_with(addr, None).await
+}
+
+/// Opens an HTTP/2 channel to `addr` (`host:port`), Nagle off: TLS with `tls`, else plaintext.
+pub async fn channel_with(addr: &str, tls: Option<&ClientTlsConfig>) -> Result<Channel> {
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let mut endpoint = tonic::transport::Endpoint::from_shared(format!("{scheme}://{addr}"))
         .with_context(|| format!("bad address {addr}"))?
         .tcp_nodelay(true)
-        .connect_timeout(CONNECT_TIMEOUT)
+        .connect_timeout(CONNECT_TIMEOUT);
+    if let Some(tls) = tls {
+        endpoint = endpoint
+            .tls_config(tls.clone())
+            .with_context(|| format!("TLS config for {addr}"))?;
+    }
+    endpoint
         .connect()
         .await
         .with_context(|| format!("connecting to {addr}"))
+}
+
+/// The principal every benchmark connection presents: the `client` role covers sessions,
+/// lock calls and `Status`.
+const BENCH_IDENTITY: &str = "client";
+
+/// What a TLS cluster's start needs from its PKI.
+struct BenchPki {
+    /// Each node's `--tls-*` flags, by index.
+    node_args: Vec<Vec<String>>,
+    /// `LOCKD_ROLES` and its value (every node `node`, [`BENCH_IDENTITY`] `client`).
+    roles_env: (String, String),
+    /// Every benchmark connection's TLS config.
+    client: ClientTlsConfig,
+}
+
+/// Mints a CA, the nodes' certificates (`node-1` … `node-3`) and [`BENCH_IDENTITY`]'s into
+/// `dir`.
+fn mint_pki(dir: &Path) -> Result<BenchPki> {
+    use lock_tls::mint::Authority;
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let path = |name: &str| dir.join(name);
+    let ca = Authority::new("lock-bench CA").context("minting the benchmark CA")?;
+    ca.write(&path("ca.pem"), &path("ca-key.pem"))
+        .context("writing the benchmark CA")?;
+    let mut node_args = Vec::with_capacity(NODES);
+    let mut roles = Vec::with_capacity(NODES + 1);
+    for id in 1..=NODES {
+        let principal = format!("node-{id}");
+        let (cert, key) = (
+            path(&format!("{principal}.pem")),
+            path(&format!("{principal}-key.pem")),
+        );
+        ca.issue(&principal)
+            .and_then(|leaf| leaf.write(&cert, &key))
+            .with_context(|| format!("minting {principal}'s certificate"))?;
+        node_args.push(vec![
+            "--tls-ca".to_owned(),
+            path("ca.pem").display().to_string(),
+            "--tls-cert".to_owned(),
+            cert.display().to_string(),
+            "--tls-key".to_owned(),
+            key.display().to_string(),
+            "--require-client-cert".to_owned(),
+        ]);
+        roles.push(format!("{principal}=node"));
+    }
+    let client = ca
+        .issue(BENCH_IDENTITY)
+        .context("minting the benchmark client's certificate")?;
+    roles.push(format!("{BENCH_IDENTITY}={BENCH_IDENTITY}"));
+    let tls = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(ca.cert_pem()))
+        .identity(Identity::from_pem(&client.cert_pem, &client.key_pem));
+    Ok(BenchPki {
+        node_args,
+        roles_env: ("LOCKD_ROLES".to_owned(), roles.join(",")),
+        client: tls,
+    })
 }
 
 /// How a lockd worker sends its lock calls.
@@ -81,17 +157,27 @@ pub struct LockdCluster {
     calls: LockdCalls,
     /// The one connection (and pipeline) of every worker, with `Connections::Shared`.
     shared: Option<(Channel, Arc<Pipeline>)>,
+    /// Every connection's TLS config (`None`: the nodes run `--insecure`).
+    tls: Option<ClientTlsConfig>,
 }
 
 impl LockdCluster {
     /// Starts three `lockd run` nodes with data under `data_dir` (node 1 bootstraps) and waits
     /// until every node knows the same leader. Its workers will send their calls as `calls`.
+    /// With `tls` the nodes serve TLS with a PKI minted under `data_dir`, else `--insecure`.
     pub async fn start(
         bin: &Path,
         data_dir: &Path,
         calls: LockdCalls,
         connections: Connections,
+        tls: bool,
     ) -> Result<Self> {
+        let (node_tls, roles_env, tls) = if tls {
+            let pki = mint_pki(&data_dir.join("pki"))?;
+            (pki.node_args, vec![pki.roles_env], Some(pki.client))
+        } else {
+            (vec![vec!["--insecure".to_owned()]; NODES], Vec::new(), None)
+        };
         let ports = free_ports(NODES)?;
         let addrs: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
         let peers = addrs
@@ -125,10 +211,12 @@ impl LockdCluster {
             if id == 1 {
                 args.push("--bootstrap".to_owned());
             }
-            nodes.push(NodeProcess::spawn(
+            args.extend(node_tls[i].iter().cloned());
+            nodes.push(NodeProcess::spawn_with_env(
                 &format!("lockd-{id}"),
                 bin,
                 &args,
+                &roles_env,
                 data_dir,
             )?);
         }
@@ -137,7 +225,7 @@ impl LockdCluster {
             for node in &mut nodes {
                 node.check_running()?;
             }
-            if let Some(leader) = agreed_leader(&addrs).await {
+            if let Some(leader) = agreed_leader(&addrs, tls.as_ref()).await {
                 break leader;
             }
             if Instant::now() > deadline {
@@ -149,10 +237,10 @@ impl LockdCluster {
             }
             tokio::time::sleep(POLL_INTERVAL).await;
         };
-        let admin = AdminServiceClient::new(channel(&leader_addr).await?);
+        let admin = AdminServiceClient::new(channel_with(&leader_addr, tls.as_ref()).await?);
         let shared = match connections {
             Connections::Shared => {
-                let channel = channel(&leader_addr).await?;
+                let channel = channel_with(&leader_addr, tls.as_ref()).await?;
                 Some((channel.clone(), Arc::new(Pipeline::new(channel))))
             }
             Connections::PerWorker => None,
@@ -163,6 +251,7 @@ impl LockdCluster {
             admin,
             calls,
             shared,
+            tls,
         })
     }
 
@@ -184,10 +273,10 @@ impl LockdCluster {
 }
 
 /// The leader address if every node reports the same leader, else `None`.
-async fn agreed_leader(addrs: &[String]) -> Option<String> {
+async fn agreed_leader(addrs: &[String], tls: Option<&ClientTlsConfig>) -> Option<String> {
     let mut leader: Option<(u64, String)> = None;
     for addr in addrs {
-        let mut admin = AdminServiceClient::new(channel(addr).await.ok()?);
+        let mut admin = AdminServiceClient::new(channel_with(addr, tls).await.ok()?);
         let status = admin.status(StatusRequest {}).await.ok()?.into_inner();
         let id = status.leader_id?;
         if status.leader_addr.is_empty() {
@@ -224,7 +313,7 @@ impl LockSystem for LockdCluster {
     async fn worker(&self, index: usize) -> Result<LockdWorker> {
         let channel = match &self.shared {
             Some((shared, _)) => shared.clone(),
-            None => channel(&self.leader_addr).await?,
+            None => channel_with(&self.leader_addr, self.tls.as_ref()).await?,
         };
         let mut sessions = SessionServiceClient::new(channel.clone());
         let session_id = open_session(
@@ -258,12 +347,13 @@ impl LockSystem for LockdCluster {
         for task in 0..KEEPER_TASKS {
             let share = count / KEEPER_TASKS + usize::from(task < count % KEEPER_TASKS);
             let addr = self.leader_addr.clone();
+            let tls = self.tls.clone();
             let counters = counters.clone();
             let opened_tx = opened_tx.clone();
             let mut stop = stop_rx.clone();
             tasks.push(tokio::spawn(async move {
                 let opened = async {
-                    let channel = channel(&addr).await?;
+                    let channel = channel_with(&addr, tls.as_ref()).await?;
                     let mut sessions = SessionServiceClient::new(channel);
                     let mut ids = Vec::with_capacity(share);
                     for i in 0..share {

@@ -132,6 +132,11 @@ struct Args {
     /// Keep the data directories (and node logs) after the run.
     #[arg(long)]
     keep_data: bool,
+    /// Run the lockd nodes `--insecure` (plaintext). By default they serve TLS with a CA minted
+    /// for the run and every connection presents a client certificate; running both ways
+    /// measures what TLS costs (bench/PERFORMANCE.md).
+    #[arg(long)]
+    insecure: bool,
 }
 
 /// Durations and sizes after applying `--quick` and the per-workload flags.
@@ -406,6 +411,7 @@ async fn measure_all(
                     &data.join("lockd"),
                     args.lockd_calls,
                     args.connections,
+                    !args.insecure,
                 )
                 .await?;
                 let addr = cluster.leader_addr().to_owned();

@@ -113,6 +113,17 @@ pub struct NodeProcess {
 impl NodeProcess {
     /// Starts `program args` with stdout and stderr appended to `<log_dir>/<name>.log`.
     pub fn spawn(name: &str, program: &Path, args: &[String], log_dir: &Path) -> Result<Self> {
+        Self::spawn_with_env(name, program, args, &[], log_dir)
+    }
+
+    /// [`NodeProcess::spawn`] with `env` added to the inherited environment.
+    pub fn spawn_with_env(
+        name: &str,
+        program: &Path,
+        args: &[String],
+        env: &[(String, String)],
+        log_dir: &Path,
+    ) -> Result<Self> {
         std::fs::create_dir_all(log_dir)
             .with_context(|| format!("creating {}", log_dir.display()))?;
         let log_path = log_dir.join(format!("{name}.log"));
@@ -123,6 +134,7 @@ impl NodeProcess {
             .with_context(|| format!("duplicating {}", log_path.display()))?;
         let child = Command::new(program)
             .args(args)
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::from(log))
             .stderr(Stdio::from(log_err))

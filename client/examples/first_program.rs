@@ -1,19 +1,22 @@
 //! The first program of the crate's front page: connect, open a session, acquire a lock,
 //! check that it is still held, release it, close the session.
 //!
-//! Run it against the cluster `lockd dev` starts:
+//! Run it against the cluster `lockd dev` starts, with the `export` lines it prints (the CA
+//! and the client's certificate: `LOCKD_CA`, `LOCKD_CERT`, `LOCKD_KEY`):
 //!
 //! ```sh
-//! cargo run -p lockd -- dev &                         # 127.0.0.1:7101..7103
+//! cargo run -p lockd -- dev &                         # 127.0.0.1:7101..7103, TLS
+//! export LOCKD_CA=… LOCKD_CERT=… LOCKD_KEY=…          # as lockd dev prints them
 //! cargo run -p lock-client --example first_program    # or: -- host:port,host:port
 //! ```
 //!
 //! The endpoints come from the first argument, else `LOCKD_ENDPOINTS`, else the `lockd dev`
-//! cluster. `t40_client_sdk` runs [`first_program`] against a real three-node cluster.
+//! cluster; TLS and the token from the environment ([`ClientConfig::from_env`]).
+//! `t40_client_sdk` runs [`first_program`] against a real three-node cluster.
 
 use std::time::Duration;
 
-use lock_client::{LockClient, LockError};
+use lock_client::{ClientConfig, LockClient, LockError};
 
 /// The cluster `lockd dev` starts.
 const DEV_ENDPOINTS: &str = "127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103";
@@ -34,15 +37,19 @@ async fn main() -> Result<(), LockError> {
         .or_else(|| std::env::var("LOCKD_ENDPOINTS").ok())
         .unwrap_or_else(|| DEV_ENDPOINTS.to_owned());
     let endpoints: Vec<&str> = endpoints.split(',').collect();
-    first_program(&endpoints).await?;
+    first_program(&endpoints, ClientConfig::from_env()?).await?;
     Ok(())
 }
 
-/// The front page's program, given the endpoints. Answers the fencing token it held, or `None`
-/// if someone else held [`KEY`] for all of [`MAX_WAIT`].
-pub async fn first_program(endpoints: &[&str]) -> Result<Option<u64>, LockError> {
+/// The front page's program, given the endpoints and the config (`LockClient::connect` on the
+/// front page is `connect_with` of [`ClientConfig::from_env`]). Answers the fencing token it
+/// held, or `None` if someone else held [`KEY`] for all of [`MAX_WAIT`].
+pub async fn first_program(
+    endpoints: &[&str],
+    config: ClientConfig,
+) -> Result<Option<u64>, LockError> {
     // Any nodes of the cluster will do: the client finds the leader.
-    let client = LockClient::connect(endpoints).await?;
+    let client = LockClient::connect_with(endpoints, config).await?;
     // A session is one owner; it heartbeats in the background, and its locks die with it.
     let session = client.open_session("worker-7").await?;
     session

@@ -130,19 +130,25 @@ fn detached_request_id() -> u64 {
 }
 
 impl LockClient {
-    /// Connects with [`ClientConfig::default`]; see [`LockClient::connect_with`].
+    /// Connects with [`ClientConfig::from_env`]: the defaults, with TLS from `LOCKD_CA`,
+    /// `LOCKD_CERT`, `LOCKD_KEY` and a token from `LOCKD_TOKEN` when they are set (plaintext
+    /// otherwise); see [`LockClient::connect_with`].
     pub async fn connect<S: AsRef<str>>(endpoints: &[S]) -> Result<Self, LockError> {
-        Self::connect_with(endpoints, ClientConfig::default()).await
+        Self::connect_with(endpoints, ClientConfig::from_env()?).await
     }
 
-    /// Connects to a cluster given some of its nodes' addresses (`host:port` or
-    /// `http://host:port`; followers are fine, the leader is found). Must be called inside a
-    /// Tokio runtime, whose tasks the sessions will use.
+    /// Connects to a cluster given some of its nodes' addresses (`host:port`, `http://host:port`
+    /// or `https://host:port`; followers are fine, the leader is found). Whether the channels
+    /// speak TLS is [`ClientConfig::tls`]'s choice; an `https://` endpoint without it is
+    /// refused. Must be called inside a Tokio runtime, whose tasks the sessions will use.
     ///
-    /// Asks every endpoint for its status once, to find the leader. `Err(InvalidArgument)` for
-    /// an empty or malformed endpoint list or an invalid config; `Err(Contention)` naming each
-    /// endpoint's failure if none answered. A cluster that answers but has no leader yet is
-    /// not an error: calls wait for the election within their budget.
+    /// Reads the TLS files, then asks every endpoint for its status once, to find the leader.
+    /// `Err(InvalidArgument)` for an empty or malformed endpoint list, an invalid config, or a
+    /// TLS file that cannot be read (naming it); `Err(Contention)` naming each endpoint's
+    /// failure if none answered — with what to set when the failure looks like a TLS mismatch
+    /// (a plaintext client at a TLS node, a CA that did not sign the node). A cluster that
+    /// answers but has no leader yet is not an error: calls wait for the election within
+    /// their budget.
     pub async fn connect_with<S: AsRef<str>>(
         endpoints: &[S],
         config: ClientConfig,

@@ -1,13 +1,17 @@
 //! [`ClientConfig`]: every timing knob of the SDK, with its default and the reason for it.
 //!
-//! Owns the numbers only; it performs no IO and starts no task. [`ClientConfig::validate`] is
-//! called by [`crate::LockClient::connect_with`] before anything is dialled, and its errors name
-//! the field that is wrong.
+//! Owns the numbers and the credentials' names (the TLS files, the token); it performs no IO
+//! and starts no task ([`ClientConfig::from_env`] reads environment variables only).
+//! [`ClientConfig::validate`] is called by [`crate::LockClient::connect_with`] before anything
+//! is dialled, and its errors name the field that is wrong.
 
+use std::fmt;
 use std::time::Duration;
 
 use lock_api::LockError;
 use lock_api::limits::{TTL_MAX, TTL_MIN};
+
+use crate::tls::{ENV_TOKEN, TlsConfig};
 
 /// Default time one RPC attempt may take before the SDK gives up on that endpoint and retries
 /// elsewhere. Two seconds is several election timeouts (the node's default maximum is 800 ms),
@@ -94,9 +98,10 @@ impl Default for BackoffConfig {
     }
 }
 
-/// The SDK's configuration. `ClientConfig::default()` is what [`crate::LockClient::connect`]
-/// uses; every field's default is documented with its reason.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// The SDK's configuration. [`ClientConfig::from_env`] is what [`crate::LockClient::connect`]
+/// uses: the defaults, with TLS and the token from the environment. Every field's default is
+/// documented with its reason. `Debug` shows whether a token is set, never the token.
+#[derive(Clone, PartialEq, Eq)]
 pub struct ClientConfig {
     /// One RPC attempt's timeout (default [`ATTEMPT_TIMEOUT_DEFAULT`]). A blocking acquire's
     /// attempt gets `max_wait` on top of it, since the server holds that request on purpose.
@@ -120,6 +125,31 @@ pub struct ClientConfig {
     /// the answer reflects every acknowledged write. `false` lets any node answer from state
     /// that may lag. Either way the answer is advisory only (FR-07).
     pub inspect_leader_confirmed: bool,
+    /// TLS towards the nodes (default `None`: plaintext, for nodes run with `--insecure`).
+    /// A node that serves TLS refuses a plaintext client; see [`TlsConfig`].
+    pub tls: Option<TlsConfig>,
+    /// A bearer token sent as `authorization: Bearer <token>` on every call (default `None`),
+    /// for a client that authenticates without a certificate. Only over TLS: a token on a
+    /// plaintext connection could be read off the wire, so [`ClientConfig::validate`]
+    /// refuses a token without [`ClientConfig::tls`].
+    pub token: Option<String>,
+}
+
+impl fmt::Debug for ClientConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClientConfig")
+            .field("attempt_timeout", &self.attempt_timeout)
+            .field("call_timeout", &self.call_timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("backoff", &self.backoff)
+            .field("jitter_seed", &self.jitter_seed)
+            .field("session_ttl", &self.session_ttl)
+            .field("safety_margin", &self.safety_margin)
+            .field("inspect_leader_confirmed", &self.inspect_leader_confirmed)
+            .field("tls", &self.tls)
+            .field("token", &self.token.as_ref().map(|_| "<set>"))
+            .finish()
+    }
 }
 
 impl Default for ClientConfig {
@@ -133,16 +163,30 @@ impl Default for ClientConfig {
             session_ttl: SESSION_TTL_DEFAULT,
             safety_margin: SafetyMargin::Default,
             inspect_leader_confirmed: true,
+            tls: None,
+            token: None,
         }
     }
 }
 
 impl ClientConfig {
+    /// The defaults, with [`ClientConfig::tls`] from `LOCKD_CA`, `LOCKD_CERT`, `LOCKD_KEY`
+    /// ([`TlsConfig::from_env`]) and [`ClientConfig::token`] from `LOCKD_TOKEN` (blank counts
+    /// as unset). Errors name the variables that do not fit together.
+    pub fn from_env() -> Result<Self, LockError> {
+        Ok(Self {
+            tls: TlsConfig::from_env()?,
+            token: std::env::var(ENV_TOKEN).ok().filter(|t| !t.is_empty()),
+            ..Self::default()
+        })
+    }
+
     /// Checks the relations the SDK relies on; the error names the field.
     ///
     /// Every timeout must be positive; the backoff must grow (`multiplier >= 1`, `initial <=
     /// max`); `session_ttl` must lie within the server's TTL limits; a fixed safety margin must
-    /// be shorter than `session_ttl`, or every session would be born expired.
+    /// be shorter than `session_ttl`, or every session would be born expired; `tls.cert` and
+    /// `tls.key` come together; a `token` must not be blank and needs `tls`.
     pub fn validate(&self) -> Result<(), LockError> {
         let positive = [
             ("attempt_timeout", self.attempt_timeout),
@@ -191,6 +235,20 @@ impl ClientConfig {
                 self.safety_margin.for_ttl(self.session_ttl).as_millis(),
                 self.session_ttl.as_millis()
             )));
+        }
+        if let Some(tls) = &self.tls {
+            tls.validate()?;
+        }
+        if let Some(token) = &self.token {
+            if token.trim().is_empty() {
+                return Err(LockError::invalid("client config: token must not be blank"));
+            }
+            if self.tls.is_none() {
+                return Err(LockError::invalid(
+                    "client config: token is set but tls is not: a bearer token is only sent \
+                     over TLS (set tls, e.g. LOCKD_CA, to the cluster's CA file)",
+                ));
+            }
         }
         Ok(())
     }
@@ -257,6 +315,31 @@ mod tests {
                 },
                 "safety_margin",
             ),
+            (
+                ClientConfig {
+                    token: Some("t0ken".to_owned()),
+                    ..ClientConfig::default()
+                },
+                "token is set but tls is not",
+            ),
+            (
+                ClientConfig {
+                    token: Some("  ".to_owned()),
+                    tls: Some(TlsConfig::new("ca.pem")),
+                    ..ClientConfig::default()
+                },
+                "token must not be blank",
+            ),
+            (
+                ClientConfig {
+                    tls: Some(TlsConfig {
+                        cert: Some("c.pem".into()),
+                        ..TlsConfig::new("ca.pem")
+                    }),
+                    ..ClientConfig::default()
+                },
+                "tls.key",
+            ),
         ];
         for (config, field) in cases {
             match config.validate() {
@@ -266,5 +349,20 @@ mod tests {
                 other => panic!("{field}: expected InvalidArgument, got {other:?}"),
             }
         }
+    }
+
+    #[test]
+    fn a_token_over_tls_is_valid_and_debug_never_shows_it() {
+        let config = ClientConfig {
+            token: Some("s3cret-token".to_owned()),
+            tls: Some(TlsConfig::new("ca.pem")),
+            ..ClientConfig::default()
+        };
+        assert_eq!(config.validate(), Ok(()));
+        let shown = format!("{config:?}");
+        assert!(
+            !shown.contains("s3cret-token") && shown.contains("<set>"),
+            "{shown}"
+        );
     }
 }

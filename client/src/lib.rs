@@ -18,7 +18,10 @@
 //! tokio = { version = "1", features = ["macros", "rt-multi-thread"] }
 //! ```
 //!
-//! `src/main.rs`, against the cluster `cargo run -p lockd -- dev` starts (127.0.0.1:7101–7103):
+//! `src/main.rs`, against the cluster `cargo run -p lockd -- dev` starts (127.0.0.1:7101–7103),
+//! with the `export LOCKD_CA=… LOCKD_CERT=… LOCKD_KEY=…` lines it prints set (the cluster serves
+//! TLS and requires a client certificate; [`LockClient::connect`] reads those variables, and
+//! [`LockClient::connect_with`] takes a [`ClientConfig`] whose `tls` is a [`TlsConfig`]):
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -87,6 +90,10 @@
 //! - [`backoff`]: bounded, jittered exponential backoff (FR-28).
 //! - [`deadline`]: the client-deadline rule (FR-11).
 //! - [`config`]: [`ClientConfig`] and its defaults, with reasons.
+//! - [`tls`]: [`TlsConfig`] — the CA and client certificate, from the caller or `LOCKD_CA`,
+//!   `LOCKD_CERT`, `LOCKD_KEY`.
+//! - `transport` (private): one node's channel, plaintext or TLS, with the bearer token on
+//!   every request.
 //! - `src/bin/lockctl/`: the command-line tool.
 //! - Re-exported from `lock-api`: [`LockHandle`], [`LockInfo`], [`LockOutcome`],
 //!   [`RevocationRecord`],
@@ -106,11 +113,14 @@ mod heartbeat;
 pub mod pipeline;
 mod router;
 pub mod session;
+pub mod tls;
+mod transport;
 
 pub use client::{ClusterMember, LockClient, NodeReport, NodeStatus, NodeView, RevocationPage};
 pub use config::{BackoffConfig, ClientConfig, SafetyMargin};
 pub use guard::LockGuard;
 pub use session::LockClientSession;
+pub use tls::TlsConfig;
 
 // What a caller needs from the contract crate, so that `lock-client` is the one dependency
 // of a program. Inlined, so that these pages document them without `lock-api`'s.

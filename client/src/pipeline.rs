@@ -36,12 +36,15 @@ use tokio::sync::{mpsc, oneshot};
 use tonic::transport::Channel;
 use tonic::{Code, Response, Status};
 
+use crate::transport::Transport;
+
 /// The unary client a call falls back to.
-type Unary = LockServiceClient<Channel>;
+type Unary = LockServiceClient<Transport>;
 
 /// The pipeline of calls to one node. Cheap to share (`Arc`); every method takes `&self`.
 pub struct Pipeline {
-    channel: Channel,
+    /// The node's channel, with the client's credentials on every request (the stream's too).
+    channel: Transport,
     shared: Arc<Shared>,
     next_call_id: AtomicU64,
 }
@@ -140,8 +143,14 @@ enum Outcome {
 }
 
 impl Pipeline {
-    /// A pipeline to the node behind `channel`. Opens nothing until the first call.
+    /// A pipeline to the node behind `channel`, which carries its own TLS config if any; no
+    /// bearer token is added. Opens nothing until the first call.
     pub fn new(channel: Channel) -> Self {
+        Self::over(crate::transport::plain(channel))
+    }
+
+    /// A pipeline over one of the client's transports (its token on every request).
+    pub(crate) fn over(channel: Transport) -> Self {
         Self {
             channel,
             shared: Arc::new(Shared {
@@ -379,7 +388,7 @@ fn unexpected(call: &str, answer: Answer) -> Status {
 /// stream ends; then fails the calls still waiting and marks the pipeline closed (or unary, if
 /// the node does not serve `Pipeline`), unless a newer stream has replaced this one.
 async fn read_answers(
-    channel: Channel,
+    channel: Transport,
     outgoing: mpsc::Receiver<v1::PipelineRequest>,
     table: Arc<Table>,
     shared: Weak<Shared>,

@@ -16,8 +16,9 @@
 //!   them cannot help.
 //!
 //! It decodes failures only through [`lock_proto::error::lock_error_from_status`], adding the
-//! root cause of a transport failure ("Connection refused") to the message. It knows
-//! nothing of sessions or handles.
+//! root cause of a transport failure ("Connection refused") to the message, and, when that
+//! cause looks like the two ends disagreeing about TLS, what to set. It knows nothing of
+//! sessions or handles.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -28,11 +29,12 @@ use lock_api::LockError;
 use lock_proto::error::lock_error_from_status;
 use lock_proto::v1;
 use tonic::Status;
-use tonic::transport::{Channel, Endpoint};
 
 use crate::backoff::Backoff;
 use crate::config::ClientConfig;
 use crate::pipeline::Pipeline;
+use crate::tls::{ENV_CA, ENV_CERT, ENV_KEY};
+use crate::transport::{Dialer, Transport};
 
 /// How many `NotLeader` hints one call follows immediately before it starts backing off.
 /// Three covers a hint that is one election stale; more would let two nodes that each name the
@@ -48,16 +50,16 @@ const ENDPOINTS_MAX: usize = 64;
 struct Target {
     /// `host:port`, as the caller or a hint spelled it (without scheme).
     addr: String,
-    channel: Channel,
+    channel: Transport,
     /// The lock calls to this node, on one stream (see [`Pipeline`]).
     pipeline: Arc<Pipeline>,
 }
 
 impl Target {
-    fn new(addr: String, config: &ClientConfig) -> Result<Self, LockError> {
-        let channel = channel_for(&addr, config)?;
+    fn new(addr: String, dialer: &Dialer) -> Result<Self, LockError> {
+        let channel = dialer.dial(&addr)?;
         Ok(Self {
-            pipeline: Arc::new(Pipeline::new(channel.clone())),
+            pipeline: Arc::new(Pipeline::over(channel.clone())),
             channel,
             addr,
         })
@@ -86,25 +88,36 @@ pub(crate) struct Budget {
 #[derive(Debug)]
 pub(crate) struct Router {
     config: ClientConfig,
+    /// Builds each endpoint's channel (TLS and token included).
+    dialer: Dialer,
     state: Mutex<RouterState>,
     /// Distinguishes the jitter seeds of calls when `config.jitter_seed` is set.
     calls: AtomicU64,
 }
 
-/// `host:port` from what a user typed: trims, drops an `http://` scheme and a trailing `/`.
+/// `host:port` from what a user typed: trims, drops an `http://` or `https://` scheme and a
+/// trailing `/`. Whether the channel speaks TLS is the config's choice, not the scheme's
+/// (`tls`), so `https://` without TLS configured is refused, naming what to set.
 /// Rejects anything that is not a valid authority, naming it.
-pub(crate) fn normalize_endpoint(raw: &str) -> Result<String, LockError> {
+pub(crate) fn normalize_endpoint(raw: &str, tls: bool) -> Result<String, LockError> {
     let trimmed = raw.trim();
-    let addr = trimmed
-        .strip_prefix("http://")
-        .unwrap_or(trimmed)
-        .trim_end_matches('/');
+    let addr = match trimmed.strip_prefix("https://") {
+        Some(_) if !tls => {
+            return Err(LockError::invalid(format!(
+                "endpoint {raw:?} asks for TLS but no CA is configured: set {ENV_CA} (lockctl: \
+                 --ca) to the CA file that signs the cluster's certificates"
+            )));
+        }
+        Some(rest) => rest,
+        None => trimmed.strip_prefix("http://").unwrap_or(trimmed),
+    }
+    .trim_end_matches('/');
     if addr.is_empty() {
         return Err(LockError::invalid("endpoint must not be blank"));
     }
     if addr.contains("://") {
         return Err(LockError::invalid(format!(
-            "endpoint {raw:?}: only plain http:// endpoints are supported"
+            "endpoint {raw:?}: only http:// and https:// endpoints are supported"
         )));
     }
     let uri = format!("http://{addr}");
@@ -123,9 +136,10 @@ impl Router {
         endpoints: &[S],
         config: ClientConfig,
     ) -> Result<Self, LockError> {
+        let dialer = Dialer::new(&config)?;
         let mut targets: Vec<Target> = Vec::new();
         for raw in endpoints {
-            let addr = normalize_endpoint(raw.as_ref())?;
+            let addr = normalize_endpoint(raw.as_ref(), dialer.is_tls())?;
             if targets.iter().any(|t| t.addr == addr) {
                 continue;
             }
@@ -134,7 +148,7 @@ impl Router {
                     "more than {ENDPOINTS_MAX} endpoints"
                 )));
             }
-            targets.push(Target::new(addr, &config)?);
+            targets.push(Target::new(addr, &dialer)?);
         }
         if targets.is_empty() {
             return Err(LockError::invalid(
@@ -143,6 +157,7 @@ impl Router {
         }
         Ok(Self {
             config,
+            dialer,
             state: Mutex::new(RouterState {
                 targets,
                 current: 0,
@@ -198,7 +213,7 @@ impl Router {
     /// Points the router at `addr` (a hint), adding it to the list if it is new. Returns whether
     /// the router now points somewhere other than `from`.
     pub(crate) fn point_to(&self, raw_addr: &str, from: usize) -> bool {
-        let Ok(addr) = normalize_endpoint(raw_addr) else {
+        let Ok(addr) = normalize_endpoint(raw_addr, self.dialer.is_tls()) else {
             tracing::warn!(hint = raw_addr, "ignoring a malformed leader hint");
             return false;
         };
@@ -211,7 +226,7 @@ impl Router {
             tracing::warn!(hint = %addr, "endpoint list full; ignoring a new leader hint");
             return false;
         }
-        match Target::new(addr.clone(), &self.config) {
+        match Target::new(addr.clone(), &self.dialer) {
             Ok(target) => {
                 state.targets.push(target);
                 state.current = state.targets.len() - 1;
@@ -244,7 +259,7 @@ impl Router {
     ) -> Result<Resp, LockError>
     where
         Req: Clone,
-        F: Fn(Channel, tonic::Request<Req>) -> Fut,
+        F: Fn(Transport, tonic::Request<Req>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<Resp>, Status>>,
     {
         self.call(what, budget, |channel, timeout| {
@@ -290,7 +305,7 @@ impl Router {
         mut attempt: F,
     ) -> Result<T, LockError>
     where
-        F: FnMut(Channel, Duration) -> Fut,
+        F: FnMut(Transport, Duration) -> Fut,
         Fut: Future<Output = Result<T, Status>>,
     {
         self.call_target(what, budget, |target, timeout| {
@@ -338,7 +353,7 @@ impl Router {
                 tokio::time::timeout(attempt_timeout, attempt(&target, attempt_timeout)).await;
             let err = match result {
                 Ok(Ok(value)) => return Ok(value),
-                Ok(Err(status)) => error_from_status(&status),
+                Ok(Err(status)) => with_tls_hint(error_from_status(&status), self.dialer.is_tls()),
                 Err(_elapsed) => LockError::contention(format!(
                     "no answer within {} ms",
                     attempt_timeout.as_millis()
@@ -449,10 +464,14 @@ impl Router {
         if reachable {
             Ok(())
         } else {
-            Err(LockError::contention(format!(
-                "no lockd endpoint answered ({})",
-                failures.join("; ")
-            )))
+            // The TLS advice once, after every endpoint's failure, not once per endpoint.
+            Err(with_tls_hint(
+                LockError::contention(format!(
+                    "no lockd endpoint answered ({})",
+                    failures.join("; ")
+                )),
+                self.dialer.is_tls(),
+            ))
         }
     }
 }
@@ -461,9 +480,11 @@ impl Router {
 /// three or four deep (status, transport, connector, I/O), so this only stops a cyclic one.
 const SOURCE_DEPTH_MAX: usize = 16;
 
-/// [`lock_error_from_status`], with the cause of a transport failure appended. tonic's own
-/// message says only "tcp connect error"; what a user can act on — "Connection refused", an
-/// unknown host — is in the status's sources.
+/// [`lock_error_from_status`], with the cause of a transport failure appended, and a hint when
+/// the cause looks like a TLS mismatch (`tls`: whether this client speaks TLS). tonic's own
+/// message says only "tcp connect error" or "transport error"; what a user can act on —
+/// "Connection refused", an unknown host, a certificate the client does not trust — is in the
+/// status's sources.
 fn error_from_status(status: &Status) -> LockError {
     match lock_error_from_status(status) {
         LockError::Contention { message } => match root_cause(status) {
@@ -473,6 +494,79 @@ fn error_from_status(status: &Status) -> LockError {
             _ => LockError::Contention { message },
         },
         other => other,
+    }
+}
+
+/// `err` with [`tls_hint`]'s advice appended once, if its message looks like a TLS mismatch.
+fn with_tls_hint(err: LockError, tls: bool) -> LockError {
+    match err {
+        LockError::Contention { message } => match tls_hint(&message, tls) {
+            Some(hint) => LockError::contention(format!("{message}; {hint}")),
+            None => LockError::Contention { message },
+        },
+        other => other,
+    }
+}
+
+/// Words in a transport failure that mean the TLS handshake itself failed (rustls' errors:
+/// "invalid peer certificate: UnknownIssuer", "received corrupt message of type
+/// InvalidContentType", "tls handshake eof", "received fatal alert: …").
+const TLS_FAILURE_WORDS: &[&str] = &[
+    "certificate",
+    "tls",
+    "handshake",
+    "corrupt message",
+    "alert",
+];
+
+/// Words in a transport failure that mean a plaintext connection was accepted and then closed
+/// or answered with bytes that are not HTTP/2 — what a TLS node does to a plaintext client.
+/// "Connection refused" and timeouts are not among them: those say the node is down, not that
+/// it speaks TLS.
+const PLAINTEXT_REFUSED_WORDS: &[&str] = &[
+    "connection reset",
+    "connection closed",
+    "broken pipe",
+    "unexpected end of file",
+    "unexpected eof",
+    "early eof",
+    "h2 protocol error",
+    "frame with invalid size",
+    "invalid http version",
+];
+
+/// What to set when `message` (a transport failure) looks like the two ends disagreeing
+/// about TLS; `None` otherwise.
+fn tls_hint(message: &str, tls: bool) -> Option<String> {
+    let lower = message.to_ascii_lowercase();
+    if tls && lower.contains("certificaterequired") {
+        return Some(format!(
+            "the node requires a client certificate: set {ENV_CERT} and {ENV_KEY} (lockctl: \
+             --tls-cert, --tls-key) to one signed by the cluster's CA"
+        ));
+    }
+    if tls {
+        TLS_FAILURE_WORDS
+            .iter()
+            .any(|word| lower.contains(word))
+            .then(|| {
+                format!(
+                    "the TLS handshake failed: check that {ENV_CA} is the CA that signed the \
+                     node's certificate, that the node serves TLS (not --insecure), and that \
+                     the client certificate ({ENV_CERT}/{ENV_KEY}) is one the node accepts"
+                )
+            })
+    } else {
+        PLAINTEXT_REFUSED_WORDS
+            .iter()
+            .any(|word| lower.contains(word))
+            .then(|| {
+                format!(
+                    "the node closed a plaintext connection: if it serves TLS, set {ENV_CA} \
+                     (lockctl: --tls-ca) to the cluster's CA file, and {ENV_CERT}/{ENV_KEY} to \
+                     a client certificate"
+                )
+            })
     }
 }
 
@@ -488,15 +582,6 @@ fn root_cause(status: &Status) -> Option<String> {
     Some(cause.to_string())
 }
 
-/// A lazily connected channel to `addr` (`host:port`).
-fn channel_for(addr: &str, config: &ClientConfig) -> Result<Channel, LockError> {
-    let endpoint = Endpoint::from_shared(format!("http://{addr}"))
-        .map_err(|err| LockError::invalid(format!("endpoint {addr:?}: {err}")))?
-        .connect_timeout(config.connect_timeout)
-        .tcp_nodelay(true);
-    Ok(endpoint.connect_lazy())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -504,22 +589,82 @@ mod tests {
     #[test]
     fn endpoints_are_normalized_and_bad_ones_named() {
         assert_eq!(
-            normalize_endpoint(" 127.0.0.1:7101 ").as_deref(),
+            normalize_endpoint(" 127.0.0.1:7101 ", false).as_deref(),
             Ok("127.0.0.1:7101")
         );
         assert_eq!(
-            normalize_endpoint("http://localhost:7101/").as_deref(),
+            normalize_endpoint("http://localhost:7101/", false).as_deref(),
             Ok("localhost:7101")
         );
-        for bad in ["", "localhost", "https://x:1", "a b:1", "host:1/path"] {
+        assert_eq!(
+            normalize_endpoint("https://localhost:7101", true).as_deref(),
+            Ok("localhost:7101")
+        );
+        match normalize_endpoint("https://x:1", false) {
+            Err(LockError::InvalidArgument { message }) => {
+                assert!(message.contains("LOCKD_CA"), "{message}")
+            }
+            other => panic!("expected InvalidArgument, got {other:?}"),
+        }
+        for bad in [
+            "",
+            "localhost",
+            "https://x:1",
+            "a b:1",
+            "host:1/path",
+            "ftp://x:1",
+        ] {
             assert!(
                 matches!(
-                    normalize_endpoint(bad),
+                    normalize_endpoint(bad, false),
                     Err(LockError::InvalidArgument { .. })
                 ),
                 "{bad:?}"
             );
         }
+    }
+
+    #[test]
+    fn tls_mismatches_get_a_hint_and_a_node_that_is_down_does_not() {
+        let plaintext_refused = tls_hint("transport error: connection reset by peer", false);
+        assert!(
+            plaintext_refused
+                .as_deref()
+                .is_some_and(|h| h.contains("TLS") && h.contains("LOCKD_CA")),
+            "{plaintext_refused:?}"
+        );
+        let untrusted = tls_hint("invalid peer certificate: UnknownIssuer", true);
+        assert!(
+            untrusted
+                .as_deref()
+                .is_some_and(|h| h.contains("TLS") && h.contains("LOCKD_CA")),
+            "{untrusted:?}"
+        );
+        assert_eq!(
+            tls_hint(
+                "tcp connect error: Connection refused (os error 111)",
+                false
+            ),
+            None
+        );
+        assert_eq!(
+            tls_hint("tcp connect error: Connection refused (os error 111)", true),
+            None
+        );
+    }
+
+    #[test]
+    fn a_missing_client_certificate_is_named() {
+        let no_cert = tls_hint(
+            "transport error: received fatal alert: CertificateRequired",
+            true,
+        );
+        assert!(
+            no_cert
+                .as_deref()
+                .is_some_and(|h| h.contains("LOCKD_CERT") && h.contains("LOCKD_KEY")),
+            "{no_cert:?}"
+        );
     }
 
     #[tokio::test]

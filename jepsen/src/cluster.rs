@@ -23,6 +23,7 @@ use tokio::process::Command;
 use tokio::sync::oneshot;
 
 use crate::net;
+use crate::pki::{ADMIN_IDENTITY, Pki};
 
 /// The line a node prints on stdout once it serves (docs/NODE_CLI.md).
 pub const READY_LINE_PREFIX: &str = "lockd ready";
@@ -109,6 +110,9 @@ pub struct ClusterConfig {
     pub spare_ids: Vec<u64>,
     /// Extra `lockd run` arguments for every node (e.g. a shorter snapshot interval).
     pub extra_args: Vec<String>,
+    /// Serve TLS with a PKI minted for the run (`work_dir/pki`), as `lockd run` requires by
+    /// default; `false` runs the nodes `--insecure` (plaintext).
+    pub tls: bool,
 }
 
 /// How a (re)start that may fail went ([`Cluster::restart_or_refuse`]).
@@ -168,6 +172,8 @@ pub struct Cluster {
     crashes: Arc<Mutex<Vec<Crash>>>,
     probe: StatusProbe,
     processes: Processes,
+    /// The run's CA and certificates, with [`ClusterConfig::tls`].
+    pki: Option<Arc<Pki>>,
 }
 
 /// Which process each node runs now, and where it logs; cheap to clone and readable without
@@ -334,6 +340,17 @@ impl Cluster {
         let all_ids: Vec<u64> = (1..=config.nodes)
             .chain(config.spare_ids.iter().copied())
             .collect();
+        let pki = if config.tls {
+            let node_uid: Option<fn(u64) -> u32> = config.in_netns.then_some(net::node_uid);
+            Some(Arc::new(Pki::mint(
+                &config.work_dir.join("pki"),
+                &all_ids,
+                node_uid,
+            )?))
+        } else {
+            None
+        };
+        let probe_tls = pki.as_ref().map(|p| p.tonic(ADMIN_IDENTITY)).transpose()?;
         for &id in &all_ids {
             let addr = node_addr(config.in_netns, id)?;
             let data_dir = config.work_dir.join(format!("n{id}"));
@@ -350,10 +367,17 @@ impl Cluster {
             if id <= config.nodes {
                 peers.push(format!("{id}={addr}"));
             }
-            let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-                .context("building a status endpoint")?
-                .connect_timeout(STATUS_TIMEOUT)
-                .connect_lazy();
+            let scheme = if probe_tls.is_some() { "https" } else { "http" };
+            let mut endpoint =
+                tonic::transport::Endpoint::from_shared(format!("{scheme}://{addr}"))
+                    .context("building a status endpoint")?
+                    .connect_timeout(STATUS_TIMEOUT);
+            if let Some(tls) = &probe_tls {
+                endpoint = endpoint
+                    .tls_config(tls.clone())
+                    .context("the status probe's TLS config")?;
+            }
+            let channel = endpoint.connect_lazy();
             channels.push((id, channel));
             nodes.insert(
                 id,
@@ -380,6 +404,7 @@ impl Cluster {
             crashes: Arc::new(Mutex::new(Vec::new())),
             probe: StatusProbe { channels },
             processes,
+            pki,
         };
         let ids: Vec<u64> = (1..=cluster.config.nodes).collect();
         let mut ready = Vec::new();
@@ -409,6 +434,12 @@ impl Cluster {
             .filter(|(id, _)| **id <= self.config.nodes)
             .map(|(_, n)| n.addr.clone())
             .collect()
+    }
+
+    /// The SDK's TLS config presenting `name`'s certificate (`client` or `admin`, see
+    /// [`crate::pki`]); `None` when the nodes run `--insecure`.
+    pub fn client_tls(&self, name: &str) -> Option<lock_client::TlsConfig> {
+        self.pki.as_ref().map(|pki| pki.sdk(name))
     }
 
     /// Ids of the nodes the cluster started with.
@@ -468,6 +499,10 @@ impl Cluster {
         let peers = self.peers.clone();
         let raft_dial = self.config.raft_dial.get(&id).cloned();
         let extra_args = self.config.extra_args.clone();
+        let (tls_args, roles_env) = match &self.pki {
+            Some(pki) => (pki.node_args(id), Some(pki.roles_env())),
+            None => (vec!["--insecure".into()], None),
+        };
         let initial = id <= self.config.nodes;
         let started = self.started;
         let crashes = Arc::clone(&self.crashes);
@@ -507,6 +542,7 @@ impl Cluster {
                 "--election-timeout-max-ms",
                 &ELECTION_TIMEOUT_MAX_MS.to_string(),
             ])
+            .args(&tls_args)
             .args(&extra_args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -519,6 +555,9 @@ impl Cluster {
         }
         if let Some(dial) = &raft_dial {
             command.args(["--raft-dial", dial]);
+        }
+        if let Some((name, value)) = &roles_env {
+            command.env(name, value);
         }
         if let Some(lib) = &libfaketime {
             command

@@ -11,6 +11,7 @@
 //!   or the proxies; the [`net::Firewall`] the nemeses cut links through.
 //! - [`proxy`] — the per-link TCP proxies that cut links without root.
 //! - [`lockd_bin`] — the `lockd` binary: found, and copied where the nodes' uids can run it.
+//! - [`pki`] — the run's throwaway CA and certificates: the nodes serve TLS by default.
 //! - [`cluster`] — the `lockd` processes: start, kill, restart, pause, clock offsets.
 //! - [`admin`] — membership changes through lockd's `AdminService`, at the leader.
 //! - [`resources`] — each node's CPU, RSS and log bytes, sampled from `/proc` during the run.
@@ -31,6 +32,7 @@ pub mod history;
 pub mod lockd_bin;
 pub mod nemesis;
 pub mod net;
+pub mod pki;
 pub mod proxy;
 pub mod report;
 pub mod resources;

@@ -97,6 +97,10 @@ enum Command {
         /// installed, proxy otherwise).
         #[arg(long, value_enum, default_value = "auto")]
         net: NetArg,
+        /// Run the nodes `--insecure` (plaintext). By default they serve TLS with a CA and
+        /// certificates minted for the run, and every client presents a certificate.
+        #[arg(long)]
+        insecure: bool,
     },
     /// Re-checks an existing history and writes results.json and index.html.
     Check {
@@ -164,6 +168,7 @@ async fn run(cli: Cli) -> anyhow::Result<Exit> {
             recovery_bound,
             net: net_arg,
             outage_hold,
+            insecure,
         } => {
             let (nemeses, nemesis_note) =
                 nemesis::resolve(nemesis.as_deref(), find_libfaketime().is_some())
@@ -223,6 +228,7 @@ async fn run(cli: Cli) -> anyhow::Result<Exit> {
                 net_why: choice.why,
                 nemesis_note,
                 outage_hold: outage_hold.unwrap_or(OUTAGE_HOLD_DEFAULT),
+                insecure,
             };
             eprintln!("lock-jepsen: {}", serde_json::to_string(&config)?);
             let outcome = runner::run(config).await?;

@@ -77,6 +77,8 @@ pub struct RunConfig {
     pub nemesis_note: Option<String>,
     /// How long an outage keeps its node out.
     pub outage_hold: Duration,
+    /// Run the nodes `--insecure` (plaintext) instead of with the run's PKI.
+    pub insecure: bool,
 }
 
 /// The highest node id a run prepares as a spare (for the membership and corrupt nemeses):
@@ -264,6 +266,7 @@ async fn start(
         libfaketime: libfaketime.clone(),
         spare_ids: spare_ids.clone(),
         extra_args: extra_args.clone(),
+        tls: !config.insecure,
     })
     .await
     .context("starting the cluster")?;
@@ -309,6 +312,14 @@ fn print_header(
         config.net.describe(),
         config.net_why
     );
+    if config.insecure {
+        println!("tls:     off (--insecure: plaintext, nobody authenticated)");
+    } else {
+        println!(
+            "tls:     on — a CA minted for the run; nodes require client certificates (workload \
+             `client`, nemeses `admin`)"
+        );
+    }
     match libfaketime {
         Some(lib) => println!("clock:   faked per node through {}", lib.display()),
         None => println!("clock:   not faked (no clock nemesis)"),
@@ -348,7 +359,7 @@ async fn run_phases(
     cluster: &Arc<Mutex<Cluster>>,
     firewall: &Arc<Firewall>,
 ) -> anyhow::Result<(Arc<Recorder>, Vec<Sample>)> {
-    let (endpoints, probe, nodes, processes, spares) = {
+    let (endpoints, probe, nodes, processes, spares, workload_tls, admin_tls) = {
         let c = cluster.lock().await;
         (
             c.endpoints(),
@@ -356,6 +367,8 @@ async fn run_phases(
             c.ids(),
             c.processes(),
             c.config().spare_ids.clone(),
+            c.client_tls(crate::pki::WORKLOAD_IDENTITY),
+            c.client_tls(crate::pki::ADMIN_IDENTITY),
         )
     };
     let recorder = Arc::new(Recorder::create(
@@ -382,6 +395,7 @@ async fn run_phases(
         max_wait: config.max_wait,
         long_hold_fraction: 0.15,
         seed: config.seed,
+        tls: workload_tls,
     };
     let mut clients = Vec::new();
     for process in 0..config.clients {
@@ -396,6 +410,8 @@ async fn run_phases(
         &endpoints,
         ClientConfig {
             jitter_seed: Some(config.seed),
+            // The nemeses force-revoke and change the membership: admin.
+            tls: admin_tls,
             ..ClientConfig::default()
         },
     )

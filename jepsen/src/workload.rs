@@ -60,6 +60,9 @@ pub struct WorkloadConfig {
     pub long_hold_fraction: f64,
     /// Seed; client `n` uses `seed + n`.
     pub seed: u64,
+    /// TLS to the nodes, as the `client` principal (`None`: the nodes run `--insecure`).
+    #[serde(skip)]
+    pub tls: Option<lock_client::TlsConfig>,
 }
 
 /// The protected resource: one fence per key, C2's rule (`lock_api::Fence`).
@@ -176,6 +179,7 @@ pub async fn client(
     let client_config = ClientConfig {
         session_ttl: SESSION_TTL,
         jitter_seed: Some(config.seed ^ (u64::from(process) << 32)),
+        tls: config.tls.clone(),
         ..ClientConfig::default()
     };
     let mut lock_client: Option<LockClient> = None;

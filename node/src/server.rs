@@ -17,6 +17,8 @@ use anyhow::Context;
 use lock_proto::v1::raft_service_server::RaftServiceServer;
 use lock_raft_store::Raft;
 use lock_raft_store::storage::{self, ApplyObserver};
+use lock_tls::client::ClientTls;
+use lock_tls::server::ServerTls;
 use openraft::BasicNode;
 use tokio::net::TcpListener;
 
@@ -63,16 +65,38 @@ pub async fn run_with_store(
     serve(config, listener, shutdown, Some(store_tx)).await
 }
 
+/// This node's TLS, from `config.tls`: the server side of its port and the client side it dials
+/// peers with, both following the files on disk. `None` with `--insecure`, after its warning.
+fn node_tls(config: &Config) -> anyhow::Result<Option<(Arc<ServerTls>, Arc<ClientTls>)>> {
+    let Some(tls) = &config.tls else {
+        tracing::warn!(
+            "--insecure: serving plaintext; nobody is authenticated and every call is allowed (docs/SECURITY.md)"
+        );
+        return Ok(None);
+    };
+    let server = ServerTls::load(tls.files.clone(), tls.client_certs())
+        .context("cannot set up TLS (fields `tls_ca`, `tls_cert`, `tls_key`)")?;
+    let client = ClientTls::reloading(tls.files.clone())
+        .context("cannot set up TLS to peers (fields `tls_ca`, `tls_cert`, `tls_key`)")?;
+    tracing::info!(
+        files = %tls.files.describe(),
+        require_client_cert = tls.require_client_cert,
+        "TLS on the node's port and to its peers; the files are re-read when they change"
+    );
+    Ok(Some((Arc::new(server), Arc::new(client))))
+}
+
 async fn serve(
     config: Config,
     listener: Option<TcpListener>,
     shutdown: impl Future<Output = ()> + Send + 'static,
     store_tx: Option<tokio::sync::oneshot::Sender<RaftBackend>>,
 ) -> anyhow::Result<()> {
+    let tls = node_tls(&config)?;
     if config.backend.is_stateless() {
         // The lock table lives in PostgreSQL or etcd: no identity, storage or Raft here.
         #[cfg(any(feature = "pg", feature = "etcd"))]
-        return serve_stateless(config, listener, shutdown).await;
+        return serve_stateless(config, listener, tls.map(|(server, _)| server), shutdown).await;
         #[cfg(not(any(feature = "pg", feature = "etcd")))]
         anyhow::bail!(
             "backend {:?} needs lockd built with cargo feature `pg` or `etcd` (field `backend`)",
@@ -125,7 +149,9 @@ async fn serve(
     let raft = Raft::new(
         config.node_id,
         raft_config,
-        NetworkFactory::new(config.node_id).with_dial_overrides(config.raft_dial.clone()),
+        NetworkFactory::new(config.node_id)
+            .with_dial_overrides(config.raft_dial.clone())
+            .with_tls(tls.as_ref().map(|(_, client)| client.clone())),
         log_store,
         state_machine,
     )
@@ -182,6 +208,7 @@ async fn serve(
             node_id: config.node_id,
             cluster_name: config.cluster_name.clone(),
             listener,
+            tls: tls.map(|(server, _)| server),
             stop: stop_tx,
             access: access(&config)?,
         },
@@ -201,13 +228,9 @@ async fn serve(
 }
 
 /// Who may call what on this node: the role map and the tokens file of `config`, enforced on
-/// a TLS node; everything open on an `--insecure` one.
-///
-/// Until the TLS work's `insecure` field and acceptor are merged every node serves plaintext,
-/// where no call carries a principal, so every node is open; the merge passes
-/// `config.insecure` here.
+/// a TLS node; everything open on an `--insecure` one (no TLS configuration).
 fn access(config: &Config) -> anyhow::Result<crate::auth::Access> {
-    let insecure = true;
+    let insecure = config.tls.is_none();
     crate::auth::Access::for_node(insecure, &config.roles, config.tokens_file.as_deref())
         .map_err(|reason| anyhow::anyhow!("config field `tokens_file`: {reason}"))
 }
@@ -222,6 +245,7 @@ pub const ETCD_PREFIX: &str = "lockd/";
 async fn serve_stateless(
     config: Config,
     listener: Option<TcpListener>,
+    tls: Option<Arc<ServerTls>>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     for field in config.ignored_settings() {
@@ -241,7 +265,7 @@ async fn serve_stateless(
             let store = crate::store::pg::PgLockStore::connect(&url)
                 .await
                 .context("cannot open the PostgreSQL backend")?;
-            serve_store(store, config, listener, shutdown).await
+            serve_store(store, config, listener, tls, shutdown).await
         }
         #[cfg(feature = "etcd")]
         crate::process::config::Backend::Etcd => {
@@ -249,7 +273,7 @@ async fn serve_stateless(
                 crate::store::etcd::EtcdLockStore::connect(&config.etcd_endpoints, ETCD_PREFIX)
                     .await
                     .context("cannot open the etcd backend")?;
-            serve_store(store, config, listener, shutdown).await
+            serve_store(store, config, listener, tls, shutdown).await
         }
         other => anyhow::bail!(
             "backend {other:?} is not served by a stateless node in this build (cargo features `pg`, `etcd`)"
@@ -262,6 +286,7 @@ async fn serve_store<S: lock_api::RequestStore + 'static>(
     store: S,
     config: Config,
     listener: Option<TcpListener>,
+    tls: Option<Arc<ServerTls>>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let listener = match listener {
@@ -282,6 +307,7 @@ async fn serve_store<S: lock_api::RequestStore + 'static>(
             node_id: config.node_id,
             cluster_name: config.cluster_name.clone(),
             listener,
+            tls,
             stop: stop_tx,
             access: access(&config)?,
         },

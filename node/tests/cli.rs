@@ -33,6 +33,7 @@ fn run_args<'a>(data_dir: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
         data_dir,
         "--peers",
         PEERS,
+        "--insecure",
     ];
     args.extend_from_slice(extra);
     args
@@ -52,6 +53,7 @@ fn a_missing_node_id_is_named() {
         "/tmp/x",
         "--peers",
         PEERS,
+        "--insecure",
     ]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(stderr(&out).contains("node_id"), "{}", stderr(&out));
@@ -100,6 +102,7 @@ fn peers_without_this_node_are_refused() {
         "/tmp/x",
         "--peers",
         PEERS,
+        "--insecure",
     ]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(stderr(&out).contains("peers"), "{}", stderr(&out));
@@ -119,10 +122,33 @@ fn env_variables_are_read() {
         ])
         .env_clear()
         .env("LOCKD_NODE_ID", "0")
+        .env("LOCKD_INSECURE", "true")
         .output()
         .expect("lockd runs");
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(stderr(&out).contains("node_id"), "{}", stderr(&out));
+}
+
+#[test]
+fn plaintext_is_refused_without_insecure_and_missing_tls_files_are_named() {
+    let mut args = run_args("/tmp/x", &[]);
+    args.retain(|a| *a != "--insecure");
+    let out = lockd(&args);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("tls_ca") && err.contains("--insecure"),
+        "{err}"
+    );
+
+    let mut args = run_args("/tmp/x", &["--tls-ca", "/nonexistent/ca.pem"]);
+    args.retain(|a| *a != "--insecure");
+    let err = stderr(&lockd(&args));
+    assert!(err.contains("tls_cert"), "{err}");
+
+    let out = lockd(&run_args("/tmp/x", &["--tls-ca", "/nonexistent/ca.pem"]));
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("insecure"), "{}", stderr(&out));
 }
 
 #[test]

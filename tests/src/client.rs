@@ -24,7 +24,9 @@ use lock_proto::v1::{
     HeartbeatRequest, InspectRequest, LockInfo, LockOutcome, LocksOfRequest, OpenSessionRequest,
     ReleaseRequest, RenewRequest, StatusRequest, StatusResponse, TryAcquireRequest,
 };
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
+
+use crate::dial::{Dial, strip_scheme};
 
 /// How long a single call may go unanswered before the helper gives up with
 /// [`LockError::Contention`] (an unknown outcome). A blocking acquire gets its `max_wait` on
@@ -95,16 +97,27 @@ pub struct NodeClient {
 }
 
 impl NodeClient {
-    /// A client of the node at `endpoint` (`http://host:port`).
+    /// A plaintext client of the node at `endpoint` (`http://host:port`), for nodes run with
+    /// `--insecure`; [`NodeClient::dial`] for TLS.
     ///
     /// # Panics
     /// If `endpoint` is not a valid URI (a harness bug: the harness builds them).
     pub fn new(endpoint: &str) -> Self {
-        let channel = Endpoint::from_shared(endpoint.to_owned())
-            .unwrap_or_else(|e| panic!("invalid endpoint {endpoint:?}: {e}"))
-            .connect_timeout(CONNECT_TIMEOUT)
-            .tcp_nodelay(true)
-            .connect_lazy();
+        Self::dial(endpoint, &Dial::Plain)
+    }
+
+    /// A client of the node at `addr` (`host:port`, or an endpoint URI whose scheme `dial`
+    /// replaces), connecting as `dial` says.
+    ///
+    /// # Panics
+    /// As [`NodeClient::new`].
+    pub fn dial(addr: &str, dial: &Dial) -> Self {
+        let addr = strip_scheme(addr);
+        Self::over(&dial.endpoint(addr), dial.channel(addr))
+    }
+
+    /// A client over an existing `channel` to the node at `endpoint` (used in messages only).
+    pub fn over(endpoint: &str, channel: Channel) -> Self {
         Self {
             endpoint: endpoint.to_owned(),
             lock: LockServiceClient::new(channel.clone()),
@@ -478,16 +491,25 @@ pub struct ClusterClient {
 }
 
 impl ClusterClient {
-    /// A client over the nodes `(id, "host:port")`.
+    /// A plaintext client over the nodes `(id, "host:port")`, for nodes run with `--insecure`;
+    /// [`ClusterClient::with_dial`] for TLS.
     ///
     /// # Panics
     /// If `nodes` is empty.
     pub fn new(nodes: impl IntoIterator<Item = (u64, String)>) -> Self {
+        Self::with_dial(nodes, &Dial::Plain)
+    }
+
+    /// A client over the nodes `(id, "host:port")`, connecting to each as `dial` says.
+    ///
+    /// # Panics
+    /// If `nodes` is empty.
+    pub fn with_dial(nodes: impl IntoIterator<Item = (u64, String)>, dial: &Dial) -> Self {
         let members: Vec<Member> = nodes
             .into_iter()
             .map(|(id, addr)| Member {
                 id,
-                client: NodeClient::new(&format!("http://{addr}")),
+                client: NodeClient::dial(&addr, dial),
                 addr,
             })
             .collect();

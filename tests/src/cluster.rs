@@ -12,6 +12,11 @@
 //!
 //! With [`ClusterConfig::proxied_links`], the cluster also owns a [`LinkNet`] that carries every
 //! node-to-node Raft connection, for partitions ([`Cluster::isolate`], [`Cluster::heal`]).
+//!
+//! With [`ClusterConfig::tls`] (the default) it mints a [`TestPki`] in its directory, starts
+//! the nodes with its certificates and the role map, and its clients connect over TLS as
+//! `admin` ([`crate::pki::HARNESS_IDENTITY`]) unless a test asks for another identity
+//! ([`Cluster::client_as`], [`Cluster::channel_as`]) or none ([`Cluster::channel_plain`]).
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -22,8 +27,11 @@ use std::time::Duration;
 
 use lock_proto::v1::{Role, StatusResponse};
 use tempfile::TempDir;
+use tonic::transport::Channel;
 
+use crate::dial::{Dial, strip_scheme};
 use crate::links::LinkNet;
+use crate::pki::{HARNESS_IDENTITY, TestPki, node_tls_args, roles_env};
 use crate::process::{NodeProcess, NotReady};
 use crate::wait::poll_until;
 use crate::watchdog::Watchdog;
@@ -80,6 +88,10 @@ pub struct Cluster {
     watchdog: Option<Watchdog>,
     /// The proxies of every node-to-node link, if the config asked for them.
     links: Option<LinkNet>,
+    /// The cluster's CA and certificates, with [`ClusterConfig::tls`].
+    pki: Option<TestPki>,
+    /// How the harness's own clients connect: TLS as `admin`, or plaintext.
+    dial: Dial,
 }
 
 impl Cluster {
@@ -133,6 +145,13 @@ impl Cluster {
         } else {
             None
         };
+        let (pki, dial) = if config.tls {
+            let pki = TestPki::for_cluster(&dir.path().join("pki"), ids.iter().copied())?;
+            let dial = Dial::tls_as(&pki, HARNESS_IDENTITY);
+            (Some(pki), dial)
+        } else {
+            (None, Dial::Plain)
+        };
         let mut cluster = Self {
             name,
             binary,
@@ -142,6 +161,8 @@ impl Cluster {
             nodes: BTreeMap::new(),
             watchdog,
             links,
+            pki,
+            dial,
         };
         let mut attempt = 0;
         loop {
@@ -226,6 +247,10 @@ impl Cluster {
             args.push("--raft-dial".into());
             args.push(links.raft_dial(id).into());
         }
+        match &self.pki {
+            Some(pki) => args.extend(node_tls_args(pki, id, self.config.require_client_cert)),
+            None => args.push("--insecure".into()),
+        }
         args.extend(self.config.extra_args.iter().map(OsString::from));
         if let Some(extra) = self.config.node_args.get(&id) {
             args.extend(extra.iter().map(OsString::from));
@@ -236,7 +261,10 @@ impl Cluster {
     fn spawn_node(&mut self, id: u64) -> Result<(), HarnessError> {
         let args = self.args(id);
         let binary = self.binary.clone();
-        let env = self.config.env.clone();
+        let mut env = self.config.env.clone();
+        if self.pki.is_some() {
+            env.push(roles_env(self.nodes.keys().copied(), &self.config.roles));
+        }
         let spawned = self.node_mut(id).spawn(&binary, &args, &env);
         self.sync_watchdog();
         spawned
@@ -337,9 +365,10 @@ impl Cluster {
         self.node(id).addr()
     }
 
-    /// Node `id`'s gRPC endpoint, `http://127.0.0.1:port`.
+    /// Node `id`'s gRPC endpoint: `https://127.0.0.1:port` with TLS, else
+    /// `http://127.0.0.1:port`.
     pub fn endpoint(&self, id: u64) -> String {
-        format!("http://{}", self.node(id).addr())
+        self.dial.endpoint(&self.node(id).addr())
     }
 
     /// Every node's endpoint, by ascending id.
@@ -347,9 +376,9 @@ impl Cluster {
         self.ids().into_iter().map(|id| self.endpoint(id)).collect()
     }
 
-    /// The id of the node listening on `addr` (`host:port`, with or without `http://`).
+    /// The id of the node listening on `addr` (`host:port`, with or without a scheme).
     pub fn id_of_addr(&self, addr: &str) -> Option<u64> {
-        let addr = addr.strip_prefix("http://").unwrap_or(addr);
+        let addr = strip_scheme(addr);
         self.nodes.values().find(|n| n.addr() == addr).map(|n| n.id)
     }
 
@@ -370,14 +399,89 @@ impl Cluster {
 
     // ---- clients ------------------------------------------------------------------------
 
-    /// A client of node `id` alone (answers exactly what that node says).
+    /// A client of node `id` alone (answers exactly what that node says), as `admin` when
+    /// the cluster serves TLS.
     pub fn client(&self, id: u64) -> NodeClient {
-        NodeClient::new(&self.endpoint(id))
+        NodeClient::dial(&self.node(id).addr(), &self.dial)
     }
 
-    /// A leader-following client over every node (see [`ClusterClient`]).
+    /// A leader-following client over every node (see [`ClusterClient`]), as `admin` when
+    /// the cluster serves TLS.
     pub fn cluster_client(&self) -> ClusterClient {
-        ClusterClient::new(self.nodes.values().map(|n| (n.id, n.addr())))
+        ClusterClient::with_dial(self.nodes.values().map(|n| (n.id, n.addr())), &self.dial)
+    }
+
+    /// A raw tonic channel to node `id`, as the harness's clients connect (`admin` over TLS).
+    pub fn channel(&self, id: u64) -> Channel {
+        self.dial.channel(&self.node(id).addr())
+    }
+
+    /// The cluster's CA and certificates.
+    ///
+    /// # Panics
+    /// If the cluster was started without TLS.
+    pub fn pki(&self) -> &TestPki {
+        self.pki
+            .as_ref()
+            .unwrap_or_else(|| panic!("pki(): the cluster was started with tls: false"))
+    }
+
+    /// How the harness's own clients connect (TLS as `admin`, or plaintext).
+    pub fn dial(&self) -> &Dial {
+        &self.dial
+    }
+
+    /// How a client presenting `name`'s certificate connects.
+    ///
+    /// # Panics
+    /// If the cluster was started without TLS, or `name` has no certificate.
+    pub fn dial_as(&self, name: &str) -> Dial {
+        Dial::tls_as(self.pki(), name)
+    }
+
+    /// A client of node `id` presenting `name`'s certificate (`client`, `operator`, `admin`,
+    /// `node-<id>`, or one minted with [`TestPki::mint`]).
+    ///
+    /// # Panics
+    /// As [`Cluster::dial_as`].
+    pub fn client_as(&self, id: u64, name: &str) -> NodeClient {
+        NodeClient::dial(&self.node(id).addr(), &self.dial_as(name))
+    }
+
+    /// A leader-following client presenting `name`'s certificate.
+    ///
+    /// # Panics
+    /// As [`Cluster::dial_as`].
+    pub fn cluster_client_as(&self, name: &str) -> ClusterClient {
+        ClusterClient::with_dial(
+            self.nodes.values().map(|n| (n.id, n.addr())),
+            &self.dial_as(name),
+        )
+    }
+
+    /// A raw tonic channel to node `id` presenting `name`'s certificate.
+    ///
+    /// # Panics
+    /// As [`Cluster::dial_as`].
+    pub fn channel_as(&self, id: u64, name: &str) -> Channel {
+        self.dial_as(name).channel(&self.node(id).addr())
+    }
+
+    /// A plaintext channel to node `id` (`http://`), whatever the cluster serves: for the
+    /// tests that a TLS node refuses it.
+    pub fn channel_plain(&self, id: u64) -> Channel {
+        Dial::Plain.channel(&self.node(id).addr())
+    }
+
+    /// The `(ca, cert, key)` files of `name`, for a `lock_client::TlsConfig` or lockctl's
+    /// `LOCKD_CA`, `LOCKD_CERT`, `LOCKD_KEY`.
+    ///
+    /// # Panics
+    /// As [`Cluster::dial_as`].
+    pub fn sdk_tls(&self, name: &str) -> (PathBuf, PathBuf, PathBuf) {
+        let pki = self.pki();
+        let (cert, key) = pki.identity(name);
+        (pki.ca(), cert, key)
     }
 
     /// A client of the current leader (waits for one, see [`Cluster::leader`]).

@@ -73,6 +73,20 @@ pub struct ClusterConfig {
     /// so the test can partition nodes with [`crate::Cluster::isolate`] and heal them with
     /// [`crate::Cluster::heal`]. Off by default: the proxies cost a hop and a task per link.
     pub proxied_links: bool,
+    /// Serve TLS (default `true`, as `lockd run` requires): the cluster mints a fresh PKI in
+    /// its directory ([`crate::TestPki`]) and the nodes get `--tls-ca/--tls-cert/--tls-key`
+    /// and the role map. `false` starts them with `--insecure` (plaintext, everything
+    /// allowed).
+    pub tls: bool,
+    /// With TLS, start the nodes with `--require-client-cert` (default `true`, as `lockd dev`
+    /// does): a client without a certificate is refused at the handshake. `false` lets a
+    /// client in on a bearer token instead.
+    pub require_client_cert: bool,
+    /// With TLS, role mappings `(principal, role)` besides the standard ones (`node-<id>` =
+    /// node, and `client`, `operator`, `admin` each the role of its name), e.g. for a
+    /// principal minted with [`crate::TestPki::mint`]. The nodes get the map in `LOCKD_ROLES`
+    /// ([`crate::pki::roles_env`]); a `--role` in `extra_args` would replace all of it.
+    pub roles: Vec<(String, String)>,
 }
 
 impl Default for ClusterConfig {
@@ -88,6 +102,9 @@ impl Default for ClusterConfig {
             node_args: BTreeMap::new(),
             env: Vec::new(),
             proxied_links: false,
+            tls: true,
+            require_client_cert: true,
+            roles: Vec::new(),
         }
     }
 }
@@ -98,6 +115,14 @@ impl ClusterConfig {
         Self {
             nodes,
             ..Self::default()
+        }
+    }
+
+    /// The default configuration with `nodes` voters, plaintext (`--insecure`).
+    pub fn insecure(nodes: usize) -> Self {
+        Self {
+            tls: false,
+            ..Self::with_nodes(nodes)
         }
     }
 

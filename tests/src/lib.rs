@@ -41,6 +41,9 @@
 //!
 //! - [`cluster`]: [`Cluster`] — processes, ports, data dirs, logs, leader agreement, faults.
 //! - [`config`]: [`ClusterConfig`] and the test timing constants.
+//! - [`pki`]: [`TestPki`] — a cluster's throwaway CA and certificates (TLS is on by default:
+//!   [`ClusterConfig::tls`]), and the nodes' TLS flags and role map.
+//! - [`dial`]: [`Dial`] — how a harness client connects: TLS as an identity, or plaintext.
 //! - [`client`]: [`NodeClient`] (one node, raw answers) and [`ClusterClient`] (follows the
 //!   leader, idempotent retries), both returning `Result<_, LockError>`.
 //! - [`fence`]: [`FencedRegister`], a resource that accepts a write iff its token is newer.
@@ -65,9 +68,11 @@ pub mod client;
 pub mod cluster;
 pub mod config;
 pub mod db_link;
+pub mod dial;
 pub mod error;
 pub mod fence;
 pub mod links;
+pub mod pki;
 pub mod ports;
 pub mod proc_stats;
 mod process;
@@ -81,11 +86,13 @@ pub use client::{ClusterClient, NodeClient, Session, ms, next_request_id};
 pub use cluster::{Cluster, KEEP_DIR_ENV};
 pub use config::ClusterConfig;
 pub use db_link::DbLink;
+pub use dial::Dial;
 pub use error::HarnessError;
 pub use fence::{FencedRegister, FencedWrite};
 pub use links::LinkNet;
 pub use lock_api::LockError;
 pub use lock_proto::v1::{Grant, LockInfo, LockOutcome, Role, StatusResponse};
+pub use pki::TestPki;
 pub use proc_stats::{ProcGrowth, ProcStats};
 pub use stateless::{StatelessBackend, StatelessNodes};
 pub use wait::poll_until;

@@ -140,20 +140,32 @@ impl Decoder for RawCodec {
 }
 
 /// Calls the unary gRPC method `path` (e.g. `/lockd.v1.LockService/Acquire`) at `endpoint`
-/// with `body` as the message bytes, and returns the raw answer bytes or the status. Bounded by
-/// [`RPC_TIMEOUT`] (a timeout is answered as a `DeadlineExceeded` status).
+/// with `body` as the message bytes, over plaintext (a node run with `--insecure`), and returns
+/// the raw answer bytes or the status. Bounded by [`RPC_TIMEOUT`] (a timeout is answered as a
+/// `DeadlineExceeded` status). [`raw_grpc_unary_on`] for a TLS channel.
 pub async fn raw_grpc_unary(
     endpoint: &str,
+    path: &str,
+    body: Vec<u8>,
+) -> Result<Vec<u8>, tonic::Status> {
+    let channel = Endpoint::from_shared(endpoint.to_owned())
+        .map_err(|e| tonic::Status::invalid_argument(format!("bad endpoint {endpoint:?}: {e}")))?
+        .connect_timeout(CONNECT_TIMEOUT)
+        .connect_lazy();
+    raw_grpc_unary_on(endpoint, channel, path, body).await
+}
+
+/// [`raw_grpc_unary`] over an existing `channel` (e.g. [`crate::Cluster::channel`], TLS as the
+/// harness's identity) to the node at `endpoint` (used in messages only).
+pub async fn raw_grpc_unary_on(
+    endpoint: &str,
+    channel: tonic::transport::Channel,
     path: &str,
     body: Vec<u8>,
 ) -> Result<Vec<u8>, tonic::Status> {
     let path: PathAndQuery = path
         .parse()
         .map_err(|e| tonic::Status::invalid_argument(format!("bad method path {path:?}: {e}")))?;
-    let channel = Endpoint::from_shared(endpoint.to_owned())
-        .map_err(|e| tonic::Status::invalid_argument(format!("bad endpoint {endpoint:?}: {e}")))?
-        .connect_timeout(CONNECT_TIMEOUT)
-        .connect_lazy();
     let mut grpc = tonic::client::Grpc::new(channel);
     let call = async {
         grpc.ready()

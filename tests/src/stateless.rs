@@ -8,6 +8,10 @@
 //! semantics, kills every node on `Drop` (printing the log tails when the test failed), and
 //! fails the test if a node exited on its own.
 //!
+//! Like a [`crate::Cluster`], the nodes serve TLS by default with a [`TestPki`] minted in
+//! their directory, and the harness's clients connect as `admin`;
+//! [`StatelessNodes::start_with`] with `tls: false` starts them with `--insecure`.
+//!
 //! The databases come from the environment ([`PG_URL_ENV`], [`ETCD_ENDPOINTS_ENV`], which
 //! `scripts/test-services.sh` prints); [`StatelessBackend::from_env`] fails, naming
 //! `scripts/test`, when they are unset, so a test on these backends never passes untested.
@@ -18,8 +22,11 @@ use std::path::PathBuf;
 use std::process::ExitStatus;
 
 use tempfile::TempDir;
+use tonic::transport::Channel;
 
 use crate::db_link::DbLink;
+use crate::dial::Dial;
+use crate::pki::{HARNESS_IDENTITY, TestPki, node_tls_args, roles_env};
 use crate::process::{NodeProcess, NotReady};
 use crate::watchdog::Watchdog;
 use crate::{ClusterClient, HarnessError, NodeClient, config, lockd_binary, ports};
@@ -182,16 +189,29 @@ pub struct StatelessNodes {
     nodes: Vec<NodeProcess>,
     links: Vec<DbLink>,
     watchdog: Option<Watchdog>,
+    /// The nodes' CA and certificates, when they serve TLS.
+    pki: Option<TestPki>,
+    /// How the harness's own clients connect: TLS as `admin`, or plaintext.
+    dial: Dial,
 }
 
 impl StatelessNodes {
-    /// Starts `n` nodes on `backend` and waits for each one's ready line.
+    /// Starts `n` nodes on `backend`, serving TLS, and waits for each one's ready line.
     ///
     /// # Panics
     /// If the binary is missing, the database address cannot be used, or a node does not start;
     /// the message carries every node's log tail.
     pub async fn start(backend: StatelessBackend, n: usize) -> Self {
-        match Self::try_start(backend, n).await {
+        Self::start_with(backend, n, true).await
+    }
+
+    /// [`StatelessNodes::start`], serving TLS (as `lockd run` requires) or, with `tls: false`,
+    /// plaintext (`--insecure`).
+    ///
+    /// # Panics
+    /// As [`StatelessNodes::start`].
+    pub async fn start_with(backend: StatelessBackend, n: usize, tls: bool) -> Self {
+        match Self::try_start_with(backend, n, tls).await {
             Ok(nodes) => nodes,
             Err(e) => panic!("cannot start the stateless nodes: {e}"),
         }
@@ -199,6 +219,16 @@ impl StatelessNodes {
 
     /// [`StatelessNodes::start`], returning an error (with log tails) instead of panicking.
     pub async fn try_start(backend: StatelessBackend, n: usize) -> Result<Self, HarnessError> {
+        Self::try_start_with(backend, n, true).await
+    }
+
+    /// [`StatelessNodes::start_with`], returning an error (with log tails) instead of
+    /// panicking.
+    pub async fn try_start_with(
+        backend: StatelessBackend,
+        n: usize,
+        tls: bool,
+    ) -> Result<Self, HarnessError> {
         if n == 0 {
             return Err(HarnessError::new("stateless nodes: n must be at least 1"));
         }
@@ -218,6 +248,14 @@ impl StatelessNodes {
                 None
             }
         };
+        let (pki, dial) = if tls {
+            let ids = (1u64..).take(n);
+            let pki = TestPki::for_cluster(&dir.path().join("pki"), ids)?;
+            let dial = Dial::tls_as(&pki, HARNESS_IDENTITY);
+            (Some(pki), dial)
+        } else {
+            (None, Dial::Plain)
+        };
         let mut nodes = Self {
             backend,
             binary,
@@ -226,6 +264,8 @@ impl StatelessNodes {
             nodes: Vec::new(),
             links,
             watchdog,
+            pki,
+            dial,
         };
         let mut attempt = 0;
         loop {
@@ -251,7 +291,10 @@ impl StatelessNodes {
     /// Spawns every node, then waits for every ready line. The error says whether a port
     /// conflict caused it (worth a retry with other ports).
     async fn spawn_all(&mut self) -> Result<(), (bool, HarnessError)> {
-        let env: Vec<(String, String)> = Vec::new();
+        let env: Vec<(String, String)> = match &self.pki {
+            Some(_) => vec![roles_env(self.nodes.iter().map(|n| n.id), &[])],
+            None => Vec::new(),
+        };
         for i in 0..self.nodes.len() {
             let args = self.args(i).map_err(|e| (false, e))?;
             self.nodes[i]
@@ -304,6 +347,10 @@ impl StatelessNodes {
             // No --data-dir or --peers: a stateless node needs neither (docs/NODE_CLI.md).
         ];
         args.extend(self.backend.args(&self.links)?);
+        match &self.pki {
+            Some(pki) => args.extend(node_tls_args(pki, node.id, true)),
+            None => args.push("--insecure".into()),
+        }
         Ok(args)
     }
 
@@ -351,18 +398,83 @@ impl StatelessNodes {
         self.nodes.iter().map(NodeProcess::addr).collect()
     }
 
-    /// A client of node `i` (0-based) alone.
+    /// Node `i`'s (0-based) gRPC endpoint: `https://host:port` with TLS, else `http://…`.
+    ///
+    /// # Panics
+    /// If there is no node `i`.
+    pub fn endpoint(&self, i: usize) -> String {
+        self.dial.endpoint(&self.nodes[i].addr())
+    }
+
+    /// Every node's endpoint, in order.
+    pub fn endpoints(&self) -> Vec<String> {
+        (0..self.nodes.len()).map(|i| self.endpoint(i)).collect()
+    }
+
+    /// A client of node `i` (0-based) alone, as `admin` when the nodes serve TLS.
     ///
     /// # Panics
     /// If there is no node `i`.
     pub fn client(&self, i: usize) -> NodeClient {
-        NodeClient::new(&format!("http://{}", self.nodes[i].addr()))
+        NodeClient::dial(&self.nodes[i].addr(), &self.dial)
     }
 
     /// A client over every node that retries `Contention` at the next one (every stateless node
-    /// serves every call, so `NotLeader` never comes).
+    /// serves every call, so `NotLeader` never comes), as `admin` when the nodes serve TLS.
     pub fn cluster_client(&self) -> ClusterClient {
-        ClusterClient::new(self.nodes.iter().map(|n| (n.id, n.addr())))
+        ClusterClient::with_dial(self.nodes.iter().map(|n| (n.id, n.addr())), &self.dial)
+    }
+
+    /// A raw tonic channel to node `i`, as the harness's clients connect.
+    ///
+    /// # Panics
+    /// If there is no node `i`.
+    pub fn channel(&self, i: usize) -> Channel {
+        self.dial.channel(&self.nodes[i].addr())
+    }
+
+    /// The nodes' CA and certificates.
+    ///
+    /// # Panics
+    /// If the nodes were started without TLS.
+    pub fn pki(&self) -> &TestPki {
+        self.pki
+            .as_ref()
+            .unwrap_or_else(|| panic!("pki(): the stateless nodes were started with tls: false"))
+    }
+
+    /// A client of node `i` presenting `name`'s certificate.
+    ///
+    /// # Panics
+    /// If there is no node `i`, the nodes run without TLS, or `name` has no certificate.
+    pub fn client_as(&self, i: usize, name: &str) -> NodeClient {
+        NodeClient::dial(&self.nodes[i].addr(), &Dial::tls_as(self.pki(), name))
+    }
+
+    /// A raw tonic channel to node `i` presenting `name`'s certificate.
+    ///
+    /// # Panics
+    /// As [`StatelessNodes::client_as`].
+    pub fn channel_as(&self, i: usize, name: &str) -> Channel {
+        Dial::tls_as(self.pki(), name).channel(&self.nodes[i].addr())
+    }
+
+    /// A plaintext channel to node `i`, whatever the nodes serve.
+    ///
+    /// # Panics
+    /// If there is no node `i`.
+    pub fn channel_plain(&self, i: usize) -> Channel {
+        Dial::Plain.channel(&self.nodes[i].addr())
+    }
+
+    /// The `(ca, cert, key)` files of `name`, for a `lock_client::TlsConfig`.
+    ///
+    /// # Panics
+    /// As [`StatelessNodes::pki`], or if `name` has no certificate.
+    pub fn sdk_tls(&self, name: &str) -> (PathBuf, PathBuf, PathBuf) {
+        let pki = self.pki();
+        let (cert, key) = pki.identity(name);
+        (pki.ca(), cert, key)
     }
 
     /// Cuts every node off its database: open connections are closed, new ones closed at

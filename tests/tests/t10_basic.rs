@@ -11,7 +11,7 @@ use lock_tests::{Cluster, ClusterConfig, LockError, Role, poll_until};
 const LONG_TTL: Duration = Duration::from_secs(60);
 
 /// Asserts that `err` is `NotLeader` naming `leader` by id and by the address the harness
-/// gave it (`http://` + address equals the leader's endpoint).
+/// gave it (`--listen`, the `host:port` of the leader's endpoint).
 fn assert_not_leader_naming(cluster: &Cluster, err: &LockError, leader: u64, what: &str) {
     match err {
         LockError::NotLeader {
@@ -23,8 +23,8 @@ fn assert_not_leader_naming(cluster: &Cluster, err: &LockError, leader: u64, wha
                 "{what}: NotLeader names node {id}, the leader is {leader}"
             );
             assert_eq!(
-                format!("http://{addr}"),
-                cluster.endpoint(leader),
+                *addr,
+                cluster.addr(leader),
                 "{what}: NotLeader names address {addr:?} for leader {leader}"
             );
         }

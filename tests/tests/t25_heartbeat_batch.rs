@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use lock_client::{ClientConfig, LockClient, SafetyMargin};
+use lock_client::{ClientConfig, LockClient, SafetyMargin, TlsConfig};
 use lock_proto::lock_error_from_status;
 use lock_proto::session::HEARTBEAT_BATCH_SESSIONS_MAX;
 use lock_proto::v1::heartbeat_batch_result::Outcome;
@@ -209,7 +209,9 @@ async fn a_follower_answers_not_leader_naming_the_leader() {
 async fn the_sdk_keeps_several_sessions_of_one_client_alive_past_their_ttl() {
     let cluster = Cluster::start(3).await;
     let ttl = Duration::from_secs(3);
+    let (ca, cert, key) = cluster.sdk_tls("client");
     let config = ClientConfig {
+        tls: Some(TlsConfig::new(ca).with_identity(cert, key)),
         session_ttl: ttl,
         safety_margin: SafetyMargin::Fixed(Duration::from_millis(200)),
         ..ClientConfig::default()

@@ -36,14 +36,41 @@ fn lockctl_binary() -> PathBuf {
     candidate
 }
 
+/// The variables lockctl reads its TLS config and token from; removed from every run so a
+/// developer's exported `lockd dev` settings cannot leak into a test.
+const TLS_VARS: [&str; 4] = ["LOCKD_CA", "LOCKD_CERT", "LOCKD_KEY", "LOCKD_TOKEN"];
+
+/// lockctl at `cluster`, over TLS as `admin` (some tests revoke), configured as a user would
+/// after `lockd dev`: through `LOCKD_CA`, `LOCKD_CERT` and `LOCKD_KEY`.
 fn lockctl(cluster: &Cluster, args: &[&str]) -> Command {
+    let mut command = lockctl_without_tls(cluster, args);
+    let (ca, cert, key) = cluster.sdk_tls("admin");
+    command
+        .env("LOCKD_CA", ca)
+        .env("LOCKD_CERT", cert)
+        .env("LOCKD_KEY", key);
+    command
+}
+
+/// lockctl at `cluster` with no TLS config at all.
+fn lockctl_without_tls(cluster: &Cluster, args: &[&str]) -> Command {
     let mut command = Command::new(lockctl_binary());
     command
         .arg("--endpoints")
-        .arg(cluster.endpoints().join(","))
+        .arg(
+            cluster
+                .ids()
+                .into_iter()
+                .map(|id| cluster.addr(id))
+                .collect::<Vec<_>>()
+                .join(","),
+        )
         .args(args)
         .env_remove("LOCKD_ENDPOINTS")
         .kill_on_drop(true);
+    for var in TLS_VARS {
+        command.env_remove(var);
+    }
     command
 }
 
@@ -56,15 +83,17 @@ const EXIT_USAGE: i32 = 2;
 const EXIT_NEGATIVE: i32 = 3;
 const EXIT_UNAVAILABLE: i32 = 5;
 
-/// Runs lockctl with `args` only (no cluster, no `LOCKD_ENDPOINTS`).
+/// Runs lockctl with `args` only (no cluster, no `LOCKD_ENDPOINTS`, no TLS variables).
 async fn run_bare(args: &[&str]) -> Output {
-    Command::new(lockctl_binary())
+    let mut command = Command::new(lockctl_binary());
+    command
         .args(args)
         .env_remove("LOCKD_ENDPOINTS")
-        .kill_on_drop(true)
-        .output()
-        .await
-        .expect("run lockctl")
+        .kill_on_drop(true);
+    for var in TLS_VARS {
+        command.env_remove(var);
+    }
+    command.output().await.expect("run lockctl")
 }
 
 /// An address nothing listens on: bound, then closed.
@@ -425,6 +454,119 @@ async fn t40_client_lockctl_gives_up_on_a_silent_endpoint_within_its_timeout() {
         assert!(stderr.contains(&endpoint), "{stderr}");
     }
     drop(silent);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t40_client_lockctl_without_tls_settings_at_a_tls_cluster_names_tls_and_lockd_ca() {
+    let cluster = Cluster::start(1).await;
+    const TIMEOUT: Duration = Duration::from_secs(3);
+    // Process start and exit on a loaded machine.
+    const SLACK: Duration = Duration::from_secs(5);
+    for args in [&["status"][..], &["try", "--key", "k"]] {
+        let mut full = vec!["--timeout", "3s"];
+        full.extend_from_slice(args);
+        let started = Instant::now();
+        let output = lockctl_without_tls(&cluster, &full)
+            .output()
+            .await
+            .expect("run lockctl");
+        let took = started.elapsed();
+        assert_eq!(
+            output.status.code(),
+            Some(EXIT_UNAVAILABLE),
+            "{args:?}: {output:?}"
+        );
+        assert!(took < TIMEOUT + SLACK, "{args:?} took {took:?}");
+        let stderr = one_line(&output);
+        assert!(stderr.contains("TLS"), "{stderr}");
+        assert!(stderr.contains("LOCKD_CA"), "{stderr}");
+    }
+    // The same command with the variables set works.
+    let output = lockctl(&cluster, &["status"]).output().await.expect("run");
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    // And with the flags instead of the variables.
+    let (ca, cert, key) = cluster.sdk_tls("client");
+    let (ca, cert, key) = (
+        ca.display().to_string(),
+        cert.display().to_string(),
+        key.display().to_string(),
+    );
+    let output = lockctl_without_tls(
+        &cluster,
+        &[
+            "--tls-ca",
+            &ca,
+            "--tls-cert",
+            &cert,
+            "--tls-key",
+            &key,
+            "inspect",
+            "--key",
+            "k",
+        ],
+    )
+    .output()
+    .await
+    .expect("run");
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t40_client_lockctl_with_a_ca_that_did_not_sign_the_nodes_names_tls() {
+    let cluster = Cluster::start(1).await;
+    let foreign = cluster.pki().foreign();
+    let (cert, key) = foreign.identity("admin");
+    let output = lockctl_without_tls(&cluster, &["--timeout", "3s", "status"])
+        .env("LOCKD_CA", foreign.ca())
+        .env("LOCKD_CERT", cert)
+        .env("LOCKD_KEY", key)
+        .output()
+        .await
+        .expect("run lockctl");
+    assert_eq!(output.status.code(), Some(EXIT_UNAVAILABLE), "{output:?}");
+    let stderr = one_line(&output);
+    assert!(stderr.contains("TLS handshake failed"), "{stderr}");
+    assert!(stderr.contains("LOCKD_CA"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t40_client_lockctl_tls_settings_that_do_not_fit_are_a_usage_error_naming_them() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let missing = dir.path().join("no-such-ca.pem");
+    let missing = missing.display().to_string();
+    let endpoint = dead_endpoint();
+    let output = run_bare(&["--endpoints", &endpoint, "--tls-ca", &missing, "status"]).await;
+    assert_eq!(output.status.code(), Some(EXIT_USAGE), "{output:?}");
+    let stderr = one_line(&output);
+    assert!(
+        stderr.contains("no-such-ca.pem") && stderr.contains("LOCKD_CA"),
+        "{stderr}"
+    );
+
+    let output = run_bare(&[
+        "--endpoints",
+        &endpoint,
+        "--tls-ca",
+        &missing,
+        "--tls-cert",
+        "c.pem",
+        "status",
+    ])
+    .await;
+    assert_eq!(output.status.code(), Some(EXIT_USAGE), "{output:?}");
+    let stderr = one_line(&output);
+    assert!(
+        stderr.contains("--tls-key") && stderr.contains("LOCKD_KEY"),
+        "{stderr}"
+    );
+
+    let output = run_bare(&["--endpoints", &endpoint, "--auth-token", "t0ken", "status"]).await;
+    assert_eq!(output.status.code(), Some(EXIT_USAGE), "{output:?}");
+    let stderr = one_line(&output);
+    assert!(
+        stderr.contains("--auth-token") && stderr.contains("TLS"),
+        "{stderr}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,7 +6,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use lock_client::{ClientConfig, LockClient, LockError, LockHandle};
+use lock_client::{ClientConfig, LockClient, LockError, LockHandle, TlsConfig};
 use lock_tests::{Cluster, poll_until};
 
 // The example itself, compiled into this test: what the crate's front page shows is what runs.
@@ -21,8 +21,15 @@ const REACTION_MAX: Duration = Duration::from_secs(20);
 /// A lease that does not run out during a test unless the test wants it to.
 const LONG_TTL: Duration = Duration::from_secs(60);
 
-fn config() -> ClientConfig {
+/// The SDK over TLS as the `client` principal (a lock user's role) of `cluster`.
+fn tls(cluster: &Cluster) -> Option<TlsConfig> {
+    let (ca, cert, key) = cluster.sdk_tls("client");
+    Some(TlsConfig::new(ca).with_identity(cert, key))
+}
+
+fn config(cluster: &Cluster) -> ClientConfig {
     ClientConfig {
+        tls: tls(cluster),
         // Heartbeats every 3 s, so a session death is noticed within seconds; a heartbeat may
         // retry for 9 s, which rides out an election (about 2 s here, longer on a loaded CI
         // machine running two clusters at once).
@@ -31,8 +38,8 @@ fn config() -> ClientConfig {
     }
 }
 
-async fn connect(endpoints: &[String]) -> LockClient {
-    LockClient::connect_with(endpoints, config())
+async fn connect(cluster: &Cluster, endpoints: &[String]) -> LockClient {
+    LockClient::connect_with(endpoints, config(cluster))
         .await
         .expect("connect to the cluster")
 }
@@ -55,7 +62,7 @@ async fn t40_client_finds_the_leader_from_followers_only() {
     let followers = cluster.followers().await;
     let endpoints: Vec<String> = followers.iter().map(|&id| cluster.endpoint(id)).collect();
 
-    let client = connect(&endpoints).await;
+    let client = connect(&cluster, &endpoints).await;
     let session = client.open_session("t40-discovery").await.expect("session");
     let handle = session
         .try_acquire("t40/discovery", LONG_TTL)
@@ -80,7 +87,7 @@ async fn t40_client_finds_the_leader_from_followers_only() {
 async fn t40_client_kept_alive_handle_survives_a_leader_failover() {
     let mut cluster = Cluster::start(3).await;
     let old_leader = cluster.leader().await;
-    let client = connect(&cluster.endpoints()).await;
+    let client = connect(&cluster, &cluster.endpoints()).await;
     let session = client.open_session("t40-failover").await.expect("session");
     let lost: Arc<Mutex<Vec<LockHandle>>> = Arc::default();
     let sink = Arc::clone(&lost);
@@ -149,7 +156,7 @@ async fn t40_client_kept_alive_handle_survives_a_leader_failover() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t40_client_session_death_fires_the_listener() {
     let mut cluster = Cluster::start(3).await;
-    let client = connect(&cluster.endpoints()).await;
+    let client = connect(&cluster, &cluster.endpoints()).await;
     let session = client.open_session("t40-death").await.expect("session");
     let lost: Arc<Mutex<Vec<LockHandle>>> = Arc::default();
     let sink = Arc::clone(&lost);
@@ -162,7 +169,7 @@ async fn t40_client_session_death_fires_the_listener() {
 
     // The session ends on the server behind the SDK's back (an operator, or a long pause of
     // this process would do the same); the next heartbeat learns it.
-    let other = connect(&cluster.endpoints()).await;
+    let other = connect(&cluster, &cluster.endpoints()).await;
     assert_eq!(other.close_session(session.session_id()).await, Ok(1));
 
     let fired = poll_until("the lost-lock listener", REACTION_MAX, || {
@@ -196,7 +203,7 @@ async fn t40_client_session_death_fires_the_listener() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t40_client_dropped_acquire_leaves_no_waiter_and_no_grant() {
     let mut cluster = Cluster::start(3).await;
-    let client = connect(&cluster.endpoints()).await;
+    let client = connect(&cluster, &cluster.endpoints()).await;
     let holder = client.open_session("t40-holder").await.expect("holder");
     let held = holder
         .try_acquire("t40/cancel", LONG_TTL)
@@ -258,7 +265,12 @@ async fn t40_client_first_program_acquires_checks_and_releases() {
     let endpoints = cluster.endpoints();
     let endpoints: Vec<&str> = endpoints.iter().map(String::as_str).collect();
 
-    let token = first_program::first_program(&endpoints)
+    let tls = tls(&cluster);
+    let config = || ClientConfig {
+        tls: tls.clone(),
+        ..ClientConfig::default()
+    };
+    let token = first_program::first_program(&endpoints, config())
         .await
         .expect("the first program runs")
         .expect("granted: the key is free");
@@ -267,7 +279,7 @@ async fn t40_client_first_program_acquires_checks_and_releases() {
 
     // While another owner holds the key, it waits its MAX_WAIT and answers "not mine" — not
     // an error — and leaves the other grant alone.
-    let client = connect(&cluster.endpoints()).await;
+    let client = connect(&cluster, &cluster.endpoints()).await;
     let other = client.open_session("t40-other").await.expect("session");
     let held = other
         .try_acquire(first_program::KEY, LONG_TTL)
@@ -276,7 +288,10 @@ async fn t40_client_first_program_acquires_checks_and_releases() {
         .expect("granted: the key is free");
     assert!(held.fencing_token > token);
     let started = Instant::now();
-    assert_eq!(first_program::first_program(&endpoints).await, Ok(None));
+    assert_eq!(
+        first_program::first_program(&endpoints, config()).await,
+        Ok(None)
+    );
     assert!(started.elapsed() >= first_program::MAX_WAIT);
     assert_eq!(
         key_state(&mut cluster, first_program::KEY).await,
@@ -284,4 +299,86 @@ async fn t40_client_first_program_acquires_checks_and_releases() {
     );
     assert_eq!(other.release(&held).await, Ok(true));
     other.close().await.expect("close");
+}
+
+/// How long the SDK may take to report a TLS mismatch: one status attempt per endpoint
+/// (`ClientConfig::attempt_timeout`, 2 s) plus scheduling noise. A mismatch is seen at the
+/// handshake, so it never waits for the call budget (10 s).
+const MISMATCH_REPORTED_WITHIN: Duration = Duration::from_secs(5);
+
+/// `connect_with` fails with `Contention`, within [`MISMATCH_REPORTED_WITHIN`], and the message
+/// contains every one of `words`.
+async fn assert_connect_fails_naming(endpoints: &[String], config: ClientConfig, words: &[&str]) {
+    let started = Instant::now();
+    let answer = LockClient::connect_with(endpoints, config).await;
+    let took = started.elapsed();
+    match answer {
+        Err(LockError::Contention { message }) => {
+            for word in words {
+                assert!(message.contains(word), "{message} should name {word}");
+            }
+        }
+        Err(other) => panic!("expected Contention naming {words:?}, got {other:?}"),
+        Ok(_) => panic!("expected a refusal naming {words:?}, but the client connected"),
+    }
+    assert!(took < MISMATCH_REPORTED_WITHIN, "the refusal took {took:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t40_client_a_plaintext_sdk_at_a_tls_cluster_is_told_to_set_lockd_ca() {
+    let cluster = Cluster::start(1).await;
+    let addrs: Vec<String> = cluster
+        .ids()
+        .into_iter()
+        .map(|id| cluster.addr(id))
+        .collect();
+    assert_connect_fails_naming(&addrs, ClientConfig::default(), &["TLS", "LOCKD_CA"]).await;
+    // An https:// endpoint without a CA is refused before anything is dialled.
+    match LockClient::connect_with(&cluster.endpoints(), ClientConfig::default()).await {
+        Err(LockError::InvalidArgument { message }) => {
+            assert!(message.contains("LOCKD_CA"), "{message}")
+        }
+        other => panic!(
+            "expected InvalidArgument naming LOCKD_CA, got {:?}",
+            other.map(|_| ())
+        ),
+    }
+    // With the CA and the client's certificate it works.
+    let client = connect(&cluster, &addrs).await;
+    assert_eq!(client.inspect("t40-tls").await, Ok(None));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t40_client_a_ca_that_did_not_sign_the_nodes_fails_the_handshake_by_name() {
+    let cluster = Cluster::start(1).await;
+    let foreign = cluster.pki().foreign();
+    let (cert, key) = foreign.identity("client");
+    let config = ClientConfig {
+        tls: Some(TlsConfig::new(foreign.ca()).with_identity(cert, key)),
+        ..ClientConfig::default()
+    };
+    assert_connect_fails_naming(
+        &cluster.endpoints(),
+        config,
+        &["TLS handshake failed", "LOCKD_CA"],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t40_client_a_tls_sdk_at_a_plaintext_node_names_tls() {
+    let insecure = Cluster::start_with(lock_tests::ClusterConfig::insecure(1)).await;
+    // Certificates from a cluster that serves TLS, pointed at one that does not.
+    let secure = Cluster::start(1).await;
+    let addrs: Vec<String> = insecure
+        .ids()
+        .into_iter()
+        .map(|id| insecure.addr(id))
+        .collect();
+    assert_connect_fails_naming(&addrs, config(&secure), &["TLS"]).await;
+    // The plaintext client the insecure node expects works.
+    let client = LockClient::connect_with(&addrs, ClientConfig::default())
+        .await
+        .expect("plaintext connect to an --insecure node");
+    assert_eq!(client.inspect("t40-plain").await, Ok(None));
 }

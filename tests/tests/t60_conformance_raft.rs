@@ -64,6 +64,8 @@ impl InProcessCluster {
                 etcd_endpoints: Vec::new(),
                 roles: Default::default(),
                 tokens_file: None,
+                // In-process and plaintext, as `--insecure`: the SPI is what is under test.
+                tls: None,
             };
             config.validate().expect("valid config");
             let (stop_tx, stop_rx) = oneshot::channel::<()>();

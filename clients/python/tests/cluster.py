@@ -1,6 +1,8 @@
-"""A real three-node lockd cluster on 127.0.0.1 for the tests, started from the binary named by
-``LOCKD_BIN`` (the same ``lockd run`` command line as tests/src/cluster.rs and
-docs/NODE_CLI.md describe).
+"""Real three-node lockd clusters on 127.0.0.1 for the tests, started from the binary named by
+``LOCKD_BIN``: :class:`Cluster`, plaintext ``lockd run --insecure`` nodes (the same command line
+as tests/src/cluster.rs and docs/NODE_CLI.md describe), and :class:`DevCluster`, ``lockd dev``
+in a temporary folder — TLS with the throwaway CA and certificates it mints and prints the
+``export`` lines of, client certificates required, as README's "Using it" runs it.
 
 Owns the node processes, their ports, data directories and logs (one temporary directory), and
 the readiness checks. No process outlives it: :meth:`Cluster.close` SIGKILLs and reaps every
@@ -12,13 +14,15 @@ from __future__ import annotations
 
 import ctypes
 import os
+import random
+import re
 import signal
 import socket
 import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, TypeVar
+from typing import Callable, Dict, List, Optional, Tuple, TypeVar
 
 import grpc
 
@@ -124,6 +128,9 @@ class Cluster:
                 "--election-timeout-min-ms", str(ELECTION_TIMEOUT_MIN_MS),
                 "--election-timeout-max-ms", str(ELECTION_TIMEOUT_MAX_MS),
                 "--worker-threads", "1",
+                # Plaintext: this cluster is for the tests of everything but TLS, which
+                # DevCluster serves (lockd run refuses plaintext unless told so).
+                "--insecure",
             ]
             if node == 1:
                 args.append("--bootstrap")
@@ -226,3 +233,136 @@ class Cluster:
         """Kills every node and removes the directory."""
         self._kill_all()
         self._tmp.cleanup()
+
+
+#: ``export NAME=VALUE`` pairs as ``lockd dev`` prints them (several on one line).
+_EXPORT = re.compile(r"(LOCKD_[A-Z_]+)=(\S+)")
+#: The line ``lockd dev`` prints once every node serves and the leader is known.
+DEV_READY_PREFIX = "leader: node "
+#: Nodes of ``lockd dev``.
+DEV_NODES = 3
+
+
+def _free_port_run(count: int) -> int:
+    """A port ``p`` such that ``p .. p+count-1`` were all free just now (``lockd dev`` takes
+    ``--base-port`` and the next two)."""
+    for _ in range(100):
+        base = random.randint(20000, 60000)
+        socks = []
+        try:
+            for port in range(base, base + count):
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                socks.append(sock)
+                sock.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in socks:
+                sock.close()
+    raise AssertionError(f"no run of {count} free ports found")
+
+
+class DevCluster:
+    """``lockd dev --dir <tmp> --base-port <free>``: three nodes with TLS, as a user starts them.
+
+    :attr:`exports` holds the variables its ``export`` lines set (``LOCKD_ENDPOINTS``,
+    ``LOCKD_CA``, ``LOCKD_CERT``, ``LOCKD_KEY`` — the ``client``'s certificate); :attr:`tls_dir`
+    the folder of every certificate (``operator.pem``, ``admin.pem`` beside the client's).
+    """
+
+    def __init__(self) -> None:
+        self.binary = lockd_binary()
+        self._tmp = tempfile.TemporaryDirectory(prefix="lockd-pytest-dev-")
+        self.dir = Path(self._tmp.name)
+        self._proc: Optional[subprocess.Popen] = None
+        self.exports: Dict[str, str] = {}
+        try:
+            for attempt in range(SPAWN_ATTEMPTS):
+                if self._try_start(attempt):
+                    break
+            else:
+                raise AssertionError(f"lockd dev did not start:\n{self.log_tail()}")
+        except BaseException:
+            self.close()
+            raise
+
+    def _try_start(self, attempt: int) -> bool:
+        self._stop()
+        base = _free_port_run(DEV_NODES)
+        self.dev_dir = self.dir / f"dev{attempt}"
+        self._stdout_path = self.dir / f"dev{attempt}.stdout"
+        self._stderr_path = self.dir / f"dev{attempt}.stderr"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("LOCKD_")}
+        self._proc = subprocess.Popen(
+            [self.binary, "dev", "--dir", str(self.dev_dir), "--base-port", str(base)],
+            stdout=open(self._stdout_path, "w"),
+            stderr=open(self._stderr_path, "w"),
+            stdin=subprocess.DEVNULL,
+            env=env,
+            # Its own process group, so close() reaches the nodes it started too.
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
+        give_up = time.monotonic() + START_TIMEOUT
+        while True:
+            out = self._stdout_path.read_text()
+            if DEV_READY_PREFIX in out and "LOCKD_KEY=" in out:
+                self.exports = dict(_EXPORT.findall(_first_exports(out)))
+                return True
+            if self._proc.poll() is not None:
+                return False  # Most likely a port was taken meanwhile: other ports.
+            if time.monotonic() >= give_up:
+                raise AssertionError(f"lockd dev printed no leader line:\n{self.log_tail()}")
+            time.sleep(0.05)
+
+    @property
+    def tls_dir(self) -> Path:
+        """The folder of the CA and every certificate ``lockd dev`` minted."""
+        return Path(self.exports["LOCKD_CA"]).parent
+
+    def endpoints(self) -> List[str]:
+        """``host:port`` of every node, from the ``LOCKD_ENDPOINTS`` export line."""
+        return self.exports["LOCKD_ENDPOINTS"].split(",")
+
+    def identity(self, name: str) -> Tuple[str, str]:
+        """The certificate and key files of ``name`` (``client``, ``operator``, ``admin``)."""
+        return str(self.tls_dir / f"{name}.pem"), str(self.tls_dir / f"{name}-key.pem")
+
+    def log_tail(self) -> str:
+        """The end of ``lockd dev``'s output and of every node's log."""
+        parts = []
+        for path in [getattr(self, "_stdout_path", None), getattr(self, "_stderr_path", None)]:
+            if path is not None and path.exists():
+                lines = path.read_text(errors="replace").splitlines()[-TAIL_LINES:]
+                parts.append(f"---- {path.name} ----\n" + "\n".join(lines))
+        for node in range(1, DEV_NODES + 1):
+            path = getattr(self, "dev_dir", self.dir) / f"node{node}.log"
+            if path.exists():
+                lines = path.read_text(errors="replace").splitlines()[-TAIL_LINES:]
+                parts.append(f"---- node {node} ----\n" + "\n".join(lines))
+        return "\n".join(parts)
+
+    def _stop(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        proc.wait(timeout=30)
+
+    def close(self) -> None:
+        """Kills ``lockd dev`` and its nodes and removes the folder."""
+        self._stop()
+        self._tmp.cleanup()
+
+
+def _first_exports(out: str) -> str:
+    """The ``export`` lines of ``lockd dev``'s output that are not comments (the operator's and
+    admin's lines start with ``#``)."""
+    return "\n".join(
+        line for line in out.splitlines() if line.strip().startswith("export ")
+    )

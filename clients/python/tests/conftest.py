@@ -1,6 +1,7 @@
-"""Fixtures: ``cluster``, one three-node cluster shared by the tests that only read and write
-their own keys, and ``fresh_cluster``, a cluster of its own for a test that kills nodes.
-Both print the nodes' log tails when a test of the run failed, and kill every node at the end.
+"""Fixtures: ``cluster``, one three-node plaintext cluster shared by the tests that only read
+and write their own keys; ``fresh_cluster``, a cluster of its own for a test that kills nodes;
+``dev_cluster``, one ``lockd dev`` (TLS, client certificates required) shared by the TLS tests.
+All print the nodes' log tails when a test of the run failed, and kill every node at the end.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import Iterator
 
 import pytest
 
-from cluster import Cluster
+from cluster import Cluster, DevCluster
 
 sys.dont_write_bytecode = True
 
@@ -40,6 +41,18 @@ def fresh_cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
         yield started
     finally:
         _finish(request, started)
+
+
+@pytest.fixture(scope="session")
+def dev_cluster(request: pytest.FixtureRequest) -> Iterator[DevCluster]:
+    """``lockd dev`` in a temporary folder, shared by the run; tests must use their own keys."""
+    started = DevCluster()
+    try:
+        yield started
+    finally:
+        if request.session.testsfailed:
+            print(f"\nlockd dev output and node logs:\n{started.log_tail()}", file=sys.stderr)
+        started.close()
 
 
 @pytest.fixture

@@ -1,10 +1,11 @@
 //! The client-facing gRPC face of a node, written once for every backend: the lock, session
 //! and admin services, each a thin shell over a [`crate::backend::Backend`]; the one
-//! conversion module (seam records → proto); and the one serve loop (health, reflection,
-//! limits, drain).
+//! conversion module (seam records → proto); the one serve loop (health, reflection,
+//! limits, drain) and the connections it serves (`accept`: TLS, the peer's identity).
 //!
 //! Nothing here decides a lock outcome or builds an error status by hand.
 
+pub mod accept;
 pub mod admin;
 pub mod convert;
 pub mod lock;

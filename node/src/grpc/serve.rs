@@ -1,6 +1,7 @@
 //! The one serve loop of a node, whatever its backend: the client services over a
-//! [`Backend`], health, reflection, message size limits, Nagle off, the ready line and a
-//! graceful drain.
+//! [`Backend`], health, reflection, message size limits, the ready line and a graceful drain,
+//! on the connections `grpc::accept` hands it (TLS or plaintext, Nagle off, each with its
+//! [`PeerIdentity`](crate::peer::PeerIdentity)).
 //!
 //! Owns the listener's lifetime and the order of a stop: the shutdown future turns the stop
 //! signal on (waiting acquires stop waiting, pipelines read no new call), in-flight calls get
@@ -10,17 +11,20 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 use lock_proto::v1::admin_service_server::AdminServiceServer;
 use lock_proto::v1::lock_service_server::LockServiceServer;
 use lock_proto::v1::session_service_server::SessionServiceServer;
+use lock_tls::server::ServerTls;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tonic::transport::server::Router;
 
 use super::CLIENT_MESSAGE_BYTES_MAX;
+use super::accept;
 use super::admin::AdminApi;
 use super::lock::LockApi;
 use super::session::SessionApi;
@@ -43,17 +47,6 @@ const HEALTH_SERVICES: [&str; 4] = [
     "lockd.v1.AdminService",
 ];
 
-/// The connections `listener` accepts, with Nagle's algorithm off.
-///
-/// `Server::tcp_nodelay` applies only to listeners tonic binds itself, not to the streams handed
-/// to `serve_with_incoming`. With Nagle on, a follower answering pipelined appends held each
-/// answer while an earlier one was unacknowledged, and the leader's delayed ACK made that about
-/// 40 ms: lock-bench saw one commit in twenty stall that long (W3 p99 44 ms against 3.6 ms)
-/// and W2 fall by half, until this.
-fn accepted_without_nagle(listener: TcpListener) -> tonic::transport::server::TcpIncoming {
-    tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true))
-}
-
 /// What one node serves, and how it stops.
 #[derive(Debug)]
 pub struct Serve<B> {
@@ -65,6 +58,8 @@ pub struct Serve<B> {
     pub cluster_name: String,
     /// Where to serve.
     pub listener: TcpListener,
+    /// TLS on the port (`None`: plaintext, `--insecure`).
+    pub tls: Option<Arc<ServerTls>>,
     /// Turned `true` when the shutdown future resolves; the backend's
     /// [`Backend::stop_signal`] must be its receiver.
     pub stop: watch::Sender<bool>,
@@ -85,6 +80,7 @@ pub async fn serve<B: Backend + std::fmt::Debug>(
         node_id,
         cluster_name,
         listener,
+        tls,
         stop,
         access,
     } = parts;
@@ -117,13 +113,13 @@ pub async fn serve<B: Backend + std::fmt::Debug>(
     let router = extra(router);
 
     println!("lockd ready node_id={node_id} listen={local}");
-    tracing::info!(node_id, %local, "serving");
+    tracing::info!(node_id, %local, tls = tls.is_some(), "serving");
     let signal = async move {
         shutdown.await;
         let _ = stop.send(true);
     };
     let mut serve =
-        tokio::spawn(router.serve_with_incoming_shutdown(accepted_without_nagle(listener), signal));
+        tokio::spawn(router.serve_with_incoming_shutdown(accept::incoming(listener, tls), signal));
     let mut stopping = backend.stop_signal();
     let served = tokio::select! {
         served = &mut serve => served,

@@ -200,6 +200,26 @@ pub struct RunArgs {
     /// etcd members for `--backend etcd`: `http://host:port,http://host:port,…`.
     #[arg(long, env = "LOCKD_ETCD_ENDPOINTS", value_delimiter = ',')]
     pub etcd_endpoints: Option<Vec<String>>,
+    /// PEM file of the CA that signs every node and client certificate: clients' and peers'
+    /// certificates must chain to it (docs/SECURITY.md §1).
+    #[arg(long, env = "LOCKD_TLS_CA")]
+    pub tls_ca: Option<PathBuf>,
+    /// PEM certificate chain of this node, leaf first: served to clients and presented to
+    /// peers when this node dials them, so it needs both the server and the client EKU.
+    #[arg(long, env = "LOCKD_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert. The three files are re-read when they change on disk;
+    /// new connections use the new ones.
+    #[arg(long, env = "LOCKD_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
+    /// Refuse TLS handshakes without a client certificate (without it, a client may present
+    /// none and authenticate with a bearer token instead).
+    #[arg(long, env = "LOCKD_REQUIRE_CLIENT_CERT", num_args = 0..=1, default_missing_value = "true")]
+    pub require_client_cert: Option<bool>,
+    /// Serve plaintext: nobody is authenticated and every call is allowed. Required to run
+    /// without the three TLS files; lockd warns at start.
+    #[arg(long, env = "LOCKD_INSECURE", num_args = 0..=1, default_missing_value = "true")]
+    pub insecure: Option<bool>,
 }
 
 /// The voters of the cluster by node id, each with its `host:port`.
@@ -272,6 +292,11 @@ struct FileConfig {
     backend: Option<Backend>,
     pg_url: Option<String>,
     etcd_endpoints: Option<Vec<String>>,
+    tls_ca: Option<PathBuf>,
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
+    require_client_cert: Option<bool>,
+    insecure: Option<bool>,
 }
 
 /// A configuration error; the message names the field.
@@ -362,15 +387,44 @@ pub struct Config {
     pub pg_url: Option<String>,
     /// etcd members (`--backend etcd`).
     pub etcd_endpoints: Vec<String>,
+    /// TLS on the node's port and to its peers; `None` with `--insecure` (plaintext).
+    pub tls: Option<TlsConfig>,
+}
+
+/// A node's TLS settings (docs/SECURITY.md §1).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TlsConfig {
+    /// The CA, this node's certificate chain and its key.
+    pub files: lock_tls::TlsFiles,
+    /// Whether a client must present a certificate.
+    pub require_client_cert: bool,
+}
+
+impl TlsConfig {
+    /// Whether handshakes require a client certificate, in lock-tls's words.
+    pub fn client_certs(&self) -> lock_tls::server::ClientCerts {
+        if self.require_client_cert {
+            lock_tls::server::ClientCerts::Required
+        } else {
+            lock_tls::server::ClientCerts::Optional
+        }
+    }
 }
 
 impl Config {
     /// Merges `args` (flags and env, already merged by clap) over the TOML file they name (if
     /// any) over the defaults, then validates the result.
     pub fn load(args: &RunArgs) -> Result<Config, ConfigError> {
-        let file = match &args.config {
+        let mut file = match &args.config {
             Some(path) => read_file(path)?,
             None => FileConfig::default(),
+        };
+        let file_tls = FileTls {
+            ca: file.tls_ca.take(),
+            cert: file.tls_cert.take(),
+            key: file.tls_key.take(),
+            require_client_cert: file.require_client_cert,
+            insecure: file.insecure,
         };
         let file_peers = file_id_addrs(file.peers, "peers")?;
         let file_raft_dial = file_id_addrs(file.raft_dial, "raft_dial")?;
@@ -470,9 +524,12 @@ impl Config {
                 .clone()
                 .or(file.etcd_endpoints)
                 .unwrap_or_default(),
+            tls: None,
         };
         config.validate()?;
-        Ok(config)
+        // Last: it reads and parses files, which is pointless while another field is wrong.
+        let tls = tls_config(args, file_tls)?;
+        Ok(Config { tls, ..config })
     }
 
     /// Checks every field and the relations between them; the error names the field.
@@ -746,6 +803,123 @@ fn file_id_addrs(
     Ok(Some(map))
 }
 
+/// The TLS keys of the TOML file, taken out of it before the rest is merged.
+struct FileTls {
+    ca: Option<PathBuf>,
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+    require_client_cert: Option<bool>,
+    insecure: Option<bool>,
+}
+
+/// The three TLS file fields: (field, flag, env suffix).
+const TLS_FILE_FIELDS: [(&str, &str, &str); 3] = [
+    ("tls_ca", "tls-ca", "TLS_CA"),
+    ("tls_cert", "tls-cert", "TLS_CERT"),
+    ("tls_key", "tls-key", "TLS_KEY"),
+];
+
+/// The TLS settings of `args` over `file`: exactly one of {all three TLS files, `insecure`},
+/// and with the files, each one read and parsed now so a bad path or file stops the start
+/// naming its field.
+fn tls_config(args: &RunArgs, file: FileTls) -> Result<Option<TlsConfig>, ConfigError> {
+    let ca = args.tls_ca.clone().or(file.ca);
+    let cert = args.tls_cert.clone().or(file.cert);
+    let key = args.tls_key.clone().or(file.key);
+    let insecure = args.insecure.or(file.insecure).unwrap_or(false);
+    let require_client_cert = args
+        .require_client_cert
+        .or(file.require_client_cert)
+        .unwrap_or(false);
+    let given: Vec<&str> = [
+        (TLS_FILE_FIELDS[0].0, &ca),
+        (TLS_FILE_FIELDS[1].0, &cert),
+        (TLS_FILE_FIELDS[2].0, &key),
+    ]
+    .into_iter()
+    .filter_map(|(field, path)| path.is_some().then_some(field))
+    .collect();
+    if insecure {
+        if !given.is_empty() {
+            return Err(invalid(
+                "insecure",
+                format!(
+                    "plaintext cannot be combined with {}; give the three TLS files or insecure, not both",
+                    given.join(", ")
+                ),
+            ));
+        }
+        if require_client_cert {
+            return Err(invalid(
+                "require_client_cert",
+                "needs TLS (tls_ca, tls_cert, tls_key); it cannot be combined with insecure",
+            ));
+        }
+        return Ok(None);
+    }
+    let (Some(ca), Some(cert), Some(key)) = (ca, cert, key) else {
+        if given.is_empty() {
+            return Err(invalid(
+                "tls_ca",
+                "lockd does not serve plaintext by default: give tls_ca, tls_cert and tls_key \
+                 (--tls-ca/--tls-cert/--tls-key, LOCKD_TLS_*), or insecure (--insecure) to serve \
+                 plaintext with nobody authenticated",
+            ));
+        }
+        let missing = TLS_FILE_FIELDS
+            .into_iter()
+            .find(|(field, _, _)| !given.contains(field))
+            .unwrap_or(TLS_FILE_FIELDS[0]);
+        return Err(ConfigError::Missing {
+            field: missing.0,
+            flag: missing.1,
+            env: missing.2,
+        });
+    };
+    let files = lock_tls::TlsFiles { ca, cert, key };
+    check_tls_files(&files)?;
+    Ok(Some(TlsConfig {
+        files,
+        require_client_cert,
+    }))
+}
+
+/// Reads and parses the three files as the node will: the CA as trust anchors, the chain with
+/// a principal on its leaf, the key, and the key matching the certificate.
+fn check_tls_files(files: &lock_tls::TlsFiles) -> Result<(), ConfigError> {
+    let field_of = |err: &lock_tls::TlsError| match err {
+        lock_tls::TlsError::Read { path, .. } | lock_tls::TlsError::Content { path, .. }
+            if *path == files.ca =>
+        {
+            "tls_ca"
+        }
+        lock_tls::TlsError::Read { path, .. } | lock_tls::TlsError::Content { path, .. }
+            if *path == files.key =>
+        {
+            "tls_key"
+        }
+        _ => "tls_cert",
+    };
+    let failed = |err: lock_tls::TlsError| invalid(field_of(&err), err.to_string());
+    lock_tls::pem::load_roots(&files.ca).map_err(failed)?;
+    let chain = lock_tls::pem::load_certs(&files.cert).map_err(failed)?;
+    if let Some(leaf) = chain.first() {
+        lock_tls::principal_of(leaf).map_err(|reason| {
+            invalid(
+                "tls_cert",
+                format!(
+                    "{}: {reason} (peers need it as this node's principal)",
+                    files.cert.display()
+                ),
+            )
+        })?;
+    }
+    lock_tls::pem::load_key(&files.key).map_err(failed)?;
+    lock_tls::server::server_config(files, lock_tls::server::ClientCerts::Required)
+        .map_err(failed)?;
+    Ok(())
+}
+
 fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
     let text = std::fs::read_to_string(path).map_err(|e| ConfigError::File {
         path: path.to_owned(),
@@ -767,6 +941,7 @@ mod tests {
             listen: Some("127.0.0.1:7101".parse().unwrap()),
             data_dir: Some("/tmp/x".into()),
             peers: Some(parse_peers("1=127.0.0.1:7101,2=127.0.0.1:7102,3=127.0.0.1:7103").unwrap()),
+            insecure: Some(true),
             ..RunArgs::default()
         }
     }
@@ -821,6 +996,7 @@ mod tests {
             backend: Some(backend),
             pg_url: Some("postgres://u@127.0.0.1:5432/db".into()),
             etcd_endpoints: Some(vec!["http://127.0.0.1:2379".into()]),
+            insecure: Some(true),
             ..RunArgs::default()
         }
     }
@@ -1015,6 +1191,7 @@ peers = [{ id = 1, addr = "127.0.0.1:7101" }, { id = 2, addr = "127.0.0.1:7102" 
         let a = RunArgs {
             config: Some(path.clone()),
             heartbeat_interval_ms: Some(60),
+            insecure: Some(true),
             ..RunArgs::default()
         };
         let c = Config::load(&a).unwrap();
@@ -1084,5 +1261,137 @@ peers = [{ id = 1, addr = "127.0.0.1:7101" }, { id = 2, addr = "127.0.0.1:7102" 
         let mut a = args();
         a.role = Some(vec![("a".into(), Role::Client), ("a".into(), Role::Admin)]);
         assert_eq!(field_of(Config::load(&a).unwrap_err()), "roles");
+    }
+
+    /// A CA, a node certificate and its key minted into `dir`.
+    fn tls_files(dir: &Path) -> lock_tls::TlsFiles {
+        let ca = lock_tls::mint::Authority::new("config test ca").unwrap();
+        let files = lock_tls::TlsFiles {
+            ca: dir.join("ca.pem"),
+            cert: dir.join("node.pem"),
+            key: dir.join("node-key.pem"),
+        };
+        ca.write(&files.ca, &dir.join("ca-key.pem")).unwrap();
+        ca.issue("node-1")
+            .unwrap()
+            .write(&files.cert, &files.key)
+            .unwrap();
+        files
+    }
+
+    fn tls_args(files: &lock_tls::TlsFiles) -> RunArgs {
+        let mut a = args();
+        a.insecure = None;
+        a.tls_ca = Some(files.ca.clone());
+        a.tls_cert = Some(files.cert.clone());
+        a.tls_key = Some(files.key.clone());
+        a
+    }
+
+    #[test]
+    fn plaintext_needs_insecure_and_insecure_excludes_the_tls_files() {
+        let mut a = args();
+        a.insecure = None;
+        let err = Config::load(&a).unwrap_err();
+        assert!(err.to_string().contains("insecure"), "{err}");
+        assert_eq!(field_of(err), "tls_ca");
+        assert_eq!(Config::load(&args()).unwrap().tls, None);
+
+        let dir = tempfile::tempdir().unwrap();
+        let files = tls_files(dir.path());
+        let mut a = tls_args(&files);
+        a.insecure = Some(true);
+        let err = Config::load(&a).unwrap_err();
+        assert!(
+            err.to_string().contains("tls_ca, tls_cert, tls_key"),
+            "{err}"
+        );
+        assert_eq!(field_of(err), "insecure");
+
+        let mut a = args();
+        a.require_client_cert = Some(true);
+        assert_eq!(
+            field_of(Config::load(&a).unwrap_err()),
+            "require_client_cert"
+        );
+    }
+
+    #[test]
+    fn the_three_tls_files_are_required_together_and_parsed_at_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let files = tls_files(dir.path());
+        let mut a = tls_args(&files);
+        a.require_client_cert = Some(true);
+        let c = Config::load(&a).unwrap();
+        assert_eq!(
+            c.tls,
+            Some(TlsConfig {
+                files: files.clone(),
+                require_client_cert: true
+            })
+        );
+
+        let mut a = tls_args(&files);
+        a.tls_key = None;
+        assert_eq!(field_of(Config::load(&a).unwrap_err()), "tls_key");
+        let mut a = tls_args(&files);
+        a.tls_ca = None;
+        assert_eq!(field_of(Config::load(&a).unwrap_err()), "tls_ca");
+
+        let junk = dir.path().join("junk.pem");
+        std::fs::write(&junk, "junk").unwrap();
+        for (field, set) in [
+            (
+                "tls_ca",
+                (|a: &mut RunArgs, p: PathBuf| a.tls_ca = Some(p)) as fn(&mut RunArgs, PathBuf),
+            ),
+            ("tls_cert", |a, p| a.tls_cert = Some(p)),
+            ("tls_key", |a, p| a.tls_key = Some(p)),
+        ] {
+            for bad in [junk.clone(), dir.path().join("missing.pem")] {
+                let mut a = tls_args(&files);
+                set(&mut a, bad.clone());
+                let err = Config::load(&a).unwrap_err();
+                let name = bad.file_name().unwrap().to_string_lossy().into_owned();
+                assert!(err.to_string().contains(&name), "{field}: {err}");
+                assert_eq!(field_of(err), field, "{bad:?}");
+            }
+        }
+
+        // A key of another certificate: the pair is refused, naming both files.
+        let other = dir.path().join("other");
+        std::fs::create_dir(&other).unwrap();
+        let other = tls_files(&other);
+        let mut a = tls_args(&files);
+        a.tls_key = Some(other.key);
+        let err = Config::load(&a).unwrap_err().to_string();
+        assert!(
+            err.contains("node-key.pem") && err.contains("node.pem"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn tls_settings_come_from_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let files = tls_files(dir.path());
+        let path = dir.path().join("lockd.toml");
+        std::fs::write(
+            &path,
+            format!(
+                "tls_ca = {:?}\ntls_cert = {:?}\ntls_key = {:?}\nrequire_client_cert = true\n",
+                files.ca, files.cert, files.key
+            ),
+        )
+        .unwrap();
+        let mut a = args();
+        a.insecure = None;
+        a.config = Some(path.clone());
+        let tls = Config::load(&a).unwrap().tls.unwrap();
+        assert_eq!(tls.files, files);
+        assert!(tls.require_client_cert);
+
+        std::fs::write(&path, "insecure = true\n").unwrap();
+        assert_eq!(Config::load(&a).unwrap().tls, None);
     }
 }

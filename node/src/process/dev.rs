@@ -5,6 +5,11 @@
 //! SIGTERM on Ctrl-C or SIGTERM. Data lives under `--dir` (one folder per node), so a second run
 //! reuses it and never re-initialises. Children's logs go to `node{N}.log` in that folder.
 //! Does not run any node logic in this process.
+//!
+//! The cluster runs with TLS like any other (docs/SECURITY.md §1): a throwaway CA and
+//! certificates in `<dir>/tls/` (see `dev_tls`), client certificates required, and the role
+//! map node-1..3=node, client=client, operator=operator, admin=admin. The readiness poll
+//! speaks to the nodes as `admin`.
 
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
@@ -22,6 +27,8 @@ const NODES: u16 = 3;
 const LEADER_WAIT: Duration = Duration::from_secs(30);
 /// Pause between two readiness polls.
 const POLL_INTERVAL: Duration = Duration::from_millis(100);
+/// How long one readiness poll may take to connect (TCP and TLS handshake).
+const POLL_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long each child may take to stop after SIGTERM before it is killed.
 const STOP_WAIT: Duration = Duration::from_secs(10);
 
@@ -80,11 +87,13 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         .join("node1")
         .join(crate::process::identity::IDENTITY_FILE)
         .exists();
+    let pki = super::dev_tls::DevPki::ensure(&dir.join(super::dev_tls::TLS_SUBDIR), NODES)?;
+    let admin = pki.admin_tls()?;
 
     let mut nodes = Vec::new();
     for (i, addr) in addrs.iter().enumerate() {
         let id = i as u16 + 1;
-        let child = spawn_node(&exe, &dir, id, addr, &peers)?;
+        let child = spawn_node(&exe, &dir, &pki, id, addr, &peers)?;
         nodes.push(DevNode {
             id,
             addr: addr.clone(),
@@ -94,7 +103,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
 
     let mut signals = Signals::new()?;
     let leader = tokio::select! {
-        leader = wait_for_leader(&mut nodes) => leader,
+        leader = wait_for_leader(&mut nodes, &admin) => leader,
         _ = signals.recv() => {
             stop_all(&mut nodes).await;
             return Ok(());
@@ -108,12 +117,13 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         }
     };
 
-    let endpoints: Vec<String> = addrs.iter().map(|a| format!("http://{a}")).collect();
     println!(
-        "lockd dev: {NODES} nodes up ({} data in {}; logs in {}/node{{1,2,3}}.log)",
+        "lockd dev: {NODES} nodes up with TLS ({} data in {}; logs in {}/node{{1,2,3}}.log; certificates in {}{})",
         if reused { "reusing" } else { "fresh" },
         dir.display(),
-        dir.display()
+        dir.display(),
+        pki.dir.display(),
+        if pki.minted { ", new" } else { ", reused" },
     );
     for node in &nodes {
         let role = if node.id as u64 == leader.0 {
@@ -121,10 +131,14 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         } else {
             ""
         };
-        println!("  node {}  http://{}{role}", node.id, node.addr);
+        println!("  node {}  https://{}{role}", node.id, node.addr);
     }
-    println!("LOCKD_ENDPOINTS={}", endpoints.join(","));
     println!("leader: node {} at {}", leader.0, leader.1);
+    println!("To use it (lockctl and the SDK read these):");
+    println!("  export LOCKD_ENDPOINTS={}", addrs.join(","));
+    for line in pki.export_lines() {
+        println!("  {line}");
+    }
     println!("Ctrl-C stops all three; the next run reuses the data.");
 
     loop {
@@ -170,7 +184,14 @@ fn check_ports_file(dir: &Path, base_port: u16) -> anyhow::Result<()> {
     }
 }
 
-fn spawn_node(exe: &Path, dir: &Path, id: u16, addr: &str, peers: &str) -> anyhow::Result<Child> {
+fn spawn_node(
+    exe: &Path,
+    dir: &Path,
+    pki: &super::dev_tls::DevPki,
+    id: u16,
+    addr: &str,
+    peers: &str,
+) -> anyhow::Result<Child> {
     let log_path = dir.join(format!("node{id}.log"));
     let log = std::fs::OpenOptions::new()
         .create(true)
@@ -188,6 +209,7 @@ fn spawn_node(exe: &Path, dir: &Path, id: u16, addr: &str, peers: &str) -> anyho
         .arg("--data-dir")
         .arg(dir.join(format!("node{id}")))
         .args(["--peers", peers])
+        .args(pki.node_args(id))
         // Three nodes share this machine's cores.
         .args([
             "--worker-threads",
@@ -209,7 +231,10 @@ fn spawn_node(exe: &Path, dir: &Path, id: u16, addr: &str, peers: &str) -> anyho
 }
 
 /// Polls every node's status until all three name the same leader; returns its id and address.
-async fn wait_for_leader(nodes: &mut [DevNode]) -> anyhow::Result<(u64, String)> {
+async fn wait_for_leader(
+    nodes: &mut [DevNode],
+    admin: &std::sync::Arc<lock_tls::client::ClientTls>,
+) -> anyhow::Result<(u64, String)> {
     let deadline = tokio::time::Instant::now() + LEADER_WAIT;
     loop {
         for node in nodes.iter_mut() {
@@ -224,7 +249,7 @@ async fn wait_for_leader(nodes: &mut [DevNode]) -> anyhow::Result<(u64, String)>
         }
         let mut leaders = Vec::new();
         for node in nodes.iter() {
-            leaders.push(leader_of(&node.addr, node.id).await);
+            leaders.push(leader_of(&node.addr, node.id, admin).await);
         }
         if let Some(Some(first)) = leaders.first()
             && leaders.iter().all(|l| l.as_ref() == Some(first))
@@ -238,11 +263,21 @@ async fn wait_for_leader(nodes: &mut [DevNode]) -> anyhow::Result<(u64, String)>
     }
 }
 
-/// The leader `addr` reports, if it answers as node `id` and knows one.
-async fn leader_of(addr: &str, id: u16) -> Option<(u64, String)> {
-    let mut client = AdminServiceClient::connect(format!("http://{addr}"))
+/// The leader `addr` reports (asked over TLS as `admin`), if it answers as node `id` and knows
+/// one.
+async fn leader_of(
+    addr: &str,
+    id: u16,
+    admin: &std::sync::Arc<lock_tls::client::ClientTls>,
+) -> Option<(u64, String)> {
+    // `http`: the connector does the TLS (see lock_tls::client).
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .ok()?
+        .connect_timeout(POLL_CONNECT_TIMEOUT)
+        .connect_with_connector(lock_tls::client::TlsConnector::new(admin.clone()))
         .await
         .ok()?;
+    let mut client = AdminServiceClient::new(channel);
     let status = client.status(StatusRequest {}).await.ok()?.into_inner();
     if status.node_id != u64::from(id) {
         return None;

@@ -4,4 +4,5 @@
 pub mod cli;
 pub mod config;
 pub mod dev;
+pub mod dev_tls;
 pub mod identity;

@@ -36,7 +36,7 @@ pub mod views;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use lock_client::{ClientConfig, LockClient};
+use lock_client::{ClientConfig, LockClient, TlsConfig};
 use lock_tests::{Cluster, LockInfo, poll_until};
 use lock_tests::{ClusterClient, NodeClient, StatelessBackend, StatelessNodes};
 
@@ -234,11 +234,20 @@ impl Target {
         }
     }
 
-    /// An SDK client over every node.
+    /// An SDK client over every node, over TLS as `admin` (the harness's identity: some cases
+    /// force-revoke), with `config`'s other settings.
     ///
     /// # Panics
     /// If it cannot connect.
     pub async fn sdk(&self, config: ClientConfig) -> LockClient {
+        let (ca, cert, key) = match &self.serving {
+            Serving::Raft(cluster) => cluster.sdk_tls("admin"),
+            Serving::Stateless(nodes) => nodes.sdk_tls("admin"),
+        };
+        let config = ClientConfig {
+            tls: Some(TlsConfig::new(ca).with_identity(cert, key)),
+            ..config
+        };
         LockClient::connect_with(&self.endpoints(), config)
             .await
             .unwrap_or_else(|e| panic!("{}: the SDK cannot connect: {e}", self.name))

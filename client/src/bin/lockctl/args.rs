@@ -4,13 +4,14 @@
 //! The checks are lock-api's own (`validate`, `limits`), so lockctl and the server cannot
 //! disagree about what is valid; lockctl only runs them earlier, to name the flag.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use lock_api::validate;
-use lock_client::LockError;
 use lock_client::config::TIMEOUT_MAX;
 use lock_client::limits::{MAX_WAIT_MAX, TTL_MAX, TTL_MIN};
+use lock_client::{LockError, TlsConfig};
 
 use crate::exit::EXIT_CODES;
 
@@ -36,6 +37,48 @@ pub struct Cli {
     /// `acquire` and `exec` may wait --wait on top. Past it lockctl exits 5.
     #[arg(long, default_value = "10s", value_parser = parse_timeout, global = true)]
     pub timeout: Duration,
+    /// The CA certificate (PEM) that signs the cluster's certificates; with it lockctl speaks
+    /// TLS (`lockd dev`: .lockd-dev/tls/ca.pem). Also `--ca`.
+    #[arg(
+        long = "tls-ca",
+        visible_alias = "ca",
+        env = "LOCKD_CA",
+        value_name = "PATH",
+        value_parser = parse_path,
+        global = true
+    )]
+    pub ca: Option<PathBuf>,
+    /// This client's certificate (PEM), for nodes that require one; needs --tls-key. Also
+    /// `--cert`.
+    #[arg(
+        long = "tls-cert",
+        visible_alias = "cert",
+        env = "LOCKD_CERT",
+        value_name = "PATH",
+        value_parser = parse_path,
+        global = true
+    )]
+    pub cert: Option<PathBuf>,
+    /// The private key (PEM) of --tls-cert. (Not `--key`: that is the lock key.)
+    #[arg(
+        long = "tls-key",
+        env = "LOCKD_KEY",
+        value_name = "PATH",
+        value_parser = parse_path,
+        global = true
+    )]
+    pub tls_key: Option<PathBuf>,
+    /// A bearer token, for nodes that accept one instead of a client certificate; sent only
+    /// over TLS (needs --tls-ca). Not `--token`: that is the fencing token of `renew`/`release`.
+    #[arg(
+        long,
+        env = "LOCKD_TOKEN",
+        value_name = "TOKEN",
+        hide_env_values = true,
+        value_parser = parse_blank_ok,
+        global = true
+    )]
+    pub auth_token: Option<String>,
     #[command(subcommand)]
     pub command: Cmd,
     /// Whether `endpoints` is the default (set after parsing, from clap's value source).
@@ -142,6 +185,61 @@ pub struct GrantArgs {
     /// The fencing token printed by `acquire` / `try`.
     #[arg(long, value_parser = parse_token)]
     pub token: u64,
+}
+
+impl Cli {
+    /// The TLS config the flags (or `LOCKD_CA`, `LOCKD_CERT`, `LOCKD_KEY`) give; `Err` naming
+    /// the flag and its variable when they do not fit together. A blank value counts as unset.
+    pub fn tls(&self) -> Result<Option<TlsConfig>, LockError> {
+        let given = |path: &Option<PathBuf>| path.clone().filter(|p| !p.as_os_str().is_empty());
+        let (ca, cert, key) = (given(&self.ca), given(&self.cert), given(&self.tls_key));
+        let tls = match (ca, &cert, &key) {
+            (None, None, None) => None,
+            (None, _, _) => {
+                return Err(LockError::invalid(
+                    "--tls-cert/--tls-key (LOCKD_CERT/LOCKD_KEY) are given but --tls-ca \
+                     (LOCKD_CA) is not: give the CA file that signs the cluster's certificates",
+                ));
+            }
+            (Some(_), Some(_), None) => {
+                return Err(LockError::invalid(
+                    "--tls-cert (LOCKD_CERT) is given but --tls-key (LOCKD_KEY) is not",
+                ));
+            }
+            (Some(_), None, Some(_)) => {
+                return Err(LockError::invalid(
+                    "--tls-key (LOCKD_KEY) is given but --tls-cert (LOCKD_CERT) is not",
+                ));
+            }
+            (Some(ca), cert, key) => Some(TlsConfig {
+                ca,
+                cert: cert.clone(),
+                key: key.clone(),
+            }),
+        };
+        if tls.is_none() && self.token().is_some() {
+            return Err(LockError::invalid(
+                "--auth-token (LOCKD_TOKEN) is only sent over TLS: give --tls-ca (LOCKD_CA) too",
+            ));
+        }
+        Ok(tls)
+    }
+
+    /// The bearer token of `--auth-token` / `LOCKD_TOKEN`, if one is given (not blank).
+    pub fn token(&self) -> Option<String> {
+        self.auth_token.clone().filter(|t| !t.trim().is_empty())
+    }
+}
+
+/// A file path, blank allowed: `LOCKD_CERT=` in the environment means "unset", which
+/// [`Cli::tls`] decides, rather than the "a value is required" of clap's own path parser.
+fn parse_path(text: &str) -> Result<PathBuf, String> {
+    Ok(PathBuf::from(text))
+}
+
+/// Any text, blank allowed (`LOCKD_TOKEN=` means "unset"; see [`Cli::token`]).
+fn parse_blank_ok(text: &str) -> Result<String, String> {
+    Ok(text.to_owned())
 }
 
 /// Parses `500ms`, `30s`, `2m`, `1h` or a plain number of seconds.
@@ -303,7 +401,82 @@ mod tests {
     }
 
     #[test]
+    fn tls_flags_that_do_not_fit_together_are_named() {
+        // Fields set directly, so a LOCKD_CA exported in the developer's shell cannot leak in.
+        let mut cli = Cli::try_parse_from(["lockctl", "status"]).expect("parses");
+        let set = |cli: &mut Cli, ca: Option<&str>, cert: Option<&str>, key: Option<&str>| {
+            cli.ca = ca.map(PathBuf::from);
+            cli.cert = cert.map(PathBuf::from);
+            cli.tls_key = key.map(PathBuf::from);
+        };
+        let named = |result: Result<Option<TlsConfig>, LockError>, words: &[&str]| match result {
+            Err(LockError::InvalidArgument { message }) => {
+                for word in words {
+                    assert!(message.contains(word), "{message} should name {word}");
+                }
+            }
+            other => panic!("expected InvalidArgument naming {words:?}, got {other:?}"),
+        };
+        cli.auth_token = None;
+        set(&mut cli, None, None, None);
+        assert_eq!(cli.tls(), Ok(None));
+        set(&mut cli, Some("ca.pem"), Some("c.pem"), Some("k.pem"));
+        assert_eq!(
+            cli.tls(),
+            Ok(Some(
+                TlsConfig::new("ca.pem").with_identity("c.pem", "k.pem")
+            ))
+        );
+        set(&mut cli, Some(""), None, None);
+        assert_eq!(cli.tls(), Ok(None), "a blank LOCKD_CA counts as unset");
+        set(&mut cli, None, Some("c.pem"), Some("k.pem"));
+        named(cli.tls(), &["--tls-ca", "LOCKD_CA"]);
+        set(&mut cli, Some("ca.pem"), Some("c.pem"), None);
+        named(cli.tls(), &["--tls-key", "LOCKD_KEY"]);
+        set(&mut cli, Some("ca.pem"), None, Some("k.pem"));
+        named(cli.tls(), &["--tls-cert", "LOCKD_CERT"]);
+        set(&mut cli, None, None, None);
+        cli.auth_token = Some("t0ken".to_owned());
+        named(cli.tls(), &["--auth-token", "--tls-ca"]);
+    }
+
+    #[test]
     fn the_command_line_is_consistent() {
+        // Also: no global flag shadows a subcommand's (`--key`, `--token`), which clap only
+        // notices when the subcommand's flag is read.
+        for args in [
+            &[
+                "lockctl",
+                "--ca",
+                "a",
+                "--cert",
+                "c",
+                "--tls-key",
+                "k",
+                "try",
+                "--key",
+                "lk",
+            ][..],
+            &[
+                "lockctl",
+                "--auth-token",
+                "t",
+                "release",
+                "--session",
+                "s",
+                "--key",
+                "k",
+                "--token",
+                "3",
+            ],
+        ] {
+            let cli = Cli::try_parse_from(args).expect("parses");
+            match &cli.command {
+                Cmd::Try { lock } => assert_eq!(lock.key, "lk"),
+                Cmd::Release { grant } => assert_eq!((grant.key.as_str(), grant.token), ("k", 3)),
+                other => panic!("{other:?}"),
+            }
+        }
         use clap::CommandFactory;
         Cli::command().debug_assert();
     }

@@ -120,6 +120,8 @@ async fn connect(cli: &Cli, session_ttl: Option<Duration>) -> Result<LockClient,
         // at another endpoint still fits: connecting then fails naming each endpoint.
         attempt_timeout: ATTEMPT_TIMEOUT_DEFAULT.min(cli.timeout / 2),
         connect_timeout: CONNECT_TIMEOUT_DEFAULT.min(cli.timeout / 2),
+        tls: cli.tls().map_err(Failure::Connect)?,
+        token: cli.token(),
         ..ClientConfig::default()
     };
     if let Some(ttl) = session_ttl {

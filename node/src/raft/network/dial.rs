@@ -7,7 +7,10 @@
 //! membership, so the leader address handed to clients stays the membership's.
 //!
 //! The channel is made lazily on a client's first call and re-made by tonic after a peer
-//! restarts. When an attempt may be made is `raft::peer_health`'s decision, by the policy of
+//! restarts. With TLS on, every connection of the channel is made by lock-tls's connector:
+//! mutual TLS with this node's certificate, the peer's certificate verified against the
+//! cluster's CA and the address's host, and the files on disk read anew when they changed, so
+//! a reconnect after a rotation presents the new certificate. When an attempt may be made is `raft::peer_health`'s decision, by the policy of
 //! `raft::backoff`; this file only asks it before an attempt and tells it how the attempt went.
 //! Must not look inside a Raft message: it sees only addresses, channels and outcomes.
 
@@ -17,6 +20,7 @@ use std::time::Duration;
 
 use lock_proto::v1::raft_service_client::RaftServiceClient;
 use lock_raft_store::{Node, NodeId};
+use lock_tls::client::{ClientTls, TlsConnector};
 use tokio::time::Instant;
 use tonic::transport::{Channel, Endpoint};
 
@@ -52,13 +56,24 @@ impl DialOverrides {
     }
 }
 
-/// A client of the `RaftService` at `addr` (peer `target`'s), connecting on its first call.
-fn connect(target: NodeId, addr: &str) -> Result<RaftServiceClient<Channel>, CallError> {
+/// A client of the `RaftService` at `addr` (peer `target`'s), connecting on its first call,
+/// over TLS with `tls` when given.
+fn connect(
+    target: NodeId,
+    addr: &str,
+    tls: Option<&Arc<ClientTls>>,
+) -> Result<RaftServiceClient<Channel>, CallError> {
+    // `http` even with TLS: the connector does the TLS itself (see lock_tls::client).
     let endpoint = Endpoint::from_shared(format!("http://{addr}"))
         .map_err(|e| CallError::BadAddress(format!("peer {target} address {addr:?}: {e}")))?
+        // Bounds the TCP connect and, with TLS, the handshake.
         .connect_timeout(CONNECT_TIMEOUT)
         .tcp_nodelay(true);
-    Ok(RaftServiceClient::new(endpoint.connect_lazy())
+    let channel = match tls {
+        None => endpoint.connect_lazy(),
+        Some(tls) => endpoint.connect_with_connector_lazy(TlsConnector::new(tls.clone())),
+    };
+    Ok(RaftServiceClient::new(channel)
         .max_decoding_message_size(RAFT_MESSAGE_BYTES_MAX)
         .max_encoding_message_size(RAFT_MESSAGE_BYTES_MAX))
 }
@@ -87,7 +102,7 @@ impl PeerClient {
         if let Some(client) = &self.client {
             return Ok(client.clone());
         }
-        let client = connect(self.target, &self.addr)?;
+        let client = connect(self.target, &self.addr, self.tls.as_ref())?;
         self.client = Some(client.clone());
         Ok(client)
     }

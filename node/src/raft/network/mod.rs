@@ -6,7 +6,7 @@
 //! call to the file that owns its kind:
 //!
 //! - `dial`: where a peer is dialled (the membership's address or a `--raft-dial` override),
-//!   the lazily made channel, and the per-peer gate of `raft::peer_health` before each attempt;
+//!   the lazily made channel (mutual TLS when the node has TLS on), and the per-peer gate of `raft::peer_health` before each attempt;
 //! - `unary`: appends, votes and pre-votes as one request and one answer each;
 //! - `append_stream`: the pipelined appends of one replication session on one `AppendStream`;
 //! - `coalesce`: the commit-only coalescing of the requests on an append stream, and the
@@ -46,6 +46,7 @@ use std::sync::{Arc, Mutex};
 use futures::Stream;
 use lock_proto::v1::raft_service_client::RaftServiceClient;
 use lock_raft_store::{Node, NodeId, Snapshot, SnapshotData, TypeConfig, Vote};
+use lock_tls::client::ClientTls;
 use openraft::OptionalSend;
 use openraft::base::{BoxFuture, BoxStream};
 use openraft::error::{RPCError, ReplicationClosed, StreamingError};
@@ -81,6 +82,8 @@ pub struct NetworkFactory {
     self_id: NodeId,
     /// Where each peer is dialled when that is not its membership address.
     dial: DialOverrides,
+    /// Mutual TLS to every peer with this node's certificate (`None`: plaintext, `--insecure`).
+    tls: Option<Arc<ClientTls>>,
     /// Peer id → its reachability, made on the first client to it. A peer removed from the
     /// membership keeps its entry: a few words, and nothing dials it any more.
     health: Arc<Mutex<BTreeMap<NodeId, Arc<PeerHealth>>>>,
@@ -92,6 +95,7 @@ impl NetworkFactory {
         Self {
             self_id,
             dial: DialOverrides::default(),
+            tls: None,
             health: Arc::default(),
         }
     }
@@ -100,6 +104,13 @@ impl NetworkFactory {
     /// instead of the membership's address (the membership itself is not touched).
     pub fn with_dial_overrides(mut self, dial: BTreeMap<NodeId, String>) -> Self {
         self.dial = DialOverrides::new(dial);
+        self
+    }
+
+    /// The same factory, dialling every peer over TLS with `tls` (this node's certificate, the
+    /// cluster's CA), taken anew for each new connection; `None` keeps plaintext.
+    pub fn with_tls(mut self, tls: Option<Arc<ClientTls>>) -> Self {
+        self.tls = tls;
         self
     }
 
@@ -131,6 +142,7 @@ impl NetworkFactory {
             self_id: self.self_id,
             target,
             addr,
+            tls: self.tls.clone(),
             client: None,
             purpose,
             health: self.health(target),
@@ -179,6 +191,8 @@ pub struct PeerClient {
     target: NodeId,
     /// The address dialled: the membership's, or the override for `target`.
     addr: String,
+    /// TLS to the peer, if on.
+    tls: Option<Arc<ClientTls>>,
     /// Made on first use; the channel reconnects by itself after a peer restart.
     client: Option<RaftServiceClient<Channel>>,
     purpose: Purpose,
