@@ -139,7 +139,8 @@ impl<B: Backend + std::fmt::Debug> LockService for LockApi<B> {
     ) -> Result<Response<ForceRevokeResponse>, Status> {
         let caller = Caller::of(&request).cloned();
         let r = request.into_inner();
-        let operator = revoke::operator(caller.as_ref(), &r.operator).map_err(status)?;
+        let operator =
+            revoke::operator(caller.as_ref(), &r.key, &r.operator, &r.reason).map_err(status)?;
         let revocation = self
             .backend
             .force_revoke(&r.key, &operator, &r.reason, r.request_id)

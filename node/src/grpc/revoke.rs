@@ -10,20 +10,38 @@
 //!
 //! Owns that rule and the event's fields only; the revoke itself is the backend's.
 
-use lock_api::{LockError, REVOKE_AS_SELF_ROLE};
+use lock_api::{LockError, REVOKE_AS_SELF_ROLE, validate};
 
 use crate::backend::Revocation;
 use crate::peer::Caller;
 
-/// The operator to record for a revoke that `caller` (absent on an `--insecure` node) asked
-/// for with the request field `asked`. A blank `asked` is the caller's principal; an `asked`
-/// naming another principal is `PermissionDenied` with `required_role`
-/// [`REVOKE_AS_SELF_ROLE`] (`PERMISSION_DENIED` with its `ErrorDetail` on the wire).
-pub fn operator(caller: Option<&Caller>, asked: &str) -> Result<String, LockError> {
+/// The operator to record for a revoke of `key` for `reason` that `caller` (absent on an
+/// `--insecure` node) asked for with the request field `asked`. A blank `asked` is the
+/// caller's principal; an `asked` naming another principal is `PermissionDenied` with
+/// `required_role` [`REVOKE_AS_SELF_ROLE`] (`PERMISSION_DENIED` with its `ErrorDetail` on the
+/// wire).
+///
+/// The arguments are checked first, in the backends' order (key, operator, reason), so a
+/// malformed request is the same `InvalidArgument` on a TLS node as on an `--insecure` one,
+/// and only a well-formed request meets the question of whose name it carries.
+pub fn operator(
+    caller: Option<&Caller>,
+    key: &str,
+    asked: &str,
+    reason: &str,
+) -> Result<String, LockError> {
+    validate::key(key)?;
     let Some(caller) = caller else {
+        validate::operator(asked)?;
+        validate::reason(reason)?;
         return Ok(asked.to_owned());
     };
-    if asked.trim().is_empty() || asked == caller.principal {
+    let blank = asked.trim().is_empty();
+    if !blank {
+        validate::operator(asked)?;
+    }
+    validate::reason(reason)?;
+    if blank || asked == caller.principal {
         return Ok(caller.principal.clone());
     }
     // The refusal names the caller, not `asked`: it says whose name the caller may use.
@@ -31,6 +49,7 @@ pub fn operator(caller: Option<&Caller>, asked: &str) -> Result<String, LockErro
         target: "lockd::audit",
         principal = %caller.principal,
         operator = asked,
+        key,
         "force revoke refused: the request names another operator than the caller"
     );
     Err(LockError::PermissionDenied {
@@ -75,19 +94,43 @@ mod tests {
         }
     }
 
+    fn invalid(result: Result<String, LockError>, names: &str) {
+        match result {
+            Err(LockError::InvalidArgument { message }) => {
+                assert!(message.contains(names), "{message}")
+            }
+            other => panic!("not InvalidArgument naming {names}: {other:?}"),
+        }
+    }
+
     #[test]
     fn without_a_caller_the_request_names_the_operator() {
-        assert_eq!(operator(None, "oncall").unwrap(), "oncall");
-        // Blank stays blank: the backend refuses it as before (InvalidArgument).
-        assert_eq!(operator(None, " ").unwrap(), " ");
+        assert_eq!(operator(None, "k", "oncall", "r").unwrap(), "oncall");
+        invalid(operator(None, "k", " ", "r"), "operator");
     }
 
     #[test]
     fn a_caller_is_recorded_as_the_operator() {
         let op = caller("operator");
-        assert_eq!(operator(Some(&op), "").unwrap(), "operator");
-        assert_eq!(operator(Some(&op), "  ").unwrap(), "operator");
-        assert_eq!(operator(Some(&op), "operator").unwrap(), "operator");
+        assert_eq!(operator(Some(&op), "k", "", "r").unwrap(), "operator");
+        assert_eq!(operator(Some(&op), "k", "  ", "r").unwrap(), "operator");
+        assert_eq!(
+            operator(Some(&op), "k", "operator", "r").unwrap(),
+            "operator"
+        );
+    }
+
+    #[test]
+    fn a_malformed_request_is_invalid_before_its_operator_is_compared() {
+        let op = caller("operator");
+        let long = "o".repeat(lock_api::limits::OPERATOR_LEN_MAX + 1);
+        for who in [None, Some(&op)] {
+            invalid(operator(who, " ", "someone-else", "r"), "key");
+            invalid(operator(who, "k", &long, "r"), "operator");
+            invalid(operator(who, "k", "someone-else\n", "r"), "operator");
+            invalid(operator(who, "k", "operator", " "), "reason");
+        }
+        invalid(operator(Some(&op), "k", "someone-else", ""), "reason");
     }
 
     #[test]
@@ -95,7 +138,7 @@ mod tests {
         let op = caller("operator");
         for other in ["admin", "Operator", "operator "] {
             assert_eq!(
-                operator(Some(&op), other),
+                operator(Some(&op), "k", other, "r"),
                 Err(LockError::PermissionDenied {
                     principal: "operator".to_owned(),
                     required_role: REVOKE_AS_SELF_ROLE.to_owned(),
