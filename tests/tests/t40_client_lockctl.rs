@@ -13,6 +13,7 @@ use std::process::Output;
 use std::time::{Duration, Instant};
 
 use lock_tests::Cluster;
+use lock_tests::pki::HARNESS_IDENTITY;
 use tokio::process::Command;
 
 /// Environment variable naming the `lockctl` binary to test.
@@ -287,7 +288,7 @@ async fn t40_client_lockctl_commands_round_trip() {
             "--key",
             "t40/cli",
             "--operator",
-            "t40",
+            HARNESS_IDENTITY,
             "--reason",
             "test",
         ],
@@ -373,7 +374,7 @@ async fn t40_client_lockctl_exec_kills_the_command_when_the_lock_is_revoked() {
             "--key",
             "t40/revoked",
             "--operator",
-            "t40",
+            HARNESS_IDENTITY,
             "--reason",
             "test",
         ],
@@ -745,13 +746,13 @@ async fn t40_client_lockctl_audit_prints_every_page_newest_first() {
         .expect("try_acquire")
         .expect("a fresh key is free");
     let held = node
-        .force_revoke("t40/audit/held", "t40-oncall", "t40: stuck holder")
+        .force_revoke("t40/audit/held", HARNESS_IDENTITY, "t40: stuck holder")
         .await
         .expect("revoke the held key");
     // One more page than the default page size: lockctl must follow the token.
     let many = lock_proto::audit::REVOCATIONS_PAGE_SIZE_DEFAULT + 5;
     for n in 0..many {
-        node.force_revoke("t40/audit/many", "t40-oncall", &format!("t40: {n}"))
+        node.force_revoke("t40/audit/many", HARNESS_IDENTITY, &format!("t40: {n}"))
             .await
             .expect("revoke");
     }
@@ -770,7 +771,11 @@ async fn t40_client_lockctl_audit_prints_every_page_newest_first() {
     );
     for line in &lines {
         assert_eq!(field(line, "key"), "\"t40/audit/many\"", "{line}");
-        assert_eq!(field(line, "operator"), "\"t40-oncall\"", "{line}");
+        assert_eq!(
+            field(line, "operator"),
+            format!("{HARNESS_IDENTITY:?}"),
+            "{line}"
+        );
         assert_eq!(field(line, "previous_owner_id"), "null", "{line}");
         assert_eq!(field(line, "previous_token"), "null", "{line}");
         assert_ne!(field(line, "request_id"), "0", "{line}");

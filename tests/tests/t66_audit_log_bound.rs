@@ -17,6 +17,7 @@ use lock_api::limits::AUDIT_LOG_MAX;
 use lock_api::{LockError, RequestStore};
 use lock_proto::v1::ListRevocationsRequest;
 use lock_tests::Cluster;
+use lock_tests::pki::HARNESS_IDENTITY;
 use tokio::task::JoinSet;
 
 /// Revokes past the bound: enough that a store keeping one record too many, or trimming one
@@ -127,7 +128,7 @@ async fn t66_raft_keeps_the_newest_audit_log_max_revokes() {
     let floors = revoke_past_the_bound(move |n| {
         let node = revoker.clone();
         async move {
-            node.force_revoke(KEY, "t66", &format!("t66: {n}"))
+            node.force_revoke(KEY, HARNESS_IDENTITY, &format!("t66: {n}"))
                 .await
                 .map(|o| o.new_token_floor)
         }

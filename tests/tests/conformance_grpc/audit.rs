@@ -8,10 +8,16 @@
 //! The PostgreSQL and etcd logs outlive runs and other cases revoke concurrently, so a case
 //! filters by its own keys, or looks for its own records among the others in order; it never
 //! assumes the log holds only its records.
+//!
+//! The targets serve TLS and the harness's clients present the `admin` certificate, so a
+//! revoke names [`HARNESS_IDENTITY`] as its operator (a revoke may record only its caller's
+//! name); [`principal`] checks that rule with the `operator` and `client` certificates.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use lock_api::{LockError, REVOKE_AS_SELF_ROLE};
 use lock_proto::v1::{ListRevocationsRequest, ListRevocationsResponse, RevocationRecord};
+use lock_tests::pki::HARNESS_IDENTITY;
 use lock_tests::{NodeClient, next_request_id};
 use tonic::{Code, Status};
 
@@ -67,7 +73,7 @@ pub async fn newest_first(t: &mut Target) {
     let session = t.any().open_session(&owner, LONG_TTL).await.expect("open");
     let held_key = t.key("audit-fields", 0);
     let free_key = t.key("audit-fields", 1);
-    let operator = t.owner("oncall");
+    let operator = HARNESS_IDENTITY.to_owned();
     let grant = t
         .node(0)
         .await
@@ -209,13 +215,13 @@ pub async fn paging(t: &mut Target) {
     let mut f = Findings::new(t, "audit log paging");
     let key = t.key("audit-paging", 0);
     let other_key = t.key("audit-paging", 1);
-    let operator = t.owner("pager");
+    let operator = HARNESS_IDENTITY;
     let mut revoked = Vec::new();
     for n in 0..3 {
         let outcome = t
             .node(n)
             .await
-            .force_revoke(&key, &operator, &format!("audit: page {n}"))
+            .force_revoke(&key, operator, &format!("audit: page {n}"))
             .await
             .expect("force_revoke");
         revoked.push(outcome.new_token_floor);
@@ -223,7 +229,7 @@ pub async fn paging(t: &mut Target) {
     for n in 0..2 {
         t.node(n)
             .await
-            .force_revoke(&other_key, &operator, "audit: other key")
+            .force_revoke(&other_key, operator, "audit: other key")
             .await
             .expect("force_revoke");
     }
@@ -254,7 +260,7 @@ pub async fn paging(t: &mut Target) {
     let between = t
         .node(1)
         .await
-        .force_revoke(&key, &operator, "audit: between pages")
+        .force_revoke(&key, operator, "audit: between pages")
         .await
         .expect("force_revoke between pages");
     let second = list(&t.node(1).await, &key, 2, &first.next_page_token)
@@ -329,4 +335,116 @@ pub async fn paging(t: &mut Target) {
         }
     }
     f.finish();
+}
+
+/// Over TLS a revoke records the caller's certificate principal: the `operator` certificate's
+/// revoke with a blank operator, or with its own name, is recorded as `operator`; one naming
+/// another principal is `PERMISSION_DENIED` (`revoke-as-self`) and leaves the grant as it
+/// was; a `client` may neither revoke nor read the log (it lacks the `operator` role).
+pub async fn principal(t: &mut Target) {
+    let mut f = Findings::new(t, "revoke principal");
+    let session = t
+        .any()
+        .open_session(&t.owner("principal-holder"), LONG_TTL)
+        .await
+        .expect("open");
+    let keys: Vec<String> = (0..3).map(|n| t.key("audit-principal", n)).collect();
+    let mut grants = Vec::new();
+    for key in &keys {
+        grants.push(
+            t.node(0)
+                .await
+                .try_acquire(&session.id, key, LONG_TTL)
+                .await
+                .expect("try_acquire")
+                .expect("a fresh key is free"),
+        );
+    }
+
+    for (key, asked) in [(&keys[0], ""), (&keys[1], "operator")] {
+        if let Err(e) = t
+            .node_as(0, "operator")
+            .await
+            .force_revoke(key, asked, "audit: as the operator")
+            .await
+        {
+            f.fail(format!(
+                "the operator's revoke of {key:?} naming {asked:?} failed: {e}"
+            ));
+        }
+        match list(&t.node_as(1, "operator").await, key, 0, "").await {
+            Ok(page) => {
+                f.check(operators_are(&page, &["operator"]), || {
+                    format!(
+                        "the operator's revoke naming {asked:?} is recorded as {:?}, not as \
+                         the certificate's principal \"operator\"",
+                        page.revocations
+                    )
+                });
+            }
+            Err(e) => f.fail(format!("the operator's ListRevocations failed: {e:?}")),
+        }
+    }
+
+    let refused = t
+        .node_as(0, "operator")
+        .await
+        .force_revoke(&keys[2], HARNESS_IDENTITY, "audit: in another's name")
+        .await;
+    f.check(
+        refused
+            == Err(LockError::PermissionDenied {
+                principal: "operator".into(),
+                required_role: REVOKE_AS_SELF_ROLE.into(),
+            }),
+        || {
+            format!(
+                "a revoke by \"operator\" naming {HARNESS_IDENTITY:?} answered {refused:?}, not \
+                 PermissionDenied(operator, {REVOKE_AS_SELF_ROLE})"
+            )
+        },
+    );
+    let by_client = t
+        .node_as(1, "client")
+        .await
+        .force_revoke(&keys[2], "client", "audit: as a client")
+        .await;
+    f.check(
+        matches!(
+            &by_client,
+            Err(LockError::PermissionDenied { principal, required_role })
+                if principal == "client" && required_role == "operator"
+        ),
+        || format!("a revoke by a client answered {by_client:?}, not PermissionDenied"),
+    );
+    let held = t.inspect_at(0, &keys[2]).await;
+    f.check(
+        held.as_ref().map(|i| i.fencing_token) == Some(grants[2].fencing_token),
+        || format!("after the refused revokes the key shows {held:?}, not its grant"),
+    );
+    match list(&t.node(0).await, &keys[2], 0, "").await {
+        Ok(page) => {
+            f.check(page.revocations.is_empty(), || {
+                format!("a refused revoke is in the log: {:?}", page.revocations)
+            });
+        }
+        Err(e) => f.fail(format!("ListRevocations failed: {e:?}")),
+    }
+    match list(&t.node_as(0, "client").await, "", 0, "").await {
+        Err(e) if e.code() == Code::PermissionDenied => {}
+        other => f.fail(format!(
+            "a client's ListRevocations answered {other:?}, not PERMISSION_DENIED"
+        )),
+    }
+    f.finish();
+}
+
+/// Whether `page` holds exactly one record per entry of `operators`, with those operators.
+fn operators_are(page: &ListRevocationsResponse, operators: &[&str]) -> bool {
+    page.revocations.len() == operators.len()
+        && page
+            .revocations
+            .iter()
+            .zip(operators)
+            .all(|(r, o)| r.operator == *o)
 }

@@ -22,7 +22,8 @@
 //! - `retry`: retried acquire, renew, release and force-revoke (same request id).
 //! - `views`: what `Inspect`, `OpenSession`/`Heartbeat` and `ForceRevoke` answer.
 //! - `failure`: session death and hand-off, transient faults that must not read as "lost".
-//! - `audit`: the force-revoke audit log (`ListRevocations`): fields, order, filter, paging.
+//! - `audit`: the force-revoke audit log (`ListRevocations`): fields, order, filter, paging,
+//!   and whom a revoke records over TLS.
 //!
 //! Shared by several test binaries with `mod conformance_grpc;`, each of which calls
 //! [`cases!`] once; a binary does not use every helper, hence the `dead_code` allowance.
@@ -183,6 +184,18 @@ impl Target {
         match &mut self.serving {
             Serving::Raft(cluster) => cluster.leader_client().await,
             Serving::Stateless(nodes) => nodes.client(i % nodes.len()),
+        }
+    }
+
+    /// [`Target::node`] `i`, presenting `name`'s certificate (`client`, `operator`, `admin`)
+    /// instead of the harness's own (`admin`).
+    pub async fn node_as(&mut self, i: usize, name: &str) -> NodeClient {
+        match &mut self.serving {
+            Serving::Raft(cluster) => {
+                let leader = cluster.leader().await;
+                cluster.client_as(leader, name)
+            }
+            Serving::Stateless(nodes) => nodes.client_as(i % nodes.len(), name),
         }
     }
 
@@ -403,6 +416,7 @@ macro_rules! cases {
             $crate::cases!(@case $start, a_transient_fault_is_never_reported_as_lost, failure::transient_fault);
             $crate::cases!(@case $start, the_audit_log_lists_revokes_newest_first_with_every_field, audit::newest_first);
             $crate::cases!(@case $start, the_audit_log_pages_stably_and_refuses_a_bad_token, audit::paging);
+            $crate::cases!(@case $start, a_revoke_records_the_callers_principal_and_refuses_anothers_name, audit::principal);
         }
     };
     (@case $start:expr, $test:ident, $case:path) => {
