@@ -77,7 +77,8 @@ pub enum LockError {
     },
     /// The caller is authenticated but may not make this call: its principal lacks the role
     /// the method requires, or it presented a session that another principal opened
-    /// (`required_role` is then [`SESSION_OWNER_ROLE`]).
+    /// (`required_role` is then [`SESSION_OWNER_ROLE`]), or it asked to record a force-revoke
+    /// in another principal's name (`required_role` is then [`REVOKE_AS_SELF_ROLE`]).
     ///
     /// **Not retry-safe:** a configuration or caller fault. Map the principal to the role in
     /// the node's configuration, or use the caller's own session.
@@ -85,7 +86,7 @@ pub enum LockError {
         /// The caller's principal.
         principal: String,
         /// The role the call requires (`client`, `operator`, `admin`, `node`), or
-        /// [`SESSION_OWNER_ROLE`].
+        /// [`SESSION_OWNER_ROLE`], or [`REVOKE_AS_SELF_ROLE`].
         required_role: String,
     },
 }
@@ -94,6 +95,12 @@ pub enum LockError {
 /// (or a grant of one) that another principal opened: only the principal that opened a session
 /// may use it, whatever roles the caller has.
 pub const SESSION_OWNER_ROLE: &str = "session-owner";
+
+/// The `required_role` of a [`LockError::PermissionDenied`] for a force-revoke whose `operator`
+/// names another principal than the authenticated caller: the audit log records who revoked,
+/// so a caller may record a revoke only in its own name (leave `operator` blank, or give its
+/// own principal), whatever roles it has.
+pub const REVOKE_AS_SELF_ROLE: &str = "revoke-as-self";
 
 impl LockError {
     /// Whether retrying the *lock operation* may succeed (C2 §2.4): `true` for
@@ -160,6 +167,14 @@ impl fmt::Display for LockError {
                 f,
                 "permission denied: principal {principal:?} did not open this session; \
                  only the principal that opened a session may use it"
+            ),
+            Self::PermissionDenied {
+                principal,
+                required_role,
+            } if required_role == REVOKE_AS_SELF_ROLE => write!(
+                f,
+                "permission denied: principal {principal:?} may record a force-revoke only in \
+                 its own name; leave operator blank or set it to {principal:?}"
             ),
             Self::PermissionDenied {
                 principal,

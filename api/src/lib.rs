@@ -12,7 +12,7 @@
 //! - [`store`]: the backend SPI, [`LockStore`] and [`SessionRegistry`] (C2 §2.5);
 //!   [`request_store`]: what every backend adds to it so one serving layer fits all
 //!   ([`RequestStore`]: request ids, FIFO waiting, the session TTL).
-//! - [`types`]: [`LockHandle`], [`LockInfo`], [`LockOutcome`] (C2 §2.3).
+//! - [`types`]: [`LockHandle`], [`LockInfo`], [`LockOutcome`] (C2 §2.3), [`RevocationRecord`].
 //! - [`error`]: [`LockError`] and its retry rules (C2 §2.4).
 //! - [`fence`]: the resource-side rule "accept iff presented > stored" and the header names (C2 §2.7).
 //! - [`limits`]: every size and time bound, as named constants with their reasons.
@@ -37,7 +37,7 @@ pub mod store;
 pub mod types;
 pub mod validate;
 
-pub use error::{LockError, SESSION_OWNER_ROLE};
+pub use error::{LockError, REVOKE_AS_SELF_ROLE, SESSION_OWNER_ROLE};
 pub use fence::{
     Fence, HEADER_FENCING_TOKEN, HEADER_IDEMPOTENCY_KEY, HEADER_OWNER_ID, fence_accepts,
     parse_fencing_token,
@@ -45,4 +45,4 @@ pub use fence::{
 pub use request_store::{Acquired, Cancelled, RequestStore};
 pub use service::LockService;
 pub use store::{LockStore, SessionRegistry};
-pub use types::{LockHandle, LockInfo, LockOutcome};
+pub use types::{LockHandle, LockInfo, LockOutcome, RevocationRecord};

@@ -62,5 +62,17 @@ pub const REQUEST_RETENTION: Duration = Duration::from_secs(10 * 60);
 /// answered with the first outcome instead of revoking again, on every backend.
 pub const REVOKE_RETRY_WINDOW: Duration = Duration::from_secs(60);
 
+/// Force-revoke audit records every backend keeps, the newest; older ones are evicted, never
+/// refused.
+///
+/// A revoke must always be possible (it is the break-glass path), so a full log evicts its
+/// oldest record instead of refusing a revoke. The Raft backend keeps the log in the
+/// replicated state, in every replica's memory and snapshot, which is what bounds it; the
+/// PostgreSQL and etcd backends keep the same number so that every backend answers
+/// `ListRevocations` alike. Each revoke is also one log event on the node that served it: the
+/// bounded log is the recent history an operator reads, not the archive.
+pub const AUDIT_LOG_MAX: usize = 1024;
+
+const _: () = assert!(AUDIT_LOG_MAX > 0);
 const _: () = assert!(TTL_MIN.as_millis() < TTL_MAX.as_millis());
 const _: () = assert!(KEY_LEN_MAX > 0 && OWNER_ID_LEN_MAX > 0 && SESSION_ID_LEN_MAX > 0);

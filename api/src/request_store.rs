@@ -33,7 +33,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use crate::{LockError, LockHandle, LockOutcome, LockStore, SessionRegistry};
+use crate::{LockError, LockHandle, LockOutcome, LockStore, RevocationRecord, SessionRegistry};
 
 /// The answer of [`RequestStore::acquire_request`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -187,4 +187,22 @@ pub trait RequestStore: LockStore + SessionRegistry {
         reason: &str,
         request_id: u64,
     ) -> impl Future<Output = Result<LockOutcome, LockError>> + Send;
+
+    /// The newest revocation audit records, newest first (highest `new_token_floor` first):
+    /// at most `limit` of them, only those whose floor is below `before_floor` (when given),
+    /// and only of `key` (when given).
+    ///
+    /// MUST honour: the log is the newest
+    /// [`AUDIT_LOG_MAX`](crate::limits::AUDIT_LOG_MAX) revokes across all keys — a record
+    /// older than that is never answered, whether or not the store has deleted it yet — and
+    /// every revoke that returned is in it (the audit record is written in the revoke's own
+    /// atomic step, [`LockStore::revoke`]). Paging by `before_floor` is stable: a revoke made
+    /// after the first page has a higher floor and never shifts the later pages. A read
+    /// failure is `Err(Contention)`, never an empty list.
+    fn revocations(
+        &self,
+        key: Option<&str>,
+        before_floor: Option<u64>,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<RevocationRecord>, LockError>> + Send;
 }

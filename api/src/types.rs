@@ -1,4 +1,5 @@
-//! The records of the contract (C2 §2.3): [`LockHandle`], [`LockInfo`], [`LockOutcome`].
+//! The records of the contract (C2 §2.3): [`LockHandle`], [`LockInfo`], [`LockOutcome`]; and
+//! [`RevocationRecord`], the audit log's record of one revoke (C2's `lock_revocation` row).
 //! Immutable values, free to share between threads (C2 §2.8).
 
 use std::time::{Duration, Instant, SystemTime};
@@ -90,6 +91,33 @@ pub struct LockOutcome {
     /// The token floor after the revoke: every later grant's token is greater than this, so the
     /// displaced holder is fenced out at every resource (FR-08, INV-04).
     pub new_token_floor: u64,
+}
+
+/// One force-revoke as the audit log keeps it: who revoked which key, why, whom it displaced,
+/// and the token floor it set. A backend keeps the newest
+/// [`AUDIT_LOG_MAX`](crate::limits::AUDIT_LOG_MAX) of them.
+///
+/// `new_token_floor` is unique across the backend (every revoke burns a token) and only grows
+/// from one revoke to the next, so it is the order of the log: a higher floor is a later
+/// revoke.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RevocationRecord {
+    /// The revoked key.
+    pub key: String,
+    /// Who revoked (the authenticated principal where the node authenticates callers).
+    pub operator: String,
+    /// Why, as the operator wrote it.
+    pub reason: String,
+    /// The displaced holder's owner id; `None` if the key was free.
+    pub previous_owner_id: Option<String>,
+    /// The displaced grant's fencing token; `None` if the key was free.
+    pub previous_token: Option<u64>,
+    /// The token floor after the revoke: every later grant's token is greater.
+    pub new_token_floor: u64,
+    /// When the backend applied the revoke (its wall clock, display only).
+    pub revoked_at: SystemTime,
+    /// The revoke's request id; 0 if the caller gave none.
+    pub request_id: u64,
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
-use lock_api::{LockError, LockHandle, LockInfo, LockOutcome, validate};
+use lock_api::{LockError, LockHandle, LockInfo, LockOutcome, RevocationRecord, validate};
 use lock_proto::v1;
 use serde::Serialize;
 
@@ -35,6 +35,16 @@ pub struct LockClient {
     revoke_ids: Arc<AtomicU64>,
     /// The heartbeat schedule of every session opened through this client or its clones.
     heartbeats: Arc<Heartbeats>,
+}
+
+/// One page of the force-revoke audit log ([`LockClient::list_revocations`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RevocationPage {
+    /// The records, newest first (highest `new_token_floor` first).
+    pub revocations: Vec<RevocationRecord>,
+    /// Pass it back to read the next page; `None` when this page is the last. Opaque: it is
+    /// valid only with the same `key` filter.
+    pub next_page_token: Option<String>,
 }
 
 /// One node's answer to `lockctl status` / [`LockClient::cluster_status`].
@@ -317,6 +327,61 @@ impl LockClient {
             previous_owner_id: Some(outcome.previous_owner_id).filter(|_| outcome.revoked),
             previous_token: Some(outcome.previous_token).filter(|_| outcome.revoked),
             new_token_floor: outcome.new_token_floor,
+        })
+    }
+
+    /// One page of the force-revoke audit log (`AdminService.ListRevocations`), newest first:
+    /// the revokes of `key` (of every key when `None`), at most `page_size` of them (0: the
+    /// server's default; it serves at most `lock_proto::audit::REVOCATIONS_PAGE_SIZE_MAX`),
+    /// starting after the page whose `next_page_token` is `page_token` (`None`: the first
+    /// page). Read on the leader after it confirmed its leadership, so every revoke answered
+    /// before the call is in it; the backend keeps the newest
+    /// [`AUDIT_LOG_MAX`](crate::limits::AUDIT_LOG_MAX). A token the server did not issue for
+    /// this `key` is `InvalidArgument`. Needs the `operator` role on a node that authenticates
+    /// its callers.
+    pub async fn list_revocations(
+        &self,
+        key: Option<&str>,
+        page_size: u32,
+        page_token: Option<&str>,
+    ) -> Result<RevocationPage, LockError> {
+        if let Some(key) = key {
+            validate::key(key)?;
+        }
+        let request = v1::ListRevocationsRequest {
+            key: key.unwrap_or_default().to_owned(),
+            page_size,
+            page_token: page_token.unwrap_or_default().to_owned(),
+        };
+        let answer = self
+            .router
+            .unary(
+                "list revocations",
+                self.router.budget(Duration::ZERO),
+                &request,
+                |channel, request| async move {
+                    v1::admin_service_client::AdminServiceClient::new(channel)
+                        .list_revocations(request)
+                        .await
+                },
+            )
+            .await?;
+        Ok(RevocationPage {
+            revocations: answer
+                .revocations
+                .into_iter()
+                .map(|r| RevocationRecord {
+                    key: r.key,
+                    operator: r.operator,
+                    reason: r.reason,
+                    previous_owner_id: r.previous_owner_id,
+                    previous_token: r.previous_token,
+                    new_token_floor: r.new_token_floor,
+                    revoked_at: system_time_from_unix_ms(r.revoked_at_unix_ms),
+                    request_id: r.request_id,
+                })
+                .collect(),
+            next_page_token: Some(answer.next_page_token).filter(|t| !t.is_empty()),
         })
     }
 

@@ -98,6 +98,7 @@
 //!   every request.
 //! - `src/bin/lockctl/`: the command-line tool.
 //! - Re-exported from `lock-api`: [`LockHandle`], [`LockInfo`], [`LockOutcome`],
+//!   [`RevocationRecord`],
 //!   [`LockError`], [`LockService`], [`Fence`], [`fence_accepts`], [`parse_fencing_token`],
 //!   the header names and [`limits`].
 
@@ -118,7 +119,7 @@ pub mod session;
 pub mod tls;
 mod transport;
 
-pub use client::{ClusterMember, LockClient, NodeReport, NodeStatus, NodeView};
+pub use client::{ClusterMember, LockClient, NodeReport, NodeStatus, NodeView, RevocationPage};
 pub use config::{BackoffConfig, ClientConfig, SafetyMargin};
 pub use guard::LockGuard;
 pub use session::LockClientSession;
@@ -131,5 +132,5 @@ pub use lock_api::limits;
 #[doc(inline)]
 pub use lock_api::{
     Fence, HEADER_FENCING_TOKEN, HEADER_IDEMPOTENCY_KEY, HEADER_OWNER_ID, LockError, LockHandle,
-    LockInfo, LockOutcome, LockService, fence_accepts, parse_fencing_token,
+    LockInfo, LockOutcome, LockService, RevocationRecord, fence_accepts, parse_fencing_token,
 };

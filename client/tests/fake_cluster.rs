@@ -170,6 +170,12 @@ impl v1::admin_service_server::AdminService for Fake {
     ) -> Result<Response<v1::ChangeMembershipResponse>, Status> {
         Err(Status::unimplemented("fake"))
     }
+    async fn list_revocations(
+        &self,
+        _: Request<v1::ListRevocationsRequest>,
+    ) -> Result<Response<v1::ListRevocationsResponse>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
 }
 
 #[tonic::async_trait]

@@ -23,7 +23,8 @@
 //!   stream.
 //! - `proto/lockd/v1/session.proto` — `SessionService`: open, heartbeat,
 //!   batched heartbeat, close, locks-of.
-//! - `proto/lockd/v1/admin.proto` — `AdminService`: status and membership.
+//! - `proto/lockd/v1/admin.proto` — `AdminService`: status, membership, and
+//!   the force-revoke audit log (`ListRevocations`).
 //! - `proto/lockd/v1/raft.proto` — `RaftService`: node-to-node openraft
 //!   transport, opaque postcard payloads.
 //! - `proto/lockd/v1/error.proto` — `ErrorDetail` and its envelope.
@@ -35,6 +36,8 @@
 //!   decoded is `INVALID_ARGUMENT` with an `ErrorDetail`, never `INTERNAL`.
 //! - [`session`] — the limit of a `HeartbeatBatch`, shared by server and
 //!   client.
+//! - [`audit`] — the page-size bounds and the page token of
+//!   `AdminService.ListRevocations`.
 //! - [`pipeline`] — the limit of calls in flight on a `LockService.Pipeline`
 //!   stream.
 //! - [`FILE_DESCRIPTOR_SET`] — the compiled schema, for gRPC reflection.
@@ -45,6 +48,7 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod audit;
 pub mod codec;
 pub mod error;
 pub mod pipeline;

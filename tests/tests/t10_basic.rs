@@ -5,6 +5,7 @@
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use lock_tests::pki::HARNESS_IDENTITY;
 use lock_tests::{Cluster, ClusterConfig, LockError, Role, poll_until};
 
 /// Lease of grants and sessions that must not expire during a test.
@@ -139,7 +140,7 @@ async fn a_follower_answers_not_leader_naming_the_leader() {
             .expect_err("follower");
         assert_not_leader_naming(&cluster, &err, leader, &what("Release"));
         let err = at
-            .force_revoke("held", "operator", "test")
+            .force_revoke("held", HARNESS_IDENTITY, "test")
             .await
             .expect_err("follower");
         assert_not_leader_naming(&cluster, &err, leader, &what("ForceRevoke"));

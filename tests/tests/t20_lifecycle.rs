@@ -4,6 +4,7 @@
 
 use std::time::{Duration, Instant};
 
+use lock_tests::pki::HARNESS_IDENTITY;
 use lock_tests::{Cluster, ClusterClient, FencedRegister, Grant, LockError, poll_until};
 use tokio::task::JoinHandle;
 
@@ -250,7 +251,7 @@ async fn force_revoke_fences_out_the_displaced_holder() {
     wait_for_waiters(&at, "k", 1).await;
 
     let outcome = at
-        .force_revoke("k", "oncall@example", "stuck holder, ticket OPS-1")
+        .force_revoke("k", HARNESS_IDENTITY, "stuck holder, ticket OPS-1")
         .await
         .expect("force_revoke");
     println!("force_revoke outcome: {outcome:?}");
@@ -281,7 +282,7 @@ async fn force_revoke_fences_out_the_displaced_holder() {
                     let log = std::fs::read_to_string(path).map_err(|e| e.to_string())?;
                     if log
                         .lines()
-                        .any(|l| l.contains("oncall@example") && l.contains("OPS-1"))
+                        .any(|l| l.contains(HARNESS_IDENTITY) && l.contains("OPS-1"))
                     {
                         return Ok(());
                     }
@@ -343,7 +344,7 @@ async fn force_revoke_fences_out_the_displaced_holder() {
             .expect("release")
     );
     let empty = at
-        .force_revoke("k", "oncall@example", "cleanup")
+        .force_revoke("k", HARNESS_IDENTITY, "cleanup")
         .await
         .expect("force_revoke");
     assert!(!empty.revoked);
@@ -435,7 +436,7 @@ async fn a_full_restart_keeps_grants_sessions_and_the_token_counter() {
         grants.push(grant);
     }
     let outcome = any
-        .force_revoke("revoked", "op", "advance the floor")
+        .force_revoke("revoked", HARNESS_IDENTITY, "advance the floor")
         .await
         .expect("revoke");
     let highest = grants
@@ -816,13 +817,13 @@ async fn a_retried_force_revoke_revokes_at_most_once() {
     // same outcome and must not revoke the grant the waiter received in between.
     let request_id = lock_tests::next_request_id();
     let first = at
-        .force_revoke_with_request_id("k", "oncall", "stuck", request_id)
+        .force_revoke_with_request_id("k", HARNESS_IDENTITY, "stuck", request_id)
         .await
         .expect("force_revoke");
     assert_eq!(first.previous_token, old.fencing_token);
     let (new, _) = granted(pending, "waiter of k").await;
     let retry = at
-        .force_revoke_with_request_id("k", "oncall", "stuck", request_id)
+        .force_revoke_with_request_id("k", HARNESS_IDENTITY, "stuck", request_id)
         .await
         .expect("the retried force_revoke answers");
     let info = at.inspect("k", true).await.expect("inspect");

@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use lock_tests::pki::HARNESS_IDENTITY;
 use lock_tests::{
     Cluster, ClusterClient, ClusterConfig, Grant, LockError, Role, Session, poll_until,
 };
@@ -1361,7 +1362,7 @@ async fn a_force_revoke_retried_at_the_next_leader_revokes_at_most_once() {
     // (modelled by ignoring it); the tool retries with the same request id at the next leader.
     let request_id = lock_tests::next_request_id();
     let first = any
-        .force_revoke_with_request_id("k", "oncall", "stuck", request_id)
+        .force_revoke_with_request_id("k", HARNESS_IDENTITY, "stuck", request_id)
         .await
         .expect("force_revoke");
     assert_eq!(first.previous_token, old.fencing_token);
@@ -1378,7 +1379,7 @@ async fn a_force_revoke_retried_at_the_next_leader_revokes_at_most_once() {
         .await
         .expect("a new leader");
     let retry = any
-        .force_revoke_with_request_id("k", "oncall", "stuck", request_id)
+        .force_revoke_with_request_id("k", HARNESS_IDENTITY, "stuck", request_id)
         .await
         .expect("the retried force_revoke answers");
     let info = any.inspect_confirmed("k").await.expect("inspect");

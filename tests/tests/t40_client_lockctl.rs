@@ -13,6 +13,7 @@ use std::process::Output;
 use std::time::{Duration, Instant};
 
 use lock_tests::Cluster;
+use lock_tests::pki::HARNESS_IDENTITY;
 use tokio::process::Command;
 
 /// Environment variable naming the `lockctl` binary to test.
@@ -287,7 +288,7 @@ async fn t40_client_lockctl_commands_round_trip() {
             "--key",
             "t40/cli",
             "--operator",
-            "t40",
+            HARNESS_IDENTITY,
             "--reason",
             "test",
         ],
@@ -373,7 +374,7 @@ async fn t40_client_lockctl_exec_kills_the_command_when_the_lock_is_revoked() {
             "--key",
             "t40/revoked",
             "--operator",
-            "t40",
+            HARNESS_IDENTITY,
             "--reason",
             "test",
         ],
@@ -724,5 +725,85 @@ async fn t40_client_lockctl_release_of_a_lock_not_held_says_why() {
     assert_eq!(
         field(&text(&inspected.stdout), "fencing_token"),
         second_token
+    );
+}
+
+/// `lockctl audit` prints the force-revoke audit log as JSON lines with the record's field
+/// names, newest first, following every page (here more revokes than one page holds); `--key`
+/// keeps one key's records.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t40_client_lockctl_audit_prints_every_page_newest_first() {
+    let mut cluster = Cluster::start(1).await;
+    let node = cluster.leader_client().await;
+    let ttl = Duration::from_secs(60);
+    let session = node
+        .open_session("t40-audit-holder", ttl)
+        .await
+        .expect("open");
+    let grant = node
+        .try_acquire(&session.id, "t40/audit/held", ttl)
+        .await
+        .expect("try_acquire")
+        .expect("a fresh key is free");
+    let held = node
+        .force_revoke("t40/audit/held", HARNESS_IDENTITY, "t40: stuck holder")
+        .await
+        .expect("revoke the held key");
+    // One more page than the default page size: lockctl must follow the token.
+    let many = lock_proto::audit::REVOCATIONS_PAGE_SIZE_DEFAULT + 5;
+    for n in 0..many {
+        node.force_revoke("t40/audit/many", HARNESS_IDENTITY, &format!("t40: {n}"))
+            .await
+            .expect("revoke");
+    }
+
+    let keyed = run(&cluster, &["audit", "--key", "t40/audit/many"]).await;
+    assert_eq!(keyed.status.code(), Some(0), "{}", text(&keyed.stderr));
+    let lines: Vec<String> = text(&keyed.stdout).lines().map(str::to_owned).collect();
+    assert_eq!(lines.len(), many, "one line per revoke of the key");
+    let floors: Vec<u64> = lines
+        .iter()
+        .map(|l| field(l, "new_token_floor").parse().expect("a number"))
+        .collect();
+    assert!(
+        floors.windows(2).all(|w| w[0] > w[1]),
+        "not newest first: {floors:?}"
+    );
+    for line in &lines {
+        assert_eq!(field(line, "key"), "\"t40/audit/many\"", "{line}");
+        assert_eq!(
+            field(line, "operator"),
+            format!("{HARNESS_IDENTITY:?}"),
+            "{line}"
+        );
+        assert_eq!(field(line, "previous_owner_id"), "null", "{line}");
+        assert_eq!(field(line, "previous_token"), "null", "{line}");
+        assert_ne!(field(line, "request_id"), "0", "{line}");
+        assert_ne!(field(line, "revoked_at_unix_ms"), "0", "{line}");
+    }
+    assert_eq!(field(&lines[0], "reason"), format!("\"t40: {}\"", many - 1));
+    assert_eq!(field(&lines[many - 1], "reason"), "\"t40: 0\"");
+
+    let all = run(&cluster, &["audit"]).await;
+    assert_eq!(all.status.code(), Some(0), "{}", text(&all.stderr));
+    let lines: Vec<String> = text(&all.stdout).lines().map(str::to_owned).collect();
+    assert_eq!(lines.len(), many + 1, "every revoke of every key");
+    let oldest = &lines[many];
+    assert_eq!(field(oldest, "key"), "\"t40/audit/held\"", "{oldest}");
+    assert_eq!(field(oldest, "reason"), "\"t40: stuck holder\"", "{oldest}");
+    assert_eq!(
+        field(oldest, "previous_owner_id"),
+        "\"t40-audit-holder\"",
+        "{oldest}"
+    );
+    assert_eq!(
+        field(oldest, "previous_token"),
+        grant.fencing_token.to_string(),
+        "{oldest}"
+    );
+    assert_eq!(
+        field(oldest, "new_token_floor"),
+        held.new_token_floor.to_string(),
+        "{oldest}"
     );
 }

@@ -11,7 +11,7 @@ use lock_api::limits::{
     SESSION_ID_LEN_MAX, TTL_MAX, TTL_MIN,
 };
 use lock_tests::raw::{raw_grpc_unary_on, send_tcp_bytes};
-use lock_tests::{Cluster, ClusterClient, Grant, LockError, Session};
+use lock_tests::{Cluster, ClusterClient, ClusterConfig, Grant, LockError, Session};
 
 /// Lease of grants and sessions that must not expire during a test.
 const LONG_TTL: Duration = Duration::from_secs(60);
@@ -319,17 +319,19 @@ async fn a_release_with_the_wrong_token_changes_nothing() {
     );
 }
 
+/// On a TLS cluster (the fixture's) a blank operator is the caller's principal
+/// (docs/SECURITY.md §4, t65's audit cases), so "no operator" is tested on an `--insecure`
+/// node below; a malformed operator or reason is invalid on both, before any name is compared.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_revoke_without_operator_or_reason_revokes_nothing() {
     let f = Fixture::new().await;
     let long_operator = "o".repeat(OPERATOR_LEN_MAX + 1);
     let long_reason = "r".repeat(REASON_LEN_MAX + 1);
     for (name, operator, reason) in [
-        ("empty operator", "", "reason"),
-        ("blank operator", "  ", "reason"),
         ("empty reason", "oncall", ""),
         ("blank reason", "oncall", " \n "),
         ("oversized operator", long_operator.as_str(), "reason"),
+        ("operator with a newline", "on\ncall", "reason"),
         ("oversized reason", "oncall", long_reason.as_str()),
     ] {
         assert_invalid(
@@ -337,6 +339,36 @@ async fn a_revoke_without_operator_or_reason_revokes_nothing() {
             &format!("ForceRevoke, {name}"),
         );
         f.assert_unharmed(name).await;
+    }
+}
+
+/// Without authenticated callers (`--insecure`) the request's operator is what the audit log
+/// records, so a blank one is refused and revokes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoke_without_an_operator_on_an_insecure_node_revokes_nothing() {
+    let mut cluster = Cluster::start_with(ClusterConfig {
+        tls: false,
+        ..ClusterConfig::with_nodes(1)
+    })
+    .await;
+    let at = cluster.leader_client().await;
+    let holder = at.open_session("holder", LONG_TTL).await.expect("open");
+    let held = at
+        .try_acquire(&holder.id, "held", LONG_TTL)
+        .await
+        .expect("try_acquire")
+        .expect("granted");
+    for (name, operator) in [("empty operator", ""), ("blank operator", "  ")] {
+        assert_invalid(
+            at.force_revoke("held", operator, "reason").await,
+            &format!("ForceRevoke, {name}"),
+        );
+        let info = at.inspect("held", true).await.expect("inspect");
+        assert_eq!(
+            info.map(|i| i.fencing_token),
+            Some(held.fencing_token),
+            "{name}: the grant is untouched"
+        );
     }
 }
 

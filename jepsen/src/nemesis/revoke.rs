@@ -10,6 +10,9 @@ use rand::rngs::StdRng;
 
 use super::{Ctx, QUIET_MS, between};
 use crate::history::{F, Op, OpType, Process};
+// The nemesis client presents the admin certificate over TLS, and a revoke may record only
+// its caller's own name (docs/SECURITY.md §4); without TLS the name is just recorded.
+use crate::pki::ADMIN_IDENTITY;
 
 /// Longest wait for one revoke; the SDK retries within its own budget (10 s) under one
 /// request id, so a revoke is applied at most once.
@@ -27,7 +30,7 @@ pub async fn run(ctx: Arc<Ctx>, mut rng: StdRng) -> anyhow::Result<()> {
         let answer = tokio::time::timeout(
             REVOKE_TIMEOUT,
             ctx.lock_client
-                .force_revoke(&key, "lock-jepsen", "nemesis: force-revoke under test"),
+                .force_revoke(&key, ADMIN_IDENTITY, "nemesis: force-revoke under test"),
         )
         .await;
         let op = match answer {

@@ -4,7 +4,8 @@
 //! The seam carries what a client sends and nothing of the wire: the request identity
 //! `(session_id, request_id)`, the acquire's `max_wait`, cancellation when the caller goes
 //! away (its future is dropped), and the owner taken from the session, never from the call.
-//! Its records ([`Grant`], [`KeyState`], [`Revocation`], [`NodeStatus`]) are plain values; no
+//! Its records ([`Grant`], [`KeyState`], [`Revocation`], [`AuditRecord`], [`NodeStatus`]) are
+//! plain values; no
 //! proto type appears here (the gRPC layer converts, in `grpc::convert`).
 //!
 //! Two implementations:
@@ -75,6 +76,29 @@ pub struct Revocation {
     pub previous_token: Option<u64>,
     /// The token floor after the revoke: every later token is greater.
     pub new_token_floor: u64,
+}
+
+/// One force-revoke as the audit log keeps it (`AdminService.ListRevocations`). Every backend
+/// keeps the newest [`lock_api::limits::AUDIT_LOG_MAX`] of them, ordered by `new_token_floor`
+/// (unique per revoke, higher for a later one).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AuditRecord {
+    /// The revoked key.
+    pub key: String,
+    /// Who revoked.
+    pub operator: String,
+    /// Why.
+    pub reason: String,
+    /// The displaced holder's owner id, if the key was held.
+    pub previous_owner_id: Option<String>,
+    /// The displaced grant's token, if the key was held.
+    pub previous_token: Option<u64>,
+    /// The token floor the revoke set.
+    pub new_token_floor: u64,
+    /// When the backend applied it, wall-clock ms since the epoch (display only).
+    pub revoked_at_ms: u64,
+    /// The revoke's request id (0: none).
+    pub request_id: u64,
 }
 
 /// A node's role in its cluster.
@@ -257,6 +281,18 @@ pub trait Backend: Clone + Send + Sync + 'static {
         reason: &str,
         request_id: u64,
     ) -> impl Future<Output = Result<Revocation, LockError>> + Send;
+
+    /// The force-revoke audit log, newest first: at most `limit` records, only those whose
+    /// floor is below `before_floor` (when given) and only of `key` (when given). A read no
+    /// older than the call: a revoke that was answered before it is in the answer (the Raft
+    /// backend reads on the leader after confirming its leadership; a follower answers
+    /// `NotLeader`). The caller bounds `limit` (`lock_proto::audit::REVOCATIONS_PAGE_SIZE_MAX`).
+    fn revocations(
+        &self,
+        key: Option<&str>,
+        before_floor: Option<u64>,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<AuditRecord>, LockError>> + Send;
 
     /// This node's view of its cluster.
     fn status(&self) -> NodeStatus;

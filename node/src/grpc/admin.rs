@@ -1,18 +1,21 @@
 //! `lockd.v1.AdminService` over any [`Backend`]: this node's view of the cluster, cluster
-//! initialisation and membership changes.
+//! initialisation and membership changes, and the force-revoke audit log a page at a time.
 //!
 //! Owns request unpacking and answer packing only: what a membership change means (and that a
 //! stateless backend has none) is the backend's; every error status comes from
-//! `lock_proto::error`.
+//! `lock_proto::error`. The audit log's paging (the page size, the opaque page token) is
+//! `lock_proto::audit`'s; this file applies it.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use lock_api::LockError;
+use lock_proto::audit::{PageToken, page_size};
 use lock_proto::status_from_lock_error;
 use lock_proto::v1::admin_service_server::AdminService;
 use lock_proto::v1::{
     AddLearnerRequest, AddLearnerResponse, ChangeMembershipRequest, ChangeMembershipResponse,
-    InitRequest, InitResponse, StatusRequest, StatusResponse,
+    InitRequest, InitResponse, ListRevocationsRequest, ListRevocationsResponse, StatusRequest,
+    StatusResponse,
 };
 use tonic::{Request, Response, Status};
 
@@ -88,5 +91,40 @@ impl<B: Backend + std::fmt::Debug> AdminService for AdminApi<B> {
             .await
             .map_err(status)?;
         Ok(Response::new(ChangeMembershipResponse {}))
+    }
+
+    /// One page of the audit log: one record more than the page is read, so the last page
+    /// says it is the last (an empty `next_page_token`) instead of leading to an empty one.
+    async fn list_revocations(
+        &self,
+        request: Request<ListRevocationsRequest>,
+    ) -> Result<Response<ListRevocationsResponse>, Status> {
+        let r = request.into_inner();
+        let position = PageToken::decode(&r.page_token, &r.key).map_err(status)?;
+        let size = page_size(r.page_size);
+        let key = Some(r.key.as_str()).filter(|k| !k.is_empty());
+        let mut records = self
+            .backend
+            .revocations(key, position.map(|p| p.before_floor), size + 1)
+            .await
+            .map_err(status)?;
+        let next_page_token = if records.len() > size {
+            records.truncate(size);
+            records
+                .last()
+                .map(|last| {
+                    PageToken {
+                        before_floor: last.new_token_floor,
+                    }
+                    .encode(&r.key)
+                })
+                .unwrap_or_default()
+        } else {
+            String::new()
+        };
+        Ok(Response::new(ListRevocationsResponse {
+            revocations: records.into_iter().map(convert::audit_record).collect(),
+            next_page_token,
+        }))
     }
 }

@@ -6,7 +6,7 @@
 
 use lock_proto::v1;
 
-use crate::backend::{Grant, KeyState, NodeStatus, Revocation, Role};
+use crate::backend::{AuditRecord, Grant, KeyState, NodeStatus, Revocation, Role};
 
 /// A grant as the wire carries it. `server_expiry_unix_ms` is the grant's expiry on the
 /// backend's clock: informational only (C2 D3).
@@ -43,6 +43,21 @@ pub fn outcome(revocation: Revocation) -> v1::LockOutcome {
         previous_owner_id: revocation.previous_owner_id.unwrap_or_default(),
         previous_token: revocation.previous_token.unwrap_or(0),
         new_token_floor: revocation.new_token_floor,
+    }
+}
+
+/// An audit log record as `ListRevocations` answers it (the previous owner and token absent
+/// when the key was free).
+pub fn audit_record(record: AuditRecord) -> v1::RevocationRecord {
+    v1::RevocationRecord {
+        key: record.key,
+        operator: record.operator,
+        reason: record.reason,
+        previous_owner_id: record.previous_owner_id,
+        previous_token: record.previous_token,
+        new_token_floor: record.new_token_floor,
+        revoked_at_unix_ms: record.revoked_at_ms,
+        request_id: record.request_id,
     }
 }
 

@@ -5,7 +5,8 @@
 //! conversion in `convert`, every error status in `lock_proto::error`. A dropped call (the
 //! client disconnected) drops the backend's future, which cancels a waiting acquire. The calls of
 //! a `Pipeline` stream run through these same unary methods (`grpc::pipeline`). The caller's
-//! principal (`peer::Caller`) goes to the backend with every call that presents a session.
+//! principal (`peer::Caller`) goes to the backend with every call that presents a session, and
+//! a force-revoke's operator is the authenticated caller where there is one (`grpc::revoke`).
 
 use lock_proto::status_from_lock_error;
 use lock_proto::v1::lock_service_server::LockService;
@@ -18,6 +19,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::convert;
 use super::pipeline::{PipelineAnswers, serve_pipeline};
+use super::revoke;
 use crate::backend::Backend;
 use crate::metrics::grpc::CallMeters;
 use crate::peer::Caller;
@@ -168,12 +170,22 @@ impl<B: Backend + std::fmt::Debug> LockService for LockApi<B> {
         &self,
         request: Request<ForceRevokeRequest>,
     ) -> Result<Response<ForceRevokeResponse>, Status> {
+        let caller = Caller::of(&request).cloned();
         let r = request.into_inner();
+        let operator =
+            revoke::operator(caller.as_ref(), &r.key, &r.operator, &r.reason).map_err(status)?;
         let revocation = self
             .backend
-            .force_revoke(&r.key, &r.operator, &r.reason, r.request_id)
+            .force_revoke(&r.key, &operator, &r.reason, r.request_id)
             .await
             .map_err(status)?;
+        revoke::log(
+            &revocation,
+            &operator,
+            &r.reason,
+            r.request_id,
+            caller.is_some(),
+        );
         Ok(Response::new(ForceRevokeResponse {
             outcome: Some(convert::outcome(revocation)),
         }))

@@ -10,13 +10,20 @@ pub mod admin;
 pub mod convert;
 pub mod lock;
 pub mod pipeline;
+pub mod revoke;
 pub mod serve;
 pub mod session;
+
+#[cfg(test)]
+mod audit_tests;
 
 /// Largest client API message, in bytes, either way. The largest request is a force-revoke
 /// (key 256 B + operator 128 B + reason 1 KiB); the largest answer a `LocksOf` of
 /// `LOCKS_PER_SESSION_MAX` keys of `KEY_LEN_MAX` bytes (256 KiB). 1 MiB covers both with room.
 pub const CLIENT_MESSAGE_BYTES_MAX: usize = 1024 * 1024;
+
+// A full page of the audit log fits with room (lock_proto::audit).
+const _: () = assert!(CLIENT_MESSAGE_BYTES_MAX > 2 * lock_proto::audit::REVOCATIONS_PAGE_BYTES_MAX);
 
 const _: () = assert!(
     CLIENT_MESSAGE_BYTES_MAX

@@ -5,7 +5,8 @@
 //! Owns the schema and its embedded versioned migrations — version 1 is C2's (`lock_entry` with
 //! `lock_entry_expiry_idx` and `lock_entry_session_idx`, `fencing_token_seq`, `lock_revocation`,
 //! `lock_session`), version 2 adds what clients meet on every backend (`lock_waiter`,
-//! `lock_request`, `lock_session.request_floor`, `lock_revocation.request_id`) — and the SQL of
+//! `lock_request`, `lock_session.request_floor`, `lock_revocation.request_id`), version 3 the
+//! principal that opened each session, version 4 the indexes that read the audit log newest first — and the SQL of
 //! each method. Holds no lock state itself: every node that points at the same database serves
 //! the same lock table. Must not decide anything from its own clock — the database's `now()` is
 //! the one clock for expiry and wait deadlines — and must never report a driver failure
@@ -19,7 +20,8 @@
 //!   C2's methods share with it;
 //! - `pg/queue.rs`: the steps inside those transactions (key lock, lapsed waiters, hand-off,
 //!   ending a session, `NOTIFY`);
-//! - `pg/listen.rs`: the `LISTEN` connection and the registry of local waiters.
+//! - `pg/listen.rs`: the `LISTEN` connection and the registry of local waiters;
+//! - `pg/audit.rs`: reading the revocation audit log and keeping it to `AUDIT_LOG_MAX` rows.
 //!
 //! # Token order
 //!
@@ -74,6 +76,7 @@ use lock_api::{
 };
 use tokio_postgres::NoTls;
 
+mod audit;
 mod listen;
 mod queue;
 mod requests;
@@ -112,6 +115,7 @@ const MIGRATIONS: &[(i32, &str)] = &[
     (1, include_str!("pg/0001_schema.sql")),
     (2, include_str!("pg/0002_requests.sql")),
     (3, include_str!("pg/0003_session_principal.sql")),
+    (4, include_str!("pg/0004_audit.sql")),
 ];
 
 /// The lock table in PostgreSQL. Cheap to clone (the pool and the `LISTEN` connection are

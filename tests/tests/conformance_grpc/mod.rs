@@ -23,11 +23,14 @@
 //! - `views`: what `Inspect`, `OpenSession`/`Heartbeat` and `ForceRevoke` answer.
 //! - `failure`: session death and hand-off, transient faults that must not read as "lost".
 //! - `principals`: a session refused to a principal other than the one that opened it.
+//! - `audit`: the force-revoke audit log (`ListRevocations`): fields, order, filter, paging,
+//!   and whom a revoke records over TLS.
 //!
 //! Shared by several test binaries with `mod conformance_grpc;`, each of which calls
 //! [`cases!`] once; a binary does not use every helper, hence the `dead_code` allowance.
 #![allow(dead_code)]
 
+pub mod audit;
 pub mod failure;
 pub mod principals;
 pub mod queue;
@@ -398,7 +401,7 @@ macro_rules! cases {
         mod $name {
             #[allow(unused_imports)]
             use super::*;
-            use $crate::conformance_grpc::{Target, failure, principals, queue, retry, views};
+            use $crate::conformance_grpc::{Target, audit, failure, principals, queue, retry, views};
 
             $crate::cases!(@case $start, waiters_are_granted_in_arrival_order, queue::fifo);
             $crate::cases!(@case $start, inspect_counts_the_queued_acquires, queue::waiter_count);
@@ -414,6 +417,9 @@ macro_rules! cases {
             $crate::cases!(@case $start, a_dead_session_loses_its_grant_to_the_next_waiter, failure::session_death);
             $crate::cases!(@case $start, a_transient_fault_is_never_reported_as_lost, failure::transient_fault);
             $crate::cases!(@case $start, a_session_is_refused_to_another_principal, principals::session_hijack);
+            $crate::cases!(@case $start, the_audit_log_lists_revokes_newest_first_with_every_field, audit::newest_first);
+            $crate::cases!(@case $start, the_audit_log_pages_stably_and_refuses_a_bad_token, audit::paging);
+            $crate::cases!(@case $start, a_revoke_records_the_callers_principal_and_refuses_anothers_name, audit::principal);
         }
     };
     (@case $start:expr, $test:ident, $case:path) => {

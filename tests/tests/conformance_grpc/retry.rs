@@ -7,6 +7,7 @@
 use std::time::Duration;
 
 use lock_tests::next_request_id;
+use lock_tests::pki::HARNESS_IDENTITY;
 
 use super::{Findings, LONG_TTL, Target};
 
@@ -220,7 +221,12 @@ pub async fn force_revoke(t: &mut Target) {
     let first = t
         .node(0)
         .await
-        .force_revoke_with_request_id(&key, "oncall", "conformance: stuck holder", request_id)
+        .force_revoke_with_request_id(
+            &key,
+            HARNESS_IDENTITY,
+            "conformance: stuck holder",
+            request_id,
+        )
         .await
         .expect("force_revoke");
     f.check(
@@ -237,7 +243,12 @@ pub async fn force_revoke(t: &mut Target) {
     let retry = t
         .node(1)
         .await
-        .force_revoke_with_request_id(&key, "oncall", "conformance: stuck holder", request_id)
+        .force_revoke_with_request_id(
+            &key,
+            HARNESS_IDENTITY,
+            "conformance: stuck holder",
+            request_id,
+        )
         .await
         .expect("the retried force_revoke answers");
     f.check(retry == first, || {

@@ -8,6 +8,8 @@ use lock_proto::v1::heartbeat_batch_result::Outcome;
 use lock_proto::v1::{HeartbeatBatchRequest, HeartbeatRequest, OpenSessionRequest};
 use lock_tests::ms;
 
+use lock_tests::pki::HARNESS_IDENTITY;
+
 use super::{Findings, LONG_TTL, Target};
 
 /// A session TTL every backend keeps exactly as asked (whole seconds, above every minimum).
@@ -160,7 +162,7 @@ pub async fn revoke_floor(t: &mut Target) {
         let outcome = t
             .node(0)
             .await
-            .force_revoke(key, "oncall", "conformance: floor")
+            .force_revoke(key, HARNESS_IDENTITY, "conformance: floor")
             .await
             .expect("force_revoke");
         if held {

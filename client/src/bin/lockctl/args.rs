@@ -133,6 +133,14 @@ pub enum Cmd {
         #[arg(long, value_parser = parse_reason)]
         reason: String,
     },
+    /// Print the force-revoke audit log, newest first, one JSON object per line (key,
+    /// operator, reason, previous_owner_id, previous_token, new_token_floor,
+    /// revoked_at_unix_ms, request_id); follows every page. Needs the operator role.
+    Audit {
+        /// Only the revocations of this key.
+        #[arg(long, value_parser = parse_key)]
+        key: Option<String>,
+    },
     /// Show each node's view of the cluster: role, leader, term, members, log indexes.
     Status,
     /// Run CMD while holding the lock on --key; CMD gets LOCK_FENCING_TOKEN, LOCK_KEY and

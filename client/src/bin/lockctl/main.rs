@@ -1,6 +1,6 @@
-//! `lockctl`: lockd from the shell. Acquire, renew, release, inspect and revoke locks, show the
-//! cluster, and run a command while holding a lock (`exec`, like `consul lock` and
-//! `etcdctl lock`).
+//! `lockctl`: lockd from the shell. Acquire, renew, release, inspect and revoke locks, read the
+//! revocation audit log, show the cluster, and run a command while holding a lock (`exec`, like
+//! `consul lock` and `etcdctl lock`).
 //!
 //! Owns the commands' flow and JSON output; every lock operation is the `lock-client`
 //! library's. Errors are one line on stderr and a non-zero exit.
@@ -156,6 +156,7 @@ async fn run(cli: &Cli) -> Result<ExitCode, Failure> {
             operator,
             reason,
         } => within(timeout, revoke(cli, key, operator, reason)).await,
+        Cmd::Audit { key } => within(timeout, audit(cli, key.as_deref())).await,
         Cmd::Status => within(timeout, status(cli)).await,
         Cmd::Exec { lock, wait, cmd } => exec::exec(cli, lock, *wait, cmd).await,
     }
@@ -274,6 +275,40 @@ async fn revoke(cli: &Cli, key: &str, operator: &str, reason: &str) -> Result<Ex
         "new_token_floor": outcome.new_token_floor,
     }));
     Ok(ExitCode::SUCCESS)
+}
+
+/// Pages `lockctl audit` follows at most: enough for the whole log one record a page, so a
+/// server that kept answering tokens could not keep lockctl printing for ever.
+const AUDIT_PAGES_MAX: usize = lock_client::limits::AUDIT_LOG_MAX + 1;
+
+/// Prints the audit log as JSON lines, page after page, each line as soon as its page came.
+async fn audit(cli: &Cli, key: Option<&str>) -> Result<ExitCode, Failure> {
+    let client = connect(cli, None).await?;
+    let mut token: Option<String> = None;
+    for _ in 0..AUDIT_PAGES_MAX {
+        let page = client.list_revocations(key, 0, token.as_deref()).await?;
+        for r in &page.revocations {
+            print_json(&json!({
+                "key": r.key,
+                "operator": r.operator,
+                "reason": r.reason,
+                "previous_owner_id": r.previous_owner_id,
+                "previous_token": r.previous_token,
+                "new_token_floor": r.new_token_floor,
+                "revoked_at_unix_ms": unix_ms(r.revoked_at),
+                "request_id": r.request_id,
+            }));
+        }
+        match page.next_page_token {
+            Some(next) => token = Some(next),
+            None => return Ok(ExitCode::SUCCESS),
+        }
+    }
+    Err(LockError::contention(format!(
+        "the audit log did not end within {AUDIT_PAGES_MAX} pages; the server keeps answering \
+         next pages"
+    ))
+    .into())
 }
 
 async fn status(cli: &Cli) -> Result<ExitCode, Failure> {

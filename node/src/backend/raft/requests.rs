@@ -16,9 +16,13 @@ use tokio::sync::watch;
 use super::cancel::CancelOnDrop;
 use super::rejection::{rejected, unexpected};
 use super::{RaftBackend, as_caller, grant};
-use crate::backend::{Backend, Grant, KeyState, NodeStatus, Revocation};
+use crate::backend::{AuditRecord, Backend, Grant, KeyState, NodeStatus, Revocation};
 use crate::leader::leases::RenewCheck;
 use crate::leader::waiters::WaitOutcome;
+
+// The replicated audit log keeps as many revokes as every other backend (lock_api's bound):
+// `ListRevocations` answers alike on all of them.
+const _: () = assert!(lock_raft_store::limits::AUDIT_LOG_MAX == lock_api::limits::AUDIT_LOG_MAX);
 
 fn ttl_ms(ttl_ms: u64) -> Result<u64, LockError> {
     validate::ttl(Duration::from_millis(ttl_ms))
@@ -534,21 +538,50 @@ impl Backend for RaftBackend {
             Response::Rejected(r) => return Err(rejected(r)),
             other => return Err(unexpected("ForceRevoke", &other)),
         };
-        tracing::warn!(
-            key,
-            operator,
-            reason,
-            request_id,
-            previous_token = ?revocation.previous_token,
-            new_token_floor = revocation.new_token_floor,
-            "force revoke"
-        );
         Ok(Revocation {
             key: revocation.key,
             previous_owner_id: revocation.previous_owner_id,
             previous_token: revocation.previous_token,
             new_token_floor: revocation.new_token_floor,
         })
+    }
+
+    /// Reads the replicated audit log on the leader once leadership is confirmed and the
+    /// promote applied (as a confirmed `inspect`, and for the same reason: a restarted leader's
+    /// state machine may lag entries it acknowledged until its promote applies).
+    async fn revocations(
+        &self,
+        key: Option<&str>,
+        before_floor: Option<u64>,
+        limit: usize,
+    ) -> Result<Vec<AuditRecord>, LockError> {
+        if let Some(key) = key {
+            validate::key(key)?;
+        }
+        self.leases_ready()?;
+        self.confirm_leadership().await?;
+        Ok(self.inner.reader.read(|table| {
+            // The log is in apply order, which is floor order (the table's invariants check
+            // that floors only grow), so newest first is its reverse. At most
+            // AUDIT_LOG_MAX references are collected to walk it backwards.
+            let log: Vec<_> = table.revocations().collect();
+            log.into_iter()
+                .rev()
+                .filter(|r| before_floor.is_none_or(|before| r.new_token_floor < before))
+                .filter(|r| key.is_none_or(|key| r.key == key))
+                .take(limit)
+                .map(|r| AuditRecord {
+                    key: r.key.clone(),
+                    operator: r.operator.clone(),
+                    reason: r.reason.clone(),
+                    previous_owner_id: r.previous_owner_id.clone(),
+                    previous_token: r.previous_token,
+                    new_token_floor: r.new_token_floor,
+                    revoked_at_ms: r.at_ms,
+                    request_id: r.request_id,
+                })
+                .collect()
+        }))
     }
 
     fn status(&self) -> NodeStatus {

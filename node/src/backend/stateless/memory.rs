@@ -8,9 +8,10 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
+use lock_api::limits::AUDIT_LOG_MAX;
 use lock_api::{
     Acquired, Cancelled, LockError, LockHandle, LockInfo, LockOutcome, LockStore, RequestStore,
-    SessionRegistry,
+    RevocationRecord, SessionRegistry,
 };
 use tokio::sync::watch;
 
@@ -39,6 +40,8 @@ struct Table {
     /// key → queued requests with their lease length, first first.
     queues: HashMap<String, VecDeque<(RequestId, Duration)>>,
     requests: HashMap<RequestId, RequestState>,
+    /// The audit log, oldest first, at most `AUDIT_LOG_MAX` records.
+    revocations: VecDeque<RevocationRecord>,
     next_token: u64,
     next_session: u64,
 }
@@ -460,15 +463,29 @@ impl RequestStore for MemoryStore {
     async fn revoke_request(
         &self,
         key: &str,
-        _operator: &str,
-        _reason: &str,
-        _request_id: u64,
+        operator: &str,
+        reason: &str,
+        request_id: u64,
     ) -> Result<LockOutcome, LockError> {
         self.touch();
         let mut t = self.table.lock().unwrap();
         let previous = t.grants.remove(key).map(|(_, h)| h);
         t.next_token += 1;
         let floor = t.next_token;
+        let record = RevocationRecord {
+            key: key.to_owned(),
+            operator: operator.to_owned(),
+            reason: reason.to_owned(),
+            previous_owner_id: previous.as_ref().map(|h| h.owner_id.clone()),
+            previous_token: previous.as_ref().map(|h| h.fencing_token),
+            new_token_floor: floor,
+            revoked_at: SystemTime::UNIX_EPOCH + Duration::from_secs(2_000),
+            request_id,
+        };
+        t.revocations.push_back(record);
+        while t.revocations.len() > AUDIT_LOG_MAX {
+            t.revocations.pop_front();
+        }
         t.hand_off(key);
         drop(t);
         self.changed();
@@ -479,5 +496,23 @@ impl RequestStore for MemoryStore {
             previous_token: previous.map(|h| h.fencing_token),
             new_token_floor: floor,
         })
+    }
+
+    async fn revocations(
+        &self,
+        key: Option<&str>,
+        before_floor: Option<u64>,
+        limit: usize,
+    ) -> Result<Vec<RevocationRecord>, LockError> {
+        self.touch();
+        let t = self.table.lock().unwrap();
+        Ok(t.revocations
+            .iter()
+            .rev()
+            .filter(|r| before_floor.is_none_or(|before| r.new_token_floor < before))
+            .filter(|r| key.is_none_or(|key| r.key == key))
+            .take(limit)
+            .cloned()
+            .collect())
     }
 }

@@ -18,7 +18,7 @@ use futures::StreamExt;
 use lock_api::{Acquired, LockError, LockHandle, RequestStore, validate};
 use tokio::sync::watch;
 
-use crate::backend::{Backend, Grant, KeyState, Member, NodeStatus, Revocation, Role};
+use crate::backend::{AuditRecord, Backend, Grant, KeyState, Member, NodeStatus, Revocation, Role};
 use crate::clock::Clock;
 use crate::log_limit::LogLimit;
 
@@ -26,7 +26,7 @@ mod reaper;
 mod wait;
 
 #[cfg(test)]
-mod memory;
+pub(crate) mod memory;
 #[cfg(test)]
 mod tests;
 
@@ -347,21 +347,41 @@ impl<S: RequestStore + 'static> Backend for StatelessBackend<S> {
             .store
             .revoke_request(key, operator, reason, request_id)
             .await?;
-        tracing::warn!(
-            key,
-            operator,
-            reason,
-            request_id,
-            previous_token = ?outcome.previous_token,
-            new_token_floor = outcome.new_token_floor,
-            "force revoke"
-        );
         Ok(Revocation {
             key: outcome.key,
             previous_owner_id: outcome.previous_owner_id,
             previous_token: outcome.previous_token,
             new_token_floor: outcome.new_token_floor,
         })
+    }
+
+    async fn revocations(
+        &self,
+        key: Option<&str>,
+        before_floor: Option<u64>,
+        limit: usize,
+    ) -> Result<Vec<AuditRecord>, LockError> {
+        if let Some(key) = key {
+            validate::key(key)?;
+        }
+        let records = self
+            .inner
+            .store
+            .revocations(key, before_floor, limit)
+            .await?;
+        Ok(records
+            .into_iter()
+            .map(|r| AuditRecord {
+                key: r.key,
+                operator: r.operator,
+                reason: r.reason,
+                previous_owner_id: r.previous_owner_id,
+                previous_token: r.previous_token,
+                new_token_floor: r.new_token_floor,
+                revoked_at_ms: unix_ms(r.revoked_at),
+                request_id: r.request_id,
+            })
+            .collect())
     }
 
     fn status(&self) -> NodeStatus {

@@ -166,6 +166,19 @@ impl Layout {
     pub(super) fn revocations(&self, key: &str) -> Vec<u8> {
         self.k(format_args!("revocation/{key}{KEY_END}"))
     }
+
+    /// Every `revocation/` key, of every lock key: the range start of the whole audit log.
+    pub(super) fn audit_log(&self) -> Vec<u8> {
+        self.k(format_args!("revocation/"))
+    }
+
+    /// The lock key of a `revocation/<key>\0<uuid>` etcd key.
+    pub(super) fn parse_revocation(&self, etcd_key: &[u8]) -> Option<String> {
+        let full = std::str::from_utf8(etcd_key).ok()?;
+        let rest = full.strip_prefix(&format!("{}revocation/", self.prefix))?;
+        let (key, _uuid) = rest.split_once(KEY_END)?;
+        Some(key.to_owned())
+    }
 }
 
 /// The exclusive end of the range of every key that starts with `start` (etcd's
@@ -366,6 +379,18 @@ mod tests {
         );
         assert_eq!(l.parse_waiter(&own), Some(("a".into(), "s1".into())));
         assert_eq!(l.parse_waiter(&other), Some(("a/b".into(), "s1".into())));
+    }
+
+    #[test]
+    fn revocation_keys_parse_back_to_their_lock_key() {
+        let l = Layout::new("p/");
+        for key in ["a", "a/b", "payout/2026-11-30"] {
+            let k = l.revocation(key);
+            assert!(k.starts_with(&l.audit_log()));
+            assert!(k.starts_with(&l.revocations(key)));
+            assert_eq!(l.parse_revocation(&k), Some(key.to_owned()));
+        }
+        assert_eq!(l.parse_revocation(b"p/lock/a"), None);
     }
 
     #[test]

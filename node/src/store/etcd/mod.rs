@@ -28,7 +28,8 @@
 //!   index that bounds them (the Raft table's LOCKS_PER_SESSION_MAX and
 //!   WAITS_PER_SESSION_MAX) and lists `locks_of` without a scan; on the session's lease.
 //! - `revocation/<key>\0<uuid>` = a [`RevocationRecord`] (the audit trail, with the revoke's
-//!   request id for the retry window), written in the transaction that deletes the grant.
+//!   request id for the retry window), written in the transaction that deletes the grant; the
+//!   newest `AUDIT_LOG_MAX` are kept (`audit`).
 //!
 //! `\0` ends a lock key inside a longer etcd key: keys may contain `/`, never a control
 //! character, so the range of key `a`'s waiters never holds key `a/b`'s.
@@ -88,6 +89,7 @@
 //!   made (an expired grant) is as fast as the key's local watchers (at once) or the reaper
 //!   (its interval), not part of the same step.
 
+mod audit;
 mod layout;
 mod ops;
 mod queue;
@@ -756,6 +758,7 @@ impl EtcdLockStore {
         if !resp.succeeded {
             return Ok(None);
         }
+        self.trim_revocations().await;
         Ok(Some(LockOutcome {
             key: key.to_owned(),
             revoked: previous.is_some(),

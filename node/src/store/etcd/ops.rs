@@ -160,6 +160,21 @@ pub(super) fn range_by_age(
     }
 }
 
+/// The keys (no values) of `[start, end)`, oldest-created first, at most `limit`.
+pub(super) fn oldest_keys(start: Vec<u8>, end: Vec<u8>, limit: i64) -> RequestOp {
+    RequestOp {
+        request: Some(Request::RequestRange(RangeRequest {
+            key: start,
+            range_end: end,
+            limit,
+            sort_order: SORT_ASCEND,
+            sort_target: SORT_BY_CREATE,
+            keys_only: true,
+            ..Default::default()
+        })),
+    }
+}
+
 /// Counts `[start, end)`.
 pub(super) fn count(start: Vec<u8>, end: Vec<u8>) -> RequestOp {
     RequestOp {

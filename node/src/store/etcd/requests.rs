@@ -1019,4 +1019,14 @@ impl RequestStore for EtcdLockStore {
         }
         Err(no_decision("revoke"))
     }
+
+    /// The newest `AUDIT_LOG_MAX` records under `revocation/`, by floor (`audit`).
+    async fn revocations(
+        &self,
+        key: Option<&str>,
+        before_floor: Option<u64>,
+        limit: usize,
+    ) -> Result<Vec<lock_api::RevocationRecord>, LockError> {
+        self.read_revocations(key, before_floor, limit).await
+    }
 }

@@ -12,7 +12,10 @@
 use std::time::{Duration, Instant, SystemTime};
 
 use lock_api::limits::{REQUEST_RETENTION, REVOKE_RETRY_WINDOW};
-use lock_api::{Acquired, Cancelled, LockError, LockHandle, LockOutcome, RequestStore, validate};
+use lock_api::{
+    Acquired, Cancelled, LockError, LockHandle, LockOutcome, RequestStore, RevocationRecord,
+    validate,
+};
 use lock_raft_store::limits::{LOCKS_PER_SESSION_MAX, WAITERS_PER_KEY_MAX, WAITS_PER_SESSION_MAX};
 use tokio_postgres::Transaction;
 
@@ -288,6 +291,8 @@ impl PgLockStore {
         tx.commit()
             .await
             .map_err(|e| contention("revoke commit", e))?;
+        drop(client);
+        self.trim_revocations().await;
         Ok(LockOutcome {
             key: key.to_owned(),
             revoked: previous.is_some(),
@@ -963,5 +968,15 @@ impl RequestStore for PgLockStore {
         request_id: u64,
     ) -> Result<LockOutcome, LockError> {
         self.revoke_with_id(key, operator, reason, request_id).await
+    }
+
+    /// The newest `AUDIT_LOG_MAX` rows of `lock_revocation`, by floor (`pg/audit.rs`).
+    async fn revocations(
+        &self,
+        key: Option<&str>,
+        before_floor: Option<u64>,
+        limit: usize,
+    ) -> Result<Vec<RevocationRecord>, LockError> {
+        self.read_revocations(key, before_floor, limit).await
     }
 }

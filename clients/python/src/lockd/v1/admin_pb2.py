@@ -14,15 +14,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14lockd/v1/admin.proto\x12\x08lockd.v1\"6\n\x06Member\x12\x0f\n\x07node_id\x18\x01 \x01(\x04\x12\x0c\n\x04\x61\x64\x64r\x18\x02 \x01(\t\x12\r\n\x05voter\x18\x03 \x01(\x08\"\x0f\n\rStatusRequest\"\x8c\x02\n\x0eStatusResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\x04\x12\x1c\n\x04role\x18\x02 \x01(\x0e\x32\x0e.lockd.v1.Role\x12\x14\n\x0c\x63urrent_term\x18\x03 \x01(\x04\x12\x16\n\tleader_id\x18\x04 \x01(\x04H\x00\x88\x01\x01\x12\x13\n\x0bleader_addr\x18\x05 \x01(\t\x12\x14\n\x0c\x63ommit_index\x18\x06 \x01(\x04\x12\x15\n\rapplied_index\x18\x07 \x01(\x04\x12\x16\n\x0elast_log_index\x18\x08 \x01(\x04\x12!\n\x07members\x18\t \x03(\x0b\x32\x10.lockd.v1.Member\x12\x12\n\ncluster_id\x18\n \x01(\tB\x0c\n\n_leader_id\"0\n\x0bInitRequest\x12!\n\x07members\x18\x01 \x03(\x0b\x32\x10.lockd.v1.Member\"\x0e\n\x0cInitResponse\"5\n\x11\x41\x64\x64LearnerRequest\x12 \n\x06member\x18\x01 \x01(\x0b\x32\x10.lockd.v1.Member\"\x14\n\x12\x41\x64\x64LearnerResponse\"<\n\x17\x43hangeMembershipRequest\x12\x11\n\tvoter_ids\x18\x01 \x03(\x04\x12\x0e\n\x06retain\x18\x02 \x01(\x08\"\x1a\n\x18\x43hangeMembershipResponse*y\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\x11\n\rROLE_FOLLOWER\x10\x01\x12\x12\n\x0eROLE_CANDIDATE\x10\x02\x12\x0f\n\x0bROLE_LEADER\x10\x03\x12\x10\n\x0cROLE_LEARNER\x10\x04\x12\x11\n\rROLE_SHUTDOWN\x10\x05\x32\xa6\x02\n\x0c\x41\x64minService\x12;\n\x06Status\x12\x17.lockd.v1.StatusRequest\x1a\x18.lockd.v1.StatusResponse\x12\x35\n\x04Init\x12\x15.lockd.v1.InitRequest\x1a\x16.lockd.v1.InitResponse\x12G\n\nAddLearner\x12\x1b.lockd.v1.AddLearnerRequest\x1a\x1c.lockd.v1.AddLearnerResponse\x12Y\n\x10\x43hangeMembership\x12!.lockd.v1.ChangeMembershipRequest\x1a\".lockd.v1.ChangeMembershipResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14lockd/v1/admin.proto\x12\x08lockd.v1\"6\n\x06Member\x12\x0f\n\x07node_id\x18\x01 \x01(\x04\x12\x0c\n\x04\x61\x64\x64r\x18\x02 \x01(\t\x12\r\n\x05voter\x18\x03 \x01(\x08\"\x0f\n\rStatusRequest\"\x8c\x02\n\x0eStatusResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\x04\x12\x1c\n\x04role\x18\x02 \x01(\x0e\x32\x0e.lockd.v1.Role\x12\x14\n\x0c\x63urrent_term\x18\x03 \x01(\x04\x12\x16\n\tleader_id\x18\x04 \x01(\x04H\x00\x88\x01\x01\x12\x13\n\x0bleader_addr\x18\x05 \x01(\t\x12\x14\n\x0c\x63ommit_index\x18\x06 \x01(\x04\x12\x15\n\rapplied_index\x18\x07 \x01(\x04\x12\x16\n\x0elast_log_index\x18\x08 \x01(\x04\x12!\n\x07members\x18\t \x03(\x0b\x32\x10.lockd.v1.Member\x12\x12\n\ncluster_id\x18\n \x01(\tB\x0c\n\n_leader_id\"0\n\x0bInitRequest\x12!\n\x07members\x18\x01 \x03(\x0b\x32\x10.lockd.v1.Member\"\x0e\n\x0cInitResponse\"5\n\x11\x41\x64\x64LearnerRequest\x12 \n\x06member\x18\x01 \x01(\x0b\x32\x10.lockd.v1.Member\"\x14\n\x12\x41\x64\x64LearnerResponse\"<\n\x17\x43hangeMembershipRequest\x12\x11\n\tvoter_ids\x18\x01 \x03(\x04\x12\x0e\n\x06retain\x18\x02 \x01(\x08\"\x1a\n\x18\x43hangeMembershipResponse\"L\n\x16ListRevocationsRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\r\x12\x12\n\npage_token\x18\x03 \x01(\t\"c\n\x17ListRevocationsResponse\x12/\n\x0brevocations\x18\x01 \x03(\x0b\x32\x1a.lockd.v1.RevocationRecord\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\xf0\x01\n\x10RevocationRecord\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x10\n\x08operator\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x1e\n\x11previous_owner_id\x18\x04 \x01(\tH\x00\x88\x01\x01\x12\x1b\n\x0eprevious_token\x18\x05 \x01(\x04H\x01\x88\x01\x01\x12\x17\n\x0fnew_token_floor\x18\x06 \x01(\x04\x12\x1a\n\x12revoked_at_unix_ms\x18\x07 \x01(\x04\x12\x12\n\nrequest_id\x18\x08 \x01(\x04\x42\x14\n\x12_previous_owner_idB\x11\n\x0f_previous_token*y\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\x11\n\rROLE_FOLLOWER\x10\x01\x12\x12\n\x0eROLE_CANDIDATE\x10\x02\x12\x0f\n\x0bROLE_LEADER\x10\x03\x12\x10\n\x0cROLE_LEARNER\x10\x04\x12\x11\n\rROLE_SHUTDOWN\x10\x05\x32\xfe\x02\n\x0c\x41\x64minService\x12;\n\x06Status\x12\x17.lockd.v1.StatusRequest\x1a\x18.lockd.v1.StatusResponse\x12\x35\n\x04Init\x12\x15.lockd.v1.InitRequest\x1a\x16.lockd.v1.InitResponse\x12G\n\nAddLearner\x12\x1b.lockd.v1.AddLearnerRequest\x1a\x1c.lockd.v1.AddLearnerResponse\x12Y\n\x10\x43hangeMembership\x12!.lockd.v1.ChangeMembershipRequest\x1a\".lockd.v1.ChangeMembershipResponse\x12V\n\x0fListRevocations\x12 .lockd.v1.ListRevocationsRequest\x1a!.lockd.v1.ListRevocationsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'lockd.v1.admin_pb2', _globals)
 if _descriptor._USE_C_DESCRIPTORS == False:
   DESCRIPTOR._options = None
-  _globals['_ROLE']._serialized_start=611
-  _globals['_ROLE']._serialized_end=732
+  _globals['_ROLE']._serialized_start=1033
+  _globals['_ROLE']._serialized_end=1154
   _globals['_MEMBER']._serialized_start=34
   _globals['_MEMBER']._serialized_end=88
   _globals['_STATUSREQUEST']._serialized_start=90
@@ -41,6 +41,12 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   _globals['_CHANGEMEMBERSHIPREQUEST']._serialized_end=581
   _globals['_CHANGEMEMBERSHIPRESPONSE']._serialized_start=583
   _globals['_CHANGEMEMBERSHIPRESPONSE']._serialized_end=609
-  _globals['_ADMINSERVICE']._serialized_start=735
-  _globals['_ADMINSERVICE']._serialized_end=1029
+  _globals['_LISTREVOCATIONSREQUEST']._serialized_start=611
+  _globals['_LISTREVOCATIONSREQUEST']._serialized_end=687
+  _globals['_LISTREVOCATIONSRESPONSE']._serialized_start=689
+  _globals['_LISTREVOCATIONSRESPONSE']._serialized_end=788
+  _globals['_REVOCATIONRECORD']._serialized_start=791
+  _globals['_REVOCATIONRECORD']._serialized_end=1031
+  _globals['_ADMINSERVICE']._serialized_start=1157
+  _globals['_ADMINSERVICE']._serialized_end=1539
 # @@protoc_insertion_point(module_scope)

@@ -90,3 +90,41 @@ class ChangeMembershipRequest(_message.Message):
 class ChangeMembershipResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class ListRevocationsRequest(_message.Message):
+    __slots__ = ("key", "page_size", "page_token")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    page_size: int
+    page_token: str
+    def __init__(self, key: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListRevocationsResponse(_message.Message):
+    __slots__ = ("revocations", "next_page_token")
+    REVOCATIONS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    revocations: _containers.RepeatedCompositeFieldContainer[RevocationRecord]
+    next_page_token: str
+    def __init__(self, revocations: _Optional[_Iterable[_Union[RevocationRecord, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class RevocationRecord(_message.Message):
+    __slots__ = ("key", "operator", "reason", "previous_owner_id", "previous_token", "new_token_floor", "revoked_at_unix_ms", "request_id")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    OPERATOR_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    PREVIOUS_OWNER_ID_FIELD_NUMBER: _ClassVar[int]
+    PREVIOUS_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    NEW_TOKEN_FLOOR_FIELD_NUMBER: _ClassVar[int]
+    REVOKED_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    operator: str
+    reason: str
+    previous_owner_id: str
+    previous_token: int
+    new_token_floor: int
+    revoked_at_unix_ms: int
+    request_id: int
+    def __init__(self, key: _Optional[str] = ..., operator: _Optional[str] = ..., reason: _Optional[str] = ..., previous_owner_id: _Optional[str] = ..., previous_token: _Optional[int] = ..., new_token_floor: _Optional[int] = ..., revoked_at_unix_ms: _Optional[int] = ..., request_id: _Optional[int] = ...) -> None: ...

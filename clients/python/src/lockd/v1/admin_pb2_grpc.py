@@ -6,9 +6,10 @@ from lockd.v1 import admin_pb2 as lockd_dot_v1_dot_admin__pb2
 
 
 class AdminServiceStub(object):
-    """Reports and changes the Raft cluster's state. `Status` is answered by every
-    node about itself; the membership calls need the leader and answer
-    `NotLeader` elsewhere (see error.proto).
+    """Reports and changes the Raft cluster's state, and reads the force-revoke
+    audit log. `Status` is answered by every node about itself; the membership
+    calls and `ListRevocations` need the leader and answer `NotLeader` elsewhere
+    (see error.proto).
     """
 
     def __init__(self, channel):
@@ -37,12 +38,18 @@ class AdminServiceStub(object):
                 request_serializer=lockd_dot_v1_dot_admin__pb2.ChangeMembershipRequest.SerializeToString,
                 response_deserializer=lockd_dot_v1_dot_admin__pb2.ChangeMembershipResponse.FromString,
                 )
+        self.ListRevocations = channel.unary_unary(
+                '/lockd.v1.AdminService/ListRevocations',
+                request_serializer=lockd_dot_v1_dot_admin__pb2.ListRevocationsRequest.SerializeToString,
+                response_deserializer=lockd_dot_v1_dot_admin__pb2.ListRevocationsResponse.FromString,
+                )
 
 
 class AdminServiceServicer(object):
-    """Reports and changes the Raft cluster's state. `Status` is answered by every
-    node about itself; the membership calls need the leader and answer
-    `NotLeader` elsewhere (see error.proto).
+    """Reports and changes the Raft cluster's state, and reads the force-revoke
+    audit log. `Status` is answered by every node about itself; the membership
+    calls and `ListRevocations` need the leader and answer `NotLeader` elsewhere
+    (see error.proto).
     """
 
     def Status(self, request, context):
@@ -76,6 +83,17 @@ class AdminServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListRevocations(self, request, context):
+        """The force-revoke audit log, newest first, one page at a time: the newest
+        `AUDIT_LOG_MAX` (1,024) revokes the backend keeps, across all keys or of
+        one. Read on the leader after it confirmed its leadership (a follower
+        answers `NotLeader`), so a revoke that was answered is in the log. Needs
+        the `operator` role where the node authenticates callers.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -99,6 +117,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     request_deserializer=lockd_dot_v1_dot_admin__pb2.ChangeMembershipRequest.FromString,
                     response_serializer=lockd_dot_v1_dot_admin__pb2.ChangeMembershipResponse.SerializeToString,
             ),
+            'ListRevocations': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListRevocations,
+                    request_deserializer=lockd_dot_v1_dot_admin__pb2.ListRevocationsRequest.FromString,
+                    response_serializer=lockd_dot_v1_dot_admin__pb2.ListRevocationsResponse.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'lockd.v1.AdminService', rpc_method_handlers)
@@ -107,9 +130,10 @@ def add_AdminServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class AdminService(object):
-    """Reports and changes the Raft cluster's state. `Status` is answered by every
-    node about itself; the membership calls need the leader and answer
-    `NotLeader` elsewhere (see error.proto).
+    """Reports and changes the Raft cluster's state, and reads the force-revoke
+    audit log. `Status` is answered by every node about itself; the membership
+    calls and `ListRevocations` need the leader and answer `NotLeader` elsewhere
+    (see error.proto).
     """
 
     @staticmethod
@@ -177,5 +201,22 @@ class AdminService(object):
         return grpc.experimental.unary_unary(request, target, '/lockd.v1.AdminService/ChangeMembership',
             lockd_dot_v1_dot_admin__pb2.ChangeMembershipRequest.SerializeToString,
             lockd_dot_v1_dot_admin__pb2.ChangeMembershipResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def ListRevocations(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/lockd.v1.AdminService/ListRevocations',
+            lockd_dot_v1_dot_admin__pb2.ListRevocationsRequest.SerializeToString,
+            lockd_dot_v1_dot_admin__pb2.ListRevocationsResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
