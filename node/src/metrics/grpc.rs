@@ -47,11 +47,11 @@ pub fn code_name(code: Code) -> &'static str {
     }
 }
 
-/// The `(service, method)` of a gRPC path `/lockd.v1.LockService/Acquire`. The names of
-/// lockd's own services and methods are borrowed from tables, so the common path allocates
-/// nothing; any other name is copied, and a path that is not `/service/method` is
-/// `("", path)`.
-fn split_path(path: &str) -> (Cow<'static, str>, Cow<'static, str>) {
+/// The `(service, method)` of a gRPC path `/lockd.v1.LockService/Acquire`, borrowed from the
+/// tables of the names a node serves, so counting a call allocates nothing. Any other name is
+/// [`UNKNOWN`]: a label value copied from the path would let a caller sending made-up paths
+/// grow the label set, and the memory of every scrape, without bound.
+fn split_path(path: &str) -> (&'static str, &'static str) {
     const KNOWN: [&str; 6] = [
         "lockd.v1.LockService",
         "lockd.v1.SessionService",
@@ -61,22 +61,24 @@ fn split_path(path: &str) -> (Cow<'static, str>, Cow<'static, str>) {
         "grpc.reflection.v1.ServerReflection",
     ];
     let Some((service, method)) = path.strip_prefix('/').and_then(|p| p.split_once('/')) else {
-        return (Cow::Borrowed(""), Cow::Owned(path.to_owned()));
+        return (UNKNOWN, UNKNOWN);
     };
-    let service = KNOWN
-        .iter()
-        .find(|k| **k == service)
-        .map_or_else(|| Cow::Owned(service.to_owned()), |k| Cow::Borrowed(*k));
-    let method = KNOWN_METHODS
-        .iter()
-        .find(|k| **k == method)
-        .map_or_else(|| Cow::Owned(method.to_owned()), |k| Cow::Borrowed(*k));
-    (service, method)
+    let known = |names: &[&'static str], name: &str| -> &'static str {
+        names
+            .iter()
+            .copied()
+            .find(|k| *k == name)
+            .unwrap_or(UNKNOWN)
+    };
+    (known(&KNOWN, service), known(&KNOWN_METHODS, method))
 }
+
+/// The `service` or `method` label of a call to a name this node does not serve.
+const UNKNOWN: &str = "unknown";
 
 /// The RPC names of lockd's own services (proto/lockd/v1/*.proto) and of health, borrowed by
 /// [`split_path`] so that counting a call allocates nothing.
-const KNOWN_METHODS: [&str; 24] = [
+const KNOWN_METHODS: [&str; 27] = [
     "Acquire",
     "TryAcquire",
     "CancelAcquire",
@@ -94,6 +96,7 @@ const KNOWN_METHODS: [&str; 24] = [
     "Init",
     "AddLearner",
     "ChangeMembership",
+    "ListRevocations",
     "Append",
     "AppendStream",
     "Vote",
@@ -101,6 +104,8 @@ const KNOWN_METHODS: [&str; 24] = [
     "Snapshot",
     "Check",
     "Watch",
+    "List",
+    "ServerReflectionInfo",
 ];
 
 /// Counts the calls a `Pipeline` stream carries. The layer puts one into the stream's request
@@ -249,8 +254,8 @@ where
         }
         let mut meter = Meter {
             families: self.families.clone(),
-            service,
-            method,
+            service: Cow::Borrowed(service),
+            method: Cow::Borrowed(method),
             started: Instant::now(),
             code: None,
             recorded: false,
@@ -326,13 +331,16 @@ mod tests {
 
     #[test]
     fn paths_split_into_service_and_method() {
-        let (s, m) = split_path("/lockd.v1.LockService/TryAcquire");
-        assert!(matches!(s, Cow::Borrowed("lockd.v1.LockService")));
-        assert!(matches!(m, Cow::Borrowed("TryAcquire")));
-        let (s, m) = split_path("/other.Svc/Do");
-        assert_eq!((s.as_ref(), m.as_ref()), ("other.Svc", "Do"));
-        let (s, m) = split_path("/nonsense");
-        assert_eq!((s.as_ref(), m.as_ref()), ("", "/nonsense"));
+        assert_eq!(
+            split_path("/lockd.v1.LockService/TryAcquire"),
+            ("lockd.v1.LockService", "TryAcquire")
+        );
+        assert_eq!(
+            split_path("/lockd.v1.AdminService/ListRevocations"),
+            ("lockd.v1.AdminService", "ListRevocations")
+        );
+        assert_eq!(split_path("/other.Svc/Do"), ("unknown", "unknown"));
+        assert_eq!(split_path("/nonsense"), ("unknown", "unknown"));
     }
 
     #[test]
