@@ -241,6 +241,8 @@ _EXPORT = re.compile(r"(LOCKD_[A-Z_]+)=(\S+)")
 DEV_READY_PREFIX = "leader: node "
 #: Nodes of ``lockd dev``.
 DEV_NODES = 3
+#: How long ``lockd dev`` may take to stop its nodes after SIGTERM.
+DEV_STOP_TIMEOUT = 30.0
 
 
 def _free_port_run(count: int) -> int:
@@ -347,12 +349,35 @@ class DevCluster:
         proc, self._proc = self._proc, None
         if proc is None:
             return
+        # SIGTERM: lockd dev stops its nodes and exits. They run in process groups of their
+        # own, so a signal to lockd dev's group alone would leave them running.
         if proc.poll() is None:
+            proc.terminate()
             try:
+                proc.wait(timeout=DEV_STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        for pid in self._node_pids():
+            try:
+                os.kill(pid, signal.SIGKILL)  # only if lockd dev could not stop it
             except ProcessLookupError:
                 pass
-        proc.wait(timeout=30)
+
+    def _node_pids(self) -> List[int]:
+        """Processes still running a node of this dev folder (none after a clean stop)."""
+        pids = []
+        marker = str(getattr(self, "dev_dir", self.dir)).encode()
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                cmdline = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"lockd" in cmdline and marker in cmdline and int(entry.name) != os.getpid():
+                pids.append(int(entry.name))
+        return pids
 
     def close(self) -> None:
         """Kills ``lockd dev`` and its nodes and removes the folder."""
