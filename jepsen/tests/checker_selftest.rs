@@ -676,6 +676,50 @@ fn t32_a_renewal_after_the_next_grant_is_not_linearizable() {
     assert!(p.violations[0].message.contains("no order"), "{p:#?}");
 }
 
+/// A blocking acquire that gave up ("contended") after the server granted it, and a revoke
+/// that displaced that grant before the SDK's cancel could release it: the revoke names a
+/// token no acknowledged acquire carries (seen in a `t15_revoke` run at load average 16). The
+/// grant fits only inside the gave-up acquire; without that acquire, the revoke's token has no
+/// origin and the history is not linearizable.
+fn revoke_of_an_abandoned_grant(with_abandoned_acquire: bool) -> Vec<Op> {
+    let mut ops = Vec::new();
+    grant(&mut ops, 0, "k", 0, 50, 10);
+    release(&mut ops, 0, "k", (100, 150), 10, true);
+    if with_abandoned_acquire {
+        ops.push((200, client(1, OpType::Invoke, F::Acquire, "k")));
+        ops.push((
+            3_300,
+            client(1, OpType::Fail, F::Acquire, "k").error("contended"),
+        ));
+    }
+    ops.push((
+        2_900,
+        Op::new(Process::Nemesis, OpType::Invoke, F::Revoke).key("k"),
+    ));
+    let mut revoke = Op::new(Process::Nemesis, OpType::Ok, F::Revoke).key("k");
+    revoke.revoked = Some(true);
+    revoke.previous_token = Some(12);
+    revoke.new_token_floor = Some(13);
+    ops.push((3_200, revoke));
+    grant(&mut ops, 2, "k", 3_250, 3_400, 14);
+    release(&mut ops, 2, "k", (3_450, 3_500), 14, true);
+    timed(ops)
+}
+
+#[test]
+fn t36_a_revoke_may_displace_the_grant_of_an_acquire_that_gave_up() {
+    let v = checker::check(&revoke_of_an_abandoned_grant(true), &CheckConfig::default()).unwrap();
+    let p = v.property("linearizable").unwrap();
+    assert_eq!(p.status, Status::Pass, "{p:#?}");
+    let v = checker::check(
+        &revoke_of_an_abandoned_grant(false),
+        &CheckConfig::default(),
+    )
+    .unwrap();
+    let p = v.property("linearizable").unwrap();
+    assert_eq!(p.status, Status::Fail, "{p:#?}");
+}
+
 /// A search that hits its bound says so: unknown, never pass.
 #[test]
 fn t33_the_search_bound_gives_unknown_not_pass() {

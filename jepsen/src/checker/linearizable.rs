@@ -57,7 +57,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
 use super::{Analysis, PropertyResult, REVOKE_INFO_HORIZON, Status, duration_ns, secs};
-use crate::history::{ERROR_LOST, F, OpType};
+use crate::history::{ERROR_CONTENDED, ERROR_LOST, F, OpType};
 
 /// How far the nodes' lease clocks may run ahead of the harness's over one lease: both are
 /// the same machine's monotonic clock, so the rate difference is zero; 100 ms covers the
@@ -245,6 +245,7 @@ fn key_ops(analysis: &Analysis, key: &str) -> (Vec<LinOp>, u64) {
         .collect();
     let known: HashSet<u64> = ttl_of.keys().map(|id| id.token).collect();
     let mut unknown_acquires: Vec<&super::ClientOp> = Vec::new();
+    let mut abandoned_acquires: Vec<&super::ClientOp> = Vec::new();
     for c in analysis.client_ops.iter().filter(|c| c.key == key) {
         let ttl_ns = c.ttl_ms.unwrap_or(0).saturating_mul(1_000_000);
         let id = c.token.map(|token| GrantId {
@@ -269,6 +270,14 @@ fn key_ops(analysis: &Analysis, key: &str) -> (Vec<LinOp>, u64) {
             }
             (F::Acquire, OpType::Info, _) => {
                 unknown_acquires.push(c);
+                continue;
+            }
+            // A blocking acquire that gave up ("contended") may still have been granted: the
+            // SDK cancels the wait when its max_wait passes, and a grant made meanwhile is
+            // released by that cancel. Such a grant never reaches the client, but a revoke can
+            // see and name it, so the acquire is a candidate for a token only a revoke names.
+            (F::Acquire, OpType::Fail, _) if c.error() == Some(ERROR_CONTENDED) => {
+                abandoned_acquires.push(c);
                 continue;
             }
             (F::Renew, OpType::Ok, Some(id)) => {
@@ -361,13 +370,42 @@ fn key_ops(analysis: &Analysis, key: &str) -> (Vec<LinOp>, u64) {
             .map(|r| r.complete_t)
             .min()
             .unwrap_or(0);
-        if let Some(i) = unknown_acquires
-            .iter()
-            .enumerate()
-            .filter(|(_, c)| c.invoke_t < revoke_done)
-            .max_by_key(|(_, c)| c.invoke_t)
-            .map(|(i, _)| i)
-        {
+        let latest_before = |candidates: &[&super::ClientOp]| {
+            candidates
+                .iter()
+                .enumerate()
+                .filter(|(_, c)| c.invoke_t < revoke_done)
+                .max_by_key(|(_, c)| c.invoke_t)
+                .map(|(i, _)| i)
+        };
+        let abandoned = latest_before(&abandoned_acquires);
+        let unknown = latest_before(&unknown_acquires);
+        let abandoned_is_later = match (abandoned, unknown) {
+            (Some(a), Some(u)) => abandoned_acquires[a].invoke_t > unknown_acquires[u].invoke_t,
+            (a, _) => a.is_some(),
+        };
+        if let (true, Some(i)) = (abandoned_is_later, abandoned) {
+            // Granted, then displaced by the revoke, before the client gave up.
+            let c = abandoned_acquires.remove(i);
+            ops.push(LinOp {
+                step: Step::Acquire {
+                    id: GrantId {
+                        process: c.process,
+                        token: *token,
+                    },
+                    ttl_ns: c.ttl_ms.unwrap_or(0).saturating_mul(1_000_000),
+                },
+                invoke: c.invoke_t,
+                cap: revoke_done.min(c.complete_t),
+                mandatory: true,
+                what: format!(
+                    "client {} acquire that gave up [{}, {}] given token {token}",
+                    c.process,
+                    secs(c.invoke_t),
+                    secs(c.complete_t)
+                ),
+            });
+        } else if let Some(i) = unknown {
             let c = unknown_acquires.remove(i);
             ops.push(LinOp {
                 step: Step::Acquire {
