@@ -14,7 +14,7 @@ use lock_proto::v1::raft_service_client::RaftServiceClient;
 use lock_proto::v1::session_service_client::SessionServiceClient;
 use lock_proto::v1::{ChangeMembershipRequest, OpenSessionRequest, RaftPayload, StatusRequest};
 use lock_tests::dial::Dial;
-use lock_tests::{Cluster, ClusterConfig};
+use lock_tests::{Cluster, ClusterConfig, poll_until};
 use tonic::metadata::MetadataValue;
 
 const TTL: Duration = Duration::from_secs(30);
@@ -245,20 +245,18 @@ async fn a_second_principal_cannot_use_the_first_ones_session_even_after_a_failo
     let new_leader = cluster.leader().await;
     assert_ne!(new_leader, leader);
     let second = cluster.client_as(new_leader, "client-2");
-    assert_eq!(
-        second
-            .renew(&session.id, "authz/hijack", grant.fencing_token, TTL)
-            .await
-            .unwrap_err(),
-        refused
-    );
-    assert_eq!(
-        second
-            .release(&session.id, "authz/hijack", grant.fencing_token)
-            .await
-            .unwrap_err(),
-        refused
-    );
+    // The new leader answers `Contention` (retry-safe) while it restarts leases; the answer
+    // under test is the first one after that.
+    let renewed = past_contention("the new leader's answer to the renew", || {
+        second.renew(&session.id, "authz/hijack", grant.fencing_token, TTL)
+    })
+    .await;
+    assert_eq!(renewed.unwrap_err(), refused);
+    let released = past_contention("the new leader's answer to the release", || {
+        second.release(&session.id, "authz/hijack", grant.fencing_token)
+    })
+    .await;
+    assert_eq!(released.unwrap_err(), refused);
 
     let first = cluster.client_as(new_leader, "client");
     let info = cluster
@@ -335,4 +333,24 @@ fn lockctl_binary() -> std::path::PathBuf {
         candidate.display()
     );
     candidate
+}
+
+/// The first answer of `call` that is not `Contention`, retried while it is (a leader restarting
+/// its leases answers so), for at most a minute.
+async fn past_contention<T, F, Fut>(what: &str, mut call: F) -> Result<T, LockError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, LockError>>,
+{
+    let answer = poll_until(what, Duration::from_secs(60), || {
+        let answer = call();
+        async move {
+            match answer.await {
+                Err(LockError::Contention { message }) => Err(message),
+                settled => Ok(settled),
+            }
+        }
+    })
+    .await;
+    answer.unwrap_or_else(|e| panic!("{e}"))
 }

@@ -18,6 +18,7 @@ use std::time::Duration;
 use lock_proto::v1::pipeline_request::Call;
 use lock_proto::v1::{PipelineRequest, TryAcquireRequest};
 use lock_tests::metrics::{Scrape, http_get, readyz};
+use lock_tests::pki::HARNESS_IDENTITY;
 use lock_tests::{Cluster, ClusterConfig, NodeClient, next_request_id, poll_until};
 use tokio_stream::StreamExt;
 
@@ -251,11 +252,11 @@ async fn a_scripted_workload_moves_the_counters_by_exactly_what_it_did_on_every_
     // A revoke of a held key counts; a revoke of a free key does not, and neither is a
     // release.
     at_leader
-        .force_revoke("k/1", "ops", "metrics test")
+        .force_revoke("k/1", HARNESS_IDENTITY, "metrics test")
         .await
         .unwrap();
     at_leader
-        .force_revoke("never-held", "ops", "metrics test")
+        .force_revoke("never-held", HARNESS_IDENTITY, "metrics test")
         .await
         .unwrap();
     // A session left to expire with a grant: one session expiry, the grant not counted as a
@@ -654,6 +655,9 @@ async fn a_stateless_node_serves_the_families_that_apply_to_it() {
             "1",
         ])
         .args(["--listen", &listen, "--metrics-listen", &metrics])
+        // Plaintext: this case is about which families a stateless node serves (TLS on a
+        // stateless node is t70_tls's).
+        .arg("--insecure")
         .env_remove("LOCKD_METRICS_LISTEN")
         .stdout(std::process::Stdio::null())
         .stderr(log)
