@@ -97,8 +97,9 @@ impl Differences {
 /// What serves the cases.
 #[derive(Debug)]
 enum Serving {
-    Raft(Cluster),
-    Stateless(StatelessNodes),
+    /// Both boxed: a harness is a kilobyte or more, and the two differ by hundreds of bytes.
+    Raft(Box<Cluster>),
+    Stateless(Box<StatelessNodes>),
 }
 
 /// A running backend for one case, with the rules of where each call goes.
@@ -120,7 +121,7 @@ impl Target {
         Self {
             name: format!("raft-{nodes}"),
             differences: Differences::RAFT,
-            serving: Serving::Raft(Cluster::start(nodes).await),
+            serving: Serving::Raft(Box::new(Cluster::start(nodes).await)),
             nonce: run_nonce(),
             killed: None,
         }
@@ -147,7 +148,7 @@ impl Target {
         Self {
             name: backend.name().to_owned(),
             differences,
-            serving: Serving::Stateless(StatelessNodes::start(backend, 2).await),
+            serving: Serving::Stateless(Box::new(StatelessNodes::start(backend, 2).await)),
             nonce: run_nonce(),
             killed: None,
         }
