@@ -7,6 +7,7 @@ TLS with the CA and certificates ``lockd dev`` mints, client certificates requir
 from __future__ import annotations
 
 import time
+import grpc
 import pytest
 
 import lockd
@@ -86,3 +87,63 @@ def test_a_certificate_the_cluster_did_not_sign_is_refused(dev_cluster: DevClust
     cert, key = dev_cluster.identity("client")
     message = _assert_refused(dev_cluster.endpoints(), ca=cert, cert=cert, key=key)
     assert dev_cluster.endpoints()[0] in message, message
+
+
+def _as(dev_cluster: DevCluster, name: str) -> lockd.Client:
+    cert, key_file = dev_cluster.identity(name)
+    return lockd.Client(
+        dev_cluster.endpoints(), ca=dev_cluster.exports["LOCKD_CA"], cert=cert, key=key_file
+    )
+
+
+def _list_revocations(dev_cluster: DevCluster, name: str, key: str):
+    """``AdminService.ListRevocations`` through the raw stub as ``name``, at whichever node
+    leads (a follower answers ``NotLeader``)."""
+    from lockd.v1 import admin_pb2, admin_pb2_grpc
+
+    cert, key_file = dev_cluster.identity(name)
+    creds = grpc.ssl_channel_credentials(
+        root_certificates=open(dev_cluster.exports["LOCKD_CA"], "rb").read(),
+        private_key=open(key_file, "rb").read(),
+        certificate_chain=open(cert, "rb").read(),
+    )
+    last = None
+    for endpoint in dev_cluster.endpoints():
+        with grpc.secure_channel(endpoint, creds) as channel:
+            try:
+                return admin_pb2_grpc.AdminServiceStub(channel).ListRevocations(
+                    admin_pb2.ListRevocationsRequest(key=key, page_size=10), timeout=5
+                )
+            except grpc.RpcError as e:
+                if e.code() in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED):
+                    raise  # the same answer on every node: the caller's, not the node's
+                last = e
+    raise AssertionError(f"no node answered ListRevocations: {last}")
+
+
+def test_only_an_operator_revokes_and_the_audit_log_names_its_principal(
+    dev_cluster: DevCluster, key: str
+) -> None:
+    with _as(dev_cluster, "client") as client, client.session("py-held") as session:
+        handle = session.acquire(key, ttl=30, max_wait=5)
+        assert handle is not None
+        # The client role may not revoke: PERMISSION_DENIED, with the ErrorDetail decoded.
+        with pytest.raises(lockd.PermissionDenied) as refused:
+            client.force_revoke(key, "client", "not mine to revoke")
+        assert refused.value.principal == "client"
+        assert refused.value.required_role == "operator"
+        assert client.inspect(key, leader_confirmed=True).fencing_token == handle.fencing_token
+        # Nor read the audit log.
+        with pytest.raises(grpc.RpcError) as denied:
+            _list_revocations(dev_cluster, "client", key)
+        assert denied.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        # The operator may, and the record names the operator certificate's principal.
+        with _as(dev_cluster, "operator") as operator:
+            outcome = operator.force_revoke(key, "operator", "stuck job")
+            assert outcome.revoked and outcome.previous_token == handle.fencing_token
+        records = _list_revocations(dev_cluster, "operator", key).revocations
+        assert records, "the revoke is in the audit log"
+        assert records[0].key == key
+        assert records[0].operator == "operator"
+        assert records[0].reason == "stuck job"
+        assert records[0].previous_token == handle.fencing_token
