@@ -63,8 +63,9 @@ enum Command {
         /// Comma-separated nemeses: partition, kill, pause, clock, client-pause, revoke,
         /// slow-net, flaky-net, membership, corrupt, power-cut, outage (or `none`). Default:
         /// all but membership, corrupt, power-cut and outage; clock only if libfaketime is
-        /// installed, and in the namespace slow-net and flaky-net only if tc netem works
-        /// (asked for by name without them, the run is a harness failure; power-cut needs
+        /// installed, and in the namespace slow-net only if tc netem works (flaky-net falls back
+        /// to iptables' packet model) (asked for by name without them, the run is a harness
+        /// failure; power-cut needs
         /// FUSE, and lock-lazyfs beside lock-jepsen or in $LOCK_LAZYFS_BIN).
         #[arg(long)]
         nemesis: Option<String>,
@@ -193,20 +194,23 @@ async fn run(cli: Cli) -> anyhow::Result<Exit> {
                 }
                 NetPlan::Run(mode) => mode,
             };
-            // In the namespace, slow and flaky links need netem; asked for by name without it
-            // the run fails (as the clock does without libfaketime), left to the defaults they
-            // are left out and the header says so.
+            // In the namespace, latency on a link (slow-net) needs netem; asked for by name
+            // without it the run fails (as the clock does without libfaketime), left to the
+            // defaults it is left out and the header says so. flaky-net runs either way: without
+            // netem its loss and duplication come from iptables alone.
             let mut nemeses = nemeses;
             let mut nemesis_note = nemesis_note;
             if net_mode == net::NetMode::Netns
-                && nemeses.iter().any(|k| k.is_link_fault())
+                && nemeses.contains(&nemesis::Kind::SlowNet)
                 && let Err(why) = net::netem_available().await
             {
                 if nemesis.is_some() {
-                    anyhow::bail!("--nemesis slow-net / flaky-net in --net netns: {why}");
+                    anyhow::bail!("--nemesis slow-net in --net netns: {why}");
                 }
-                nemeses.retain(|k| !k.is_link_fault());
-                let note = format!("slow-net and flaky-net are left out: {why}");
+                nemeses.retain(|k| *k != nemesis::Kind::SlowNet);
+                let note = format!(
+                    "slow-net is left out and flaky-net uses iptables' packet model: {why}"
+                );
                 nemesis_note = Some(match nemesis_note {
                     Some(n) => format!("{n}; {note}"),
                     None => note,

@@ -416,8 +416,10 @@ pub struct Firewall {
 
 #[derive(Debug)]
 enum Backend {
-    /// The `LOCKJEPSEN` chain inside the current namespace.
-    Iptables,
+    /// The `LOCKJEPSEN` chain inside the current namespace; `netem` says whether this kernel
+    /// has the netem qdisc (else a degraded link only loses and duplicates packets, by
+    /// iptables' own random match: [`PACKET_LOSS`], [`PACKET_DUPLICATION`]).
+    Iptables { netem: bool },
     /// One proxy per ordered node pair.
     Proxy(ProxyNet),
 }
@@ -431,7 +433,9 @@ impl Firewall {
         run(IPTABLES, &["-w", "-N", CHAIN]).await?;
         run(IPTABLES, &["-w", "-A", "OUTPUT", "-j", CHAIN]).await?;
         Ok(Self {
-            backend: Backend::Iptables,
+            backend: Backend::Iptables {
+                netem: netem_available().await.is_ok(),
+            },
         })
     }
 
@@ -445,7 +449,7 @@ impl Firewall {
     /// Which mode cuts the links.
     pub fn mode(&self) -> NetMode {
         match self.backend {
-            Backend::Iptables => NetMode::Netns,
+            Backend::Iptables { .. } => NetMode::Netns,
             Backend::Proxy(_) => NetMode::Proxy,
         }
     }
@@ -453,7 +457,7 @@ impl Firewall {
     /// Node `id`'s `--raft-dial` value, if its Raft traffic must go through the proxies.
     pub fn raft_dial(&self, id: u64) -> Option<String> {
         match &self.backend {
-            Backend::Iptables => None,
+            Backend::Iptables { .. } => None,
             Backend::Proxy(net) => Some(net.raft_dial(id)),
         }
     }
@@ -462,7 +466,7 @@ impl Firewall {
     pub async fn cut(&self, links: &[(u64, u64)]) -> anyhow::Result<()> {
         match &self.backend {
             Backend::Proxy(net) => net.cut(links),
-            Backend::Iptables => {
+            Backend::Iptables { .. } => {
                 for &(a, b) in links {
                     for (from, to) in [(a, b), (b, a)] {
                         let uid = node_uid(from).to_string();
@@ -494,9 +498,14 @@ impl Firewall {
     /// How this network degrades a link, for the header and the history.
     pub fn degrade_model(&self) -> &'static str {
         match self.backend {
-            Backend::Iptables => {
+            Backend::Iptables { netem: true } => {
                 "netem: tc netem on the packets each node sends to a degraded peer's address \
                  (delay, jitter, loss, duplication at the IP level)"
+            }
+            Backend::Iptables { netem: false } => {
+                "iptables packet model: the packets each node sends to a degraded peer's \
+                 address dropped (5 %) and duplicated by TEE (1 %) at random in the kernel, \
+                 which TCP repairs; no added latency (this kernel has no netem qdisc)"
             }
             Backend::Proxy(_) => {
                 "proxy stream model: chunks held for latency + jitter in order, random stalls \
@@ -506,101 +515,50 @@ impl Firewall {
     }
 
     /// Degrades every link in `links` (pairs of node ids), both directions: in proxy mode with
-    /// `shape`, in the namespace with netem `netem` (e.g. `delay 20ms 10ms loss 5%`).
+    /// `shape`; in the namespace with netem `netem` (e.g. `delay 20ms 10ms loss 5%`), or, on a
+    /// kernel without netem, by iptables' random drop and duplication when the fault
+    /// `loses_packets` (flaky-net). A latency-only fault (slow-net) without netem is an error:
+    /// the caller must not ask for one (see [`Firewall::degrades_latency`]).
     pub async fn degrade(
         &self,
         links: &[(u64, u64)],
         shape: Shape,
         netem: &[&str],
+        loses_packets: bool,
     ) -> anyhow::Result<()> {
         match &self.backend {
             Backend::Proxy(net) => net.shape(links, shape),
-            Backend::Iptables => {
-                // Marked packets go to a netem class; the rest to a plain one. htb, not prio:
-                // it is the classful qdisc every kernel with netem also has.
-                let _ = run(TC, &["qdisc", "del", "dev", "lo", "root"]).await;
-                run(
-                    TC,
-                    &[
-                        "qdisc", "add", "dev", "lo", "root", "handle", "1:", "htb", "default", "1",
-                    ],
-                )
-                .await?;
-                for class in ["1:1", "1:2"] {
-                    run(
-                        TC,
-                        &[
-                            "class", "add", "dev", "lo", "parent", "1:", "classid", class, "htb",
-                            "rate", "10gbit",
-                        ],
-                    )
-                    .await?;
-                }
-                let mut qdisc = vec![
-                    "qdisc", "add", "dev", "lo", "parent", "1:2", "handle", "20:", "netem",
-                ];
-                qdisc.extend_from_slice(netem);
-                run(TC, &qdisc).await?;
-                run(
-                    TC,
-                    &[
-                        "filter",
-                        "add",
-                        "dev",
-                        "lo",
-                        "parent",
-                        "1:",
-                        "protocol",
-                        "ip",
-                        "prio",
-                        "1",
-                        "handle",
-                        DEGRADED_MARK,
-                        "fw",
-                        "flowid",
-                        "1:2",
-                    ],
-                )
-                .await?;
-                let _ = run(IPTABLES, &["-w", "-t", "mangle", "-N", MARK_CHAIN]).await;
-                let jump = ["-w", "-t", "mangle", "-C", "OUTPUT", "-j", MARK_CHAIN];
-                if run(IPTABLES, &jump).await.is_err() {
-                    run(
-                        IPTABLES,
-                        &["-w", "-t", "mangle", "-A", "OUTPUT", "-j", MARK_CHAIN],
-                    )
-                    .await?;
-                }
-                for &(a, b) in links {
-                    for (from, to) in [(a, b), (b, a)] {
-                        let uid = node_uid(from).to_string();
-                        let dest = node_ip(to);
-                        run(
-                            IPTABLES,
-                            &[
-                                "-w",
-                                "-t",
-                                "mangle",
-                                "-A",
-                                MARK_CHAIN,
-                                "-m",
-                                "owner",
-                                "--uid-owner",
-                                &uid,
-                                "-d",
-                                &dest,
-                                "-j",
-                                "MARK",
-                                "--set-mark",
-                                DEGRADED_MARK,
-                            ],
-                        )
-                        .await?;
-                    }
-                }
-                Ok(())
+            Backend::Iptables { netem: true } => degrade_with_netem(links, netem).await,
+            Backend::Iptables { netem: false } if loses_packets => {
+                degrade_with_iptables(links).await
+            }
+            Backend::Iptables { netem: false } => {
+                bail!("latency on a link in the namespace needs tc netem, which this kernel lacks")
             }
         }
+    }
+
+    /// Whether this network can add latency to a link (slow-net): the proxies always can, the
+    /// namespace only with netem.
+    pub fn degrades_latency(&self) -> bool {
+        !matches!(self.backend, Backend::Iptables { netem: false })
+    }
+
+    /// What the iptables packet model did so far: packets dropped and duplicated by the
+    /// degraded links' rules now installed (`None` unless this is the namespace without netem,
+    /// or the counters cannot be read).
+    pub async fn packet_counts(&self) -> Option<PacketCounts> {
+        if !matches!(self.backend, Backend::Iptables { netem: false }) {
+            return None;
+        }
+        let listed = Command::new(IPTABLES.require().ok()?)
+            .args(["-w", "-t", "mangle", "-L", MARK_CHAIN, "-v", "-n", "-x"])
+            .output()
+            .await
+            .ok()?;
+        Some(PacketCounts::parse(&String::from_utf8_lossy(
+            &listed.stdout,
+        )))
     }
 
     /// What the proxies' shapes did so far (`None` in the namespace: netem keeps no count the
@@ -608,7 +566,7 @@ impl Firewall {
     pub fn shape_counts(&self) -> Option<ShapeCounts> {
         match &self.backend {
             Backend::Proxy(net) => Some(net.shape_counts()),
-            Backend::Iptables => None,
+            Backend::Iptables { .. } => None,
         }
     }
 
@@ -619,7 +577,11 @@ impl Firewall {
                 net.unshape();
                 Ok(())
             }
-            Backend::Iptables => {
+            Backend::Iptables { netem: false } => {
+                // The packet model lives in the chain alone.
+                run(IPTABLES, &["-w", "-t", "mangle", "-F", MARK_CHAIN]).await
+            }
+            Backend::Iptables { netem: true } => {
                 let _ = run(IPTABLES, &["-w", "-t", "mangle", "-F", MARK_CHAIN]).await;
                 // Deleting fails when nothing is installed; what matters is that no netem is.
                 let _ = run(TC, &["qdisc", "del", "dev", "lo", "root"]).await;
@@ -644,9 +606,183 @@ impl Firewall {
                 net.heal();
                 Ok(())
             }
-            Backend::Iptables => run(IPTABLES, &["-w", "-F", CHAIN]).await,
+            Backend::Iptables { .. } => run(IPTABLES, &["-w", "-F", CHAIN]).await,
         }
     }
+}
+
+/// Packet loss of a flaky link in the namespace without netem: iptables' `statistic` match,
+/// per packet a node sends to the degraded peer.
+pub const PACKET_LOSS: &str = "0.05";
+
+/// Packet duplication of a flaky link in the namespace without netem: the `TEE` target sends a
+/// copy of the packet to the same peer, which TCP must discard.
+pub const PACKET_DUPLICATION: &str = "0.01";
+
+/// Packets the iptables packet model dropped and duplicated, read from its rules' counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct PacketCounts {
+    /// Packets dropped.
+    pub dropped: u64,
+    /// Packets duplicated.
+    pub duplicated: u64,
+}
+
+impl PacketCounts {
+    /// Sums the packet counters of `iptables -L -v -n -x` output by target (`DROP`, `TEE`).
+    pub fn parse(listing: &str) -> Self {
+        let mut counts = Self::default();
+        for line in listing.lines() {
+            let mut words = line.split_whitespace();
+            let (Some(packets), Some(_bytes), Some(target)) =
+                (words.next(), words.next(), words.next())
+            else {
+                continue;
+            };
+            let Ok(packets) = packets.parse::<u64>() else {
+                continue;
+            };
+            match target {
+                "DROP" => counts.dropped += packets,
+                "TEE" => counts.duplicated += packets,
+                _ => {}
+            }
+        }
+        counts
+    }
+}
+
+/// Creates [`MARK_CHAIN`] and the jump to it from `OUTPUT`, unless they exist.
+async fn ensure_mark_chain() -> anyhow::Result<()> {
+    let _ = run(IPTABLES, &["-w", "-t", "mangle", "-N", MARK_CHAIN]).await;
+    let jump = ["-w", "-t", "mangle", "-C", "OUTPUT", "-j", MARK_CHAIN];
+    if run(IPTABLES, &jump).await.is_err() {
+        run(
+            IPTABLES,
+            &["-w", "-t", "mangle", "-A", "OUTPUT", "-j", MARK_CHAIN],
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// netem on the degraded links: their packets are marked in [`MARK_CHAIN`] and a `tc` filter
+/// sends the marked ones to a netem class.
+async fn degrade_with_netem(links: &[(u64, u64)], netem: &[&str]) -> anyhow::Result<()> {
+    // Marked packets go to a netem class; the rest to a plain one. htb, not prio:
+    // it is the classful qdisc every kernel with netem also has.
+    let _ = run(TC, &["qdisc", "del", "dev", "lo", "root"]).await;
+    run(
+        TC,
+        &[
+            "qdisc", "add", "dev", "lo", "root", "handle", "1:", "htb", "default", "1",
+        ],
+    )
+    .await?;
+    for class in ["1:1", "1:2"] {
+        run(
+            TC,
+            &[
+                "class", "add", "dev", "lo", "parent", "1:", "classid", class, "htb", "rate",
+                "10gbit",
+            ],
+        )
+        .await?;
+    }
+    let mut qdisc = vec![
+        "qdisc", "add", "dev", "lo", "parent", "1:2", "handle", "20:", "netem",
+    ];
+    qdisc.extend_from_slice(netem);
+    run(TC, &qdisc).await?;
+    run(
+        TC,
+        &[
+            "filter",
+            "add",
+            "dev",
+            "lo",
+            "parent",
+            "1:",
+            "protocol",
+            "ip",
+            "prio",
+            "1",
+            "handle",
+            DEGRADED_MARK,
+            "fw",
+            "flowid",
+            "1:2",
+        ],
+    )
+    .await?;
+    ensure_mark_chain().await?;
+    for &(a, b) in links {
+        for (from, to) in [(a, b), (b, a)] {
+            let uid = node_uid(from).to_string();
+            let dest = node_ip(to);
+            run(
+                IPTABLES,
+                &[
+                    "-w",
+                    "-t",
+                    "mangle",
+                    "-A",
+                    MARK_CHAIN,
+                    "-m",
+                    "owner",
+                    "--uid-owner",
+                    &uid,
+                    "-d",
+                    &dest,
+                    "-j",
+                    "MARK",
+                    "--set-mark",
+                    DEGRADED_MARK,
+                ],
+            )
+            .await?;
+        }
+    }
+    Ok(())
+}
+
+/// The iptables packet model on the degraded links: per direction, a rule in [`MARK_CHAIN`]
+/// dropping [`PACKET_LOSS`] of the packets and one sending a copy of [`PACKET_DUPLICATION`]
+/// of them again (`TEE` to the same address). Real loss and duplication, repaired by the
+/// kernel's TCP, as netem's would be; only latency is missing.
+async fn degrade_with_iptables(links: &[(u64, u64)]) -> anyhow::Result<()> {
+    ensure_mark_chain().await?;
+    for &(a, b) in links {
+        for (from, to) in [(a, b), (b, a)] {
+            let uid = node_uid(from).to_string();
+            let dest = node_ip(to);
+            let matched = [
+                "-w",
+                "-t",
+                "mangle",
+                "-A",
+                MARK_CHAIN,
+                "-m",
+                "owner",
+                "--uid-owner",
+                &uid,
+                "-d",
+                &dest,
+                "-m",
+                "statistic",
+                "--mode",
+                "random",
+                "--probability",
+            ];
+            let mut drop = matched.to_vec();
+            drop.extend([PACKET_LOSS, "-j", "DROP"]);
+            run(IPTABLES, &drop).await?;
+            let mut duplicate = matched.to_vec();
+            duplicate.extend([PACKET_DUPLICATION, "-j", "TEE", "--gateway", &dest]);
+            run(IPTABLES, &duplicate).await?;
+        }
+    }
+    Ok(())
 }
 
 /// The uid node `id` runs as inside the namespace.
@@ -665,6 +801,24 @@ pub fn node_ip(id: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn packet_counts_sum_the_drop_and_tee_rules() {
+        let listing = "Chain LOCKJEPSEN_MARK (1 references)
+    pkts      bytes target     prot opt in     out     source               destination
+      15   146000 DROP       0    --  *      *       0.0.0.0/0            127.0.0.12           owner UID match 20001 statistic mode random probability 0.05000000000
+      10   206000 TEE        0    --  *      *       0.0.0.0/0            127.0.0.12           owner UID match 20001 statistic mode random probability 0.01000000000 TEE gw:127.0.0.12
+       4     4000 DROP       0    --  *      *       0.0.0.0/0            127.0.0.11           owner UID match 20002 statistic mode random probability 0.05000000000
+";
+        assert_eq!(
+            PacketCounts::parse(listing),
+            PacketCounts {
+                dropped: 19,
+                duplicated: 10
+            }
+        );
+        assert_eq!(PacketCounts::parse(""), PacketCounts::default());
+    }
 
     fn host(root: bool, have_ip: bool, have_iptables: bool) -> Host {
         Host {

@@ -6,7 +6,9 @@
 //!
 //! How a link is degraded depends on the network mode, and every fault's value says which
 //! (`model`): in the namespace, `tc netem` on the packets a node sends to the peer's address
-//! (loss and duplication at the IP level, which TCP repairs); through the proxies, the stream
+//! (loss and duplication at the IP level, which TCP repairs), or on a kernel without netem
+//! iptables' random drop and `TEE` duplication of those packets (flaky-net only: latency needs
+//! netem, so slow-net is left out there); through the proxies, the stream
 //! model of [`crate::proxy::Shape`] (latency and jitter per chunk in order, stalls standing for
 //! retransmissions, connection resets standing for what heavy loss ends in), since a relay of a
 //! byte stream cannot drop a packet without corrupting the stream. Both kinds run on one
@@ -21,6 +23,7 @@ use serde_json::json;
 
 use super::{Ctx, HOLD_MS, Kind, QUIET_MS, between};
 use crate::history::{F, Outcome, Phase};
+use crate::net::{PACKET_DUPLICATION, PACKET_LOSS};
 use crate::proxy::Shape;
 
 /// Latency range of a slow link, in ms: a cross-zone to a cross-region round trip, well under
@@ -106,13 +109,20 @@ pub async fn run(ctx: Arc<Ctx>, kinds: Vec<Kind>, mut rng: StdRng) -> anyhow::Re
             "shape": shape_name,
             "model": ctx.firewall.degrade_model(),
         });
-        if ctx.firewall.mode() == crate::net::NetMode::Netns {
+        if ctx.firewall.mode() == crate::net::NetMode::Proxy {
+            value["proxy"] = json!(shape);
+        } else if ctx.firewall.degrades_latency() {
             value["netem"] = json!(netem.join(" "));
         } else {
-            value["proxy"] = json!(shape);
+            value["iptables"] = json!({"loss": PACKET_LOSS, "duplicate": PACKET_DUPLICATION});
         }
         let before = ctx.firewall.shape_counts();
-        match ctx.firewall.degrade(&links, shape, &netem_args).await {
+        let loses_packets = kind == Kind::FlakyNet;
+        match ctx
+            .firewall
+            .degrade(&links, shape, &netem_args, loses_packets)
+            .await
+        {
             Ok(()) => ctx.record(f, Phase::Start, Outcome::Installed, value),
             Err(e) => {
                 value["error"] = json!(format!("{e:#}"));
@@ -123,11 +133,16 @@ pub async fn run(ctx: Arc<Ctx>, kinds: Vec<Kind>, mut rng: StdRng) -> anyhow::Re
         // A degradation that cannot be removed leaves the rest of the run on a network the
         // harness no longer controls: a harness failure, as for cuts.
         let after = ctx.firewall.shape_counts();
+        // The iptables model's counters belong to this fault's rules alone (restore drops them).
+        let packets = ctx.firewall.packet_counts().await;
         ctx.firewall.restore().await?;
         let mut healed = json!({"links": links.len()});
         if let (Some(before), Some(after)) = (before, after) {
             // What the proxies did under this fault: chunks held, stalls, resets.
             healed["did"] = json!(after.since(before));
+        } else if let Some(packets) = packets {
+            // What the kernel did under this fault: packets dropped and duplicated.
+            healed["did"] = json!(packets);
         }
         ctx.record(f, Phase::Heal, Outcome::Installed, healed);
     }
