@@ -289,7 +289,9 @@ impl LockClient {
 
     /// See [`lock_api::LockService::force_revoke`]: break-glass, audited with `operator` and
     /// `reason` (both non-blank). Retries reuse one request id, so a lost answer followed by a
-    /// retry revokes at most once.
+    /// retry revokes at most once. On a node that authenticates its callers `operator` must be
+    /// the caller's own principal (else `PermissionDenied`); [`LockClient::force_revoke_as_caller`]
+    /// leaves it to the node.
     pub async fn force_revoke(
         &self,
         key: &str,
@@ -299,6 +301,30 @@ impl LockClient {
         validate::key(key)?;
         validate::operator(operator)?;
         validate::reason(reason)?;
+        self.revoke(key, operator, reason).await
+    }
+
+    /// [`LockClient::force_revoke`] recorded under the caller's authenticated principal (its
+    /// client certificate's or its token's), which the node fills in: the request's `operator`
+    /// is left blank. A node that authenticates nobody (`--insecure`) refuses it with
+    /// `InvalidArgument`, since it has no name to record.
+    pub async fn force_revoke_as_caller(
+        &self,
+        key: &str,
+        reason: &str,
+    ) -> Result<LockOutcome, LockError> {
+        validate::key(key)?;
+        validate::reason(reason)?;
+        self.revoke(key, "", reason).await
+    }
+
+    /// The `ForceRevoke` call of both revokes, on arguments already checked.
+    async fn revoke(
+        &self,
+        key: &str,
+        operator: &str,
+        reason: &str,
+    ) -> Result<LockOutcome, LockError> {
         let request = v1::ForceRevokeRequest {
             key: key.to_owned(),
             operator: operator.to_owned(),

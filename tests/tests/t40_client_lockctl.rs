@@ -284,17 +284,19 @@ async fn t40_client_lockctl_commands_round_trip() {
     let revoked = run(
         &cluster,
         &[
-            "revoke",
-            "--key",
-            "t40/cli",
-            "--operator",
-            HARNESS_IDENTITY,
-            "--reason",
-            "test",
+            // No --operator: over TLS the node records the caller's principal.
+            "revoke", "--key", "t40/cli", "--reason", "test",
         ],
     )
     .await;
     assert_eq!(revoked.status.code(), Some(0), "{}", text(&revoked.stderr));
+    let audit = run(&cluster, &["audit", "--key", "t40/cli"]).await;
+    assert_eq!(audit.status.code(), Some(0), "{}", text(&audit.stderr));
+    assert_eq!(
+        field(&text(&audit.stdout), "operator"),
+        format!("{HARNESS_IDENTITY:?}"),
+        "the revoke is recorded under the certificate's principal"
+    );
     let outcome = text(&revoked.stdout);
     assert_eq!(field(&outcome, "revoked"), "true");
     assert_eq!(field(&outcome, "previous_token"), second.to_string());
@@ -317,6 +319,24 @@ async fn t40_client_lockctl_commands_round_trip() {
         status.matches("\"role\": \"follower\"").count(),
         2,
         "{status}"
+    );
+
+    // `lockctl status | head -1`: a reader gone before lockctl writes is a quiet exit 0, not a
+    // panic on the broken pipe. The pipe's read end is closed before lockctl starts, so every
+    // write it makes meets EPIPE.
+    let (reader, writer) = std::io::pipe().expect("a pipe");
+    drop(reader);
+    let gone = lockctl(&cluster, &["status"])
+        .stdout(writer)
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .await
+        .expect("run lockctl");
+    assert_eq!(gone.status.code(), Some(0), "{}", text(&gone.stderr));
+    assert!(
+        !text(&gone.stderr).contains("panicked"),
+        "{}",
+        text(&gone.stderr)
     );
 }
 

@@ -126,9 +126,11 @@ pub enum Cmd {
         /// The lock key.
         #[arg(long, value_parser = parse_key)]
         key: String,
-        /// Who is revoking (recorded in the audit log).
+        /// Who is revoking, recorded in the audit log. Leave it out over TLS: the node records
+        /// the caller's principal (its certificate's or its token's), and a name other than
+        /// that is refused. Needed against an `--insecure` node, which authenticates nobody.
         #[arg(long, value_parser = parse_operator)]
-        operator: String,
+        operator: Option<String>,
         /// Why (recorded in the audit log).
         #[arg(long, value_parser = parse_reason)]
         reason: String,

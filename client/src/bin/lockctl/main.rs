@@ -81,7 +81,22 @@ fn handle_json(handle: &LockHandle, session_ttl: Option<Duration>) -> serde_json
 }
 
 fn print_json(value: &serde_json::Value) {
-    println!("{value}");
+    print_line(&value.to_string());
+}
+
+/// Writes one line to stdout. A reader that went away (`lockctl status | head -1`) is not
+/// lockctl's failure: it stops quietly with exit 0, as other command-line tools do, where
+/// `println!` would panic on the broken pipe. Any other write error is exit 1.
+fn print_line(text: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    if let Err(err) = writeln!(out, "{text}").and_then(|()| out.flush()) {
+        if err.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("lockctl: cannot write to stdout: {err}");
+        std::process::exit(1);
+    }
 }
 
 #[tokio::main]
@@ -155,7 +170,7 @@ async fn run(cli: &Cli) -> Result<ExitCode, Failure> {
             key,
             operator,
             reason,
-        } => within(timeout, revoke(cli, key, operator, reason)).await,
+        } => within(timeout, revoke(cli, key, operator.as_deref(), reason)).await,
         Cmd::Audit { key } => within(timeout, audit(cli, key.as_deref())).await,
         Cmd::Status => within(timeout, status(cli)).await,
         Cmd::Exec { lock, wait, cmd } => exec::exec(cli, lock, *wait, cmd).await,
@@ -264,9 +279,17 @@ async fn inspect(cli: &Cli, key: &str) -> Result<ExitCode, Failure> {
     Ok(ExitCode::SUCCESS)
 }
 
-async fn revoke(cli: &Cli, key: &str, operator: &str, reason: &str) -> Result<ExitCode, Failure> {
+async fn revoke(
+    cli: &Cli,
+    key: &str,
+    operator: Option<&str>,
+    reason: &str,
+) -> Result<ExitCode, Failure> {
     let client = connect(cli, None).await?;
-    let outcome = client.force_revoke(key, operator, reason).await?;
+    let outcome = match operator {
+        Some(operator) => client.force_revoke(key, operator, reason).await?,
+        None => client.force_revoke_as_caller(key, reason).await?,
+    };
     print_json(&json!({
         "key": outcome.key,
         "revoked": outcome.revoked,
@@ -316,7 +339,7 @@ async fn status(cli: &Cli) -> Result<ExitCode, Failure> {
     let nodes = client.cluster_status().await;
     let text = serde_json::to_string_pretty(&nodes)
         .map_err(|err| LockError::invalid(format!("cannot print the status: {err}")))?;
-    println!("{text}");
+    print_line(&text);
     Ok(ExitCode::SUCCESS)
 }
 
