@@ -147,3 +147,14 @@ def test_only_an_operator_revokes_and_the_audit_log_names_its_principal(
         assert records[0].operator == "operator"
         assert records[0].reason == "stuck job"
         assert records[0].previous_token == handle.fencing_token
+
+
+def test_a_revoke_as_the_caller_is_recorded_under_its_certificate(
+    dev_cluster: DevCluster, key: str
+) -> None:
+    with _as(dev_cluster, "operator") as operator:
+        outcome = operator.force_revoke_as_caller(key, "no name typed")
+        assert outcome.key == key and not outcome.revoked
+    records = _list_revocations(dev_cluster, "operator", key).revocations
+    assert [r.operator for r in records] == ["operator"]
+    assert records[0].reason == "no name typed"

@@ -165,16 +165,28 @@ class Client:
     def force_revoke(self, key: str, operator: str, reason: str) -> LockOutcome:
         """Break-glass: deletes the current grant of ``key`` whoever holds it, and advances the
         fencing-token counter past it, so the displaced holder is fenced out at every resource
-        (FR-08, INV-04). Audited with ``operator`` and ``reason`` (both non-blank).
+        (FR-08, INV-04). Audited with ``operator`` and ``reason`` (both non-blank); on a node
+        that authenticates its callers ``operator`` must be the caller's own principal (else
+        :class:`lockd.PermissionDenied`), and :meth:`force_revoke_as_caller` leaves it to the
+        node.
 
         Returns the :class:`lockd.LockOutcome` (``revoked=False`` if the key was unheld).
         Retries carry one request id, so a lost answer followed by a retry revokes at most once.
         Raises :class:`lockd.InvalidArgument` for a blank key, operator or reason,
         :class:`lockd.Contention` or :class:`lockd.NotLeader` if the cluster was not reached."""
         self._check_open()
-        key = validate.key(key)
-        operator = validate.operator(operator)
-        reason = validate.reason(reason)
+        return self._revoke(validate.key(key), validate.operator(operator), validate.reason(reason))
+
+    def force_revoke_as_caller(self, key: str, reason: str) -> LockOutcome:
+        """:meth:`force_revoke` recorded under the caller's authenticated principal (its client
+        certificate's or its token's), which the node fills in: the request leaves ``operator``
+        blank. A node that authenticates nobody (``--insecure``) refuses it with
+        :class:`lockd.InvalidArgument`, having no name to record."""
+        self._check_open()
+        return self._revoke(validate.key(key), "", validate.reason(reason))
+
+    def _revoke(self, key: str, operator: str, reason: str) -> LockOutcome:
+        """The ``ForceRevoke`` call of both revokes, on arguments already checked."""
         with self._lock:
             request_id = self._revoke_ids
             self._revoke_ids += 1
