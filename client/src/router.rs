@@ -538,8 +538,16 @@ const PLAINTEXT_REFUSED_WORDS: &[&str] = &[
     "invalid http version",
 ];
 
+/// How each of [`tls_hint`]'s hints begins, so [`crate::tls::is_tls_mismatch`] can tell an
+/// error that carries one.
+pub(crate) const TLS_HINT_OPENINGS: [&str; 3] = [
+    "the node requires a client certificate",
+    "the TLS handshake failed",
+    "the node closed a plaintext connection",
+];
+
 /// What to set when `message` (a transport failure) looks like the two ends disagreeing
-/// about TLS; `None` otherwise.
+/// about TLS; `None` otherwise. Each hint begins with one of [`TLS_HINT_OPENINGS`].
 fn tls_hint(message: &str, tls: bool) -> Option<String> {
     let lower = message.to_ascii_lowercase();
     if tls && lower.contains("certificaterequired") {

@@ -25,6 +25,19 @@ pub const ENV_KEY: &str = "LOCKD_KEY";
 /// [`crate::ClientConfig::token`].
 pub const ENV_TOKEN: &str = "LOCKD_TOKEN";
 
+/// Whether `err` is a connection failure the SDK judged to be the two ends disagreeing about
+/// TLS (a plaintext client at a TLS node, an untrusted CA, a missing client certificate): its
+/// message then ends with advice on which setting to fix, and a caller should not suggest that
+/// the cluster is down.
+pub fn is_tls_mismatch(err: &LockError) -> bool {
+    match err {
+        LockError::Contention { message } => crate::router::TLS_HINT_OPENINGS
+            .iter()
+            .any(|opening| message.contains(opening)),
+        _ => false,
+    }
+}
+
 /// Largest PEM file the client reads. A CA bundle or a certificate chain with its key is a few
 /// kilobytes; a file a thousand times that is a wrong path (a log, a binary), not a certificate.
 pub const PEM_FILE_MAX_BYTES: u64 = 1024 * 1024;

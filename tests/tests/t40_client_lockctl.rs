@@ -501,6 +501,8 @@ async fn t40_client_lockctl_without_tls_settings_at_a_tls_cluster_names_tls_and_
         let stderr = one_line(&output);
         assert!(stderr.contains("TLS"), "{stderr}");
         assert!(stderr.contains("LOCKD_CA"), "{stderr}");
+        // The cluster is up: advice to start one would send the user the wrong way.
+        assert!(!stderr.contains("lockd dev"), "{stderr}");
     }
     // The same command with the variables set works.
     let output = lockctl(&cluster, &["status"]).output().await.expect("run");

@@ -79,6 +79,14 @@ pub fn report(failure: Failure, cli: &Cli) -> ExitCode {
             say(format!("bad command line: {message}"));
             EXIT_USAGE
         }
+        // The SDK's advice names the TLS setting to fix; "start a cluster" would mislead.
+        Failure::Connect(err) | Failure::Call(err) if lock_client::tls::is_tls_mismatch(&err) => {
+            say(format!(
+                "cannot talk to the cluster over TLS: {}",
+                detail(&err)
+            ));
+            EXIT_UNAVAILABLE
+        }
         Failure::Connect(err) if err.is_retry_safe() => {
             let which = match cli.endpoints_defaulted {
                 true => " at the default endpoints (where `lockd dev` listens)",
