@@ -666,6 +666,29 @@ async fn ensure_mark_chain() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Appends to [`MARK_CHAIN`] a rule matching the packets node `from` sends to node `to`'s
+/// address (by the sender's uid, as the cuts match them), followed by `then` (further matches
+/// and the target).
+async fn append_link_rule(from: u64, to: u64, then: &[&str]) -> anyhow::Result<()> {
+    let uid = node_uid(from).to_string();
+    let dest = node_ip(to);
+    let mut rule = vec![
+        "-w",
+        "-t",
+        "mangle",
+        "-A",
+        MARK_CHAIN,
+        "-m",
+        "owner",
+        "--uid-owner",
+        &uid,
+        "-d",
+        &dest,
+    ];
+    rule.extend_from_slice(then);
+    run(IPTABLES, &rule).await
+}
+
 /// netem on the degraded links: their packets are marked in [`MARK_CHAIN`] and a `tc` filter
 /// sends the marked ones to a netem class.
 async fn degrade_with_netem(links: &[(u64, u64)], netem: &[&str]) -> anyhow::Result<()> {
@@ -718,29 +741,7 @@ async fn degrade_with_netem(links: &[(u64, u64)], netem: &[&str]) -> anyhow::Res
     ensure_mark_chain().await?;
     for &(a, b) in links {
         for (from, to) in [(a, b), (b, a)] {
-            let uid = node_uid(from).to_string();
-            let dest = node_ip(to);
-            run(
-                IPTABLES,
-                &[
-                    "-w",
-                    "-t",
-                    "mangle",
-                    "-A",
-                    MARK_CHAIN,
-                    "-m",
-                    "owner",
-                    "--uid-owner",
-                    &uid,
-                    "-d",
-                    &dest,
-                    "-j",
-                    "MARK",
-                    "--set-mark",
-                    DEGRADED_MARK,
-                ],
-            )
-            .await?;
+            append_link_rule(from, to, &["-j", "MARK", "--set-mark", DEGRADED_MARK]).await?;
         }
     }
     Ok(())
@@ -754,32 +755,14 @@ async fn degrade_with_iptables(links: &[(u64, u64)]) -> anyhow::Result<()> {
     ensure_mark_chain().await?;
     for &(a, b) in links {
         for (from, to) in [(a, b), (b, a)] {
-            let uid = node_uid(from).to_string();
-            let dest = node_ip(to);
-            let matched = [
-                "-w",
-                "-t",
-                "mangle",
-                "-A",
-                MARK_CHAIN,
-                "-m",
-                "owner",
-                "--uid-owner",
-                &uid,
-                "-d",
-                &dest,
-                "-m",
-                "statistic",
-                "--mode",
-                "random",
-                "--probability",
-            ];
-            let mut drop = matched.to_vec();
+            let random = ["-m", "statistic", "--mode", "random", "--probability"];
+            let mut drop = random.to_vec();
             drop.extend([PACKET_LOSS, "-j", "DROP"]);
-            run(IPTABLES, &drop).await?;
-            let mut duplicate = matched.to_vec();
+            append_link_rule(from, to, &drop).await?;
+            let dest = node_ip(to);
+            let mut duplicate = random.to_vec();
             duplicate.extend([PACKET_DUPLICATION, "-j", "TEE", "--gateway", &dest]);
-            run(IPTABLES, &duplicate).await?;
+            append_link_rule(from, to, &duplicate).await?;
         }
     }
     Ok(())
