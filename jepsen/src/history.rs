@@ -30,8 +30,8 @@
 //!   wait is `fail` with `error: "contended"`. Renew, release and write invocations carry
 //!   `token`; a renew `ok` carries the new `deadline_ns`, a renew that answers "lost" is `fail`
 //!   with `error: "lost"`; a release `ok` carries `released`; a fenced write is `fail` with
-//!   `error: "fenced"` and `stored`. A revoke `ok` carries `revoked`, `previous_token` (if a
-//!   grant was displaced) and `new_token_floor`.
+//!   `error: "fenced"` and `stored`. A revoke `ok` carries `revoked`, `previous_token` and
+//!   `previous_owner` (if a grant was displaced) and `new_token_floor`.
 
 use std::fmt;
 use std::fs::File;
@@ -271,6 +271,10 @@ pub struct Op {
     /// The token of the grant a revoke displaced.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub previous_token: Option<u64>,
+    /// The owner id of the grant a revoke displaced (the workload's `jepsen-client-N`), so
+    /// the checker knows whose acquire it was even when that acquire's outcome is unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_owner: Option<String>,
     /// The token floor after a revoke: every later grant's token is above it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub new_token_floor: Option<u64>,
@@ -304,6 +308,7 @@ impl Op {
             max_wait_ms: None,
             revoked: None,
             previous_token: None,
+            previous_owner: None,
             new_token_floor: None,
             phase: None,
             outcome: None,

@@ -29,6 +29,19 @@ use crate::history::{ERROR_CONTENDED, ERROR_FENCED, ERROR_LOST, F, Op, OpType, P
 /// well within the server's limits.
 pub const SESSION_TTL: Duration = Duration::from_secs(30);
 
+/// The owner id client `process` opens its sessions as.
+pub fn owner_of(process: u32) -> String {
+    format!("{OWNER_PREFIX}{process}")
+}
+
+/// The client whose owner id `owner` is ([`owner_of`]'s inverse); `None` for any other name.
+pub fn process_of(owner: &str) -> Option<u32> {
+    owner.strip_prefix(OWNER_PREFIX)?.parse().ok()
+}
+
+/// How every workload owner id begins.
+const OWNER_PREFIX: &str = "jepsen-client-";
+
 /// Pause between two attempts to open a session while the cluster is unavailable.
 const SESSION_RETRY_PAUSE: Duration = Duration::from_millis(250);
 
@@ -175,7 +188,7 @@ pub async fn client(
     shared: Arc<Shared>,
 ) {
     let mut rng = StdRng::seed_from_u64(config.seed.wrapping_add(u64::from(process)));
-    let owner = format!("jepsen-client-{process}");
+    let owner = owner_of(process);
     let client_config = ClientConfig {
         session_ttl: SESSION_TTL,
         jitter_seed: Some(config.seed ^ (u64::from(process) << 32)),

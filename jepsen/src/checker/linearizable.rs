@@ -358,23 +358,28 @@ fn key_ops(analysis: &Analysis, key: &str) -> (Vec<LinOp>, u64) {
         }
     }
     // An acquire of unknown outcome whose token only a revoke names must have been granted
-    // before that revoke completed; the latest acquire invoked before then is given the token
-    // (a revoke displaces the current holder, most likely the newest grant).
+    // before that revoke completed; the latest acquire invoked before then by the grant's
+    // owner (which the revoke names) is given the token. A history without owners on its
+    // revokes (recorded before they carried one) lets any client's acquire be the one: the
+    // newest, since a revoke displaces the current holder.
     let mut named: Vec<u64> = named.into_iter().collect();
     named.sort_unstable();
     for token in named.iter().filter(|t| !known.contains(t)) {
-        let revoke_done = analysis
+        let naming = analysis
             .revokes
             .iter()
-            .filter(|r| r.key == key && r.previous_token == Some(*token))
-            .map(|r| r.complete_t)
-            .min()
-            .unwrap_or(0);
+            .filter(|r| r.key == key && r.previous_token == Some(*token));
+        let revoke_done = naming.clone().map(|r| r.complete_t).min().unwrap_or(0);
+        let owner = naming
+            .filter_map(|r| r.previous_owner.as_deref())
+            .next()
+            .map(crate::workload::process_of);
         let latest_before = |candidates: &[&super::ClientOp]| {
             candidates
                 .iter()
                 .enumerate()
                 .filter(|(_, c)| c.invoke_t < revoke_done)
+                .filter(|(_, c)| owner.is_none_or(|p| p == Some(c.process)))
                 .max_by_key(|(_, c)| c.invoke_t)
                 .map(|(i, _)| i)
         };

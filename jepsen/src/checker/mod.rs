@@ -273,6 +273,8 @@ pub struct Revoke {
     pub revoked: bool,
     /// The displaced grant's token (ok only).
     pub previous_token: Option<u64>,
+    /// The displaced grant's owner id (ok only; absent in histories recorded before it was).
+    pub previous_owner: Option<String>,
     /// The token floor after the revoke (ok only).
     pub new_token_floor: Option<u64>,
 }
@@ -487,6 +489,7 @@ impl Analysis {
                             outcome: OpType::Info,
                             revoked: false,
                             previous_token: None,
+                            previous_owner: None,
                             new_token_floor: None,
                         });
                     } else {
@@ -507,6 +510,7 @@ impl Analysis {
                                 format!("line {line}: a revoke ok has no revoked flag")
                             })?;
                             r.previous_token = op.previous_token;
+                            r.previous_owner = op.previous_owner.clone();
                             r.new_token_floor = op.new_token_floor;
                         }
                     }

@@ -38,6 +38,7 @@ pub async fn run(ctx: Arc<Ctx>, mut rng: StdRng) -> anyhow::Result<()> {
                 let mut op = Op::new(Process::Nemesis, OpType::Ok, F::Revoke).key(&key);
                 op.revoked = Some(outcome.revoked);
                 op.previous_token = outcome.previous_token;
+                op.previous_owner = outcome.previous_owner_id;
                 op.new_token_floor = Some(outcome.new_token_floor);
                 op
             }
