@@ -186,7 +186,12 @@ impl RaftBackend {
 
     /// Confirms leadership with a quorum round and no log write (openraft
     /// `ensure_linearizable`), so a deposed leader cannot hand out a deadline the new leader
-    /// will not honour. Concurrent callers share rounds (see [`crate::leader::confirm`]).
+    /// will not honour, nor a terminal "lost" or "gone" read from its own lease keeper: a
+    /// leader cut off from its successor still believes it leads (its promote applied in its
+    /// term, so `leases_ready` passes), and its keeper lacks every grant and session made
+    /// since. Every answer taken from leader-local state, positive or negative, is given only
+    /// after a round that started after that state was read. Concurrent callers share rounds
+    /// (see [`crate::leader::confirm`]).
     pub async fn confirm_leadership(&self) -> Result<(), LockError> {
         self.inner.confirmer.confirm().await
     }

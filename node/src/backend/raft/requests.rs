@@ -72,11 +72,14 @@ impl Backend for RaftBackend {
         validate::session_id(session_id)?;
         self.leases_ready()?;
         self.check_session_owner(caller, session_id)?;
-        let Some(ttl) = self.inner.keeper.heartbeat_session(session_id) else {
-            return Ok(None);
-        };
+        let ttl = self.inner.keeper.heartbeat_session(session_id);
+        // Both answers need the proof that this node still leads: a restarted lease because a
+        // deposed leader cannot hand out a deadline its successor will not honour, and "gone"
+        // because a deposed leader that has not yet heard of its successor still passes
+        // `leases_ready` while its keeper lacks every session opened since (see
+        // [`RaftBackend::confirm_leadership`]).
         self.confirm_leadership().await?;
-        Ok(Some(ttl))
+        Ok(ttl)
     }
 
     /// [`Backend::keep_alive`] for many sessions at once (`SessionService.HeartbeatBatch`):
@@ -117,9 +120,10 @@ impl Backend for RaftBackend {
             .into_iter()
             .map(|ok| ok.map(|()| ttls.next().flatten()))
             .collect();
-        // As in `keep_alive`: the extensions above happened before the round, and only a
-        // restarted lease needs the proof that this node still leads.
-        if answers.iter().any(|a| matches!(a, Ok(Some(_)))) {
+        // As in `keep_alive`: the extensions above happened before the round, and every answer
+        // (alive or gone) needs the proof that this node still leads; only a batch refused
+        // entry by entry (malformed ids, other principals' sessions) needs none.
+        if answers.iter().any(Result::is_ok) {
             self.confirm_leadership().await?;
         }
         Ok(answers)
@@ -379,7 +383,14 @@ impl Backend for RaftBackend {
         self.check_session_owner(caller, session_id)?;
         self.check_grant_owner(caller, key, token)?;
         let (lease, previous_ttl_ms) = match self.inner.keeper.renew_grant(key, token, ttl) {
-            RenewCheck::Lost => return Ok(None),
+            RenewCheck::Lost => {
+                // "Lost" is terminal for the client, so only a node that still leads may say
+                // it: a deposed leader that has not yet heard of its successor passes
+                // `leases_ready`, and its keeper lacks every grant made since (seen in the
+                // combined fault run: a renewal answered lost 0.3 s before its deadline).
+                self.confirm_leadership().await?;
+                return Ok(None);
+            }
             RenewCheck::Extended {
                 lease,
                 previous_ttl_ms,

@@ -70,6 +70,9 @@ impl LockStore for RaftBackend {
         self.leases_ready()?;
         let Some(lease) = self.inner.keeper.grant_lease(key) else {
             validate::key(key)?;
+            // A negative verdict from local state only where this node still leads (as in
+            // `Backend::renew`).
+            self.confirm_leadership().await?;
             return Ok(None);
         };
         let grant = self
@@ -96,6 +99,7 @@ impl LockStore for RaftBackend {
                 .map(|g| g.session_id.clone())
         });
         let Some(session_id) = holder else {
+            self.confirm_leadership().await?;
             return Ok(false);
         };
         self.release(
