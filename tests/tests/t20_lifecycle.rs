@@ -988,3 +988,86 @@ async fn a_retry_older_than_the_request_window_never_grants_twice() {
         LATER_REQUESTS + 1
     );
 }
+
+/// A blocking acquire queued behind a holder, retried (same request id) with no wait left — what
+/// the SDK sends when its retry comes after `max_wait` — answers "not granted" and withdraws the
+/// waiter, instead of an unknown outcome that leaves the waiter queued for a grant nobody takes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_with_no_wait_left_withdraws_the_queued_waiter() {
+    let mut cluster = Cluster::start(3).await;
+    let leader = cluster.leader_client().await;
+    let holder = leader.open_session("t20-holder", LONG_TTL).await.unwrap();
+    let held = leader
+        .try_acquire(&holder.id, "t20/no-wait-left", LONG_TTL)
+        .await
+        .unwrap()
+        .expect("a fresh key is free");
+    let waiter = leader.open_session("t20-waiter", LONG_TTL).await.unwrap();
+    let request_id = lock_tests::next_request_id();
+    let first = {
+        let (leader, id) = (leader.clone(), waiter.id.clone());
+        tokio::spawn(async move {
+            leader
+                .acquire_with_request_id(
+                    &id,
+                    request_id,
+                    "t20/no-wait-left",
+                    LONG_TTL,
+                    WAITER_MAX_WAIT,
+                )
+                .await
+        })
+    };
+    let waiters = |leader: lock_tests::NodeClient| async move {
+        leader
+            .inspect("t20/no-wait-left", true)
+            .await
+            .map_err(|e| e.to_string())?
+            .map(|info| info.waiter_count)
+            .ok_or_else(|| "the key is not held".to_owned())
+    };
+    poll_until("the first attempt queued", EXPIRY_SLACK, || {
+        let leader = leader.clone();
+        async move {
+            match waiters(leader).await? {
+                1 => Ok(()),
+                n => Err(format!("{n} waiters")),
+            }
+        }
+    })
+    .await
+    .unwrap();
+
+    let retry = leader
+        .acquire_with_request_id(
+            &waiter.id,
+            request_id,
+            "t20/no-wait-left",
+            LONG_TTL,
+            Duration::ZERO,
+        )
+        .await;
+    assert!(matches!(retry, Ok(None)), "the retry answered {retry:?}");
+    assert_eq!(
+        waiters(leader.clone()).await,
+        Ok(0),
+        "the waiter was withdrawn"
+    );
+    // The first attempt learns the same: not granted.
+    let first = first.await.unwrap();
+    assert!(
+        matches!(first, Ok(None)),
+        "the first attempt answered {first:?}"
+    );
+    // The release leaves the key free: no orphan grant for the withdrawn waiter.
+    assert!(
+        leader
+            .release(&holder.id, "t20/no-wait-left", held.fencing_token)
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        leader.inspect("t20/no-wait-left", true).await.unwrap(),
+        None
+    );
+}

@@ -1,14 +1,49 @@
-//! Cancel-on-drop for the Raft backend's waiting acquire.
+//! The end of a waiting acquire on the Raft backend that was not granted in time: the
+//! withdrawal of a waiter whose wait is over, and cancel-on-drop.
 //!
-//! A waiting acquire whose caller went away (its future was dropped) is withdrawn by a
-//! `CancelWait` proposal that also releases a grant that raced the cancellation (C2 §2.8:
-//! interrupting `acquire` releases a grant already recorded). Owns that guard only; the
-//! acquire disarms it on every path where the caller learns the outcome.
+//! - A wait that ran out (or a retry arriving with no wait left) is withdrawn by a
+//!   `CancelWait` that keeps a grant which raced it: the caller is still there to receive it.
+//! - A waiting acquire whose caller went away (its future was dropped) is withdrawn by a
+//!   `CancelWait` that also releases a grant that raced the cancellation (C2 §2.8:
+//!   interrupting `acquire` releases a grant already recorded). The acquire disarms that guard
+//!   on every path where the caller learns the outcome.
 
-use lock_raft_store::Command;
+use lock_api::LockError;
+use lock_raft_store::{Command, Response};
 
-use super::RaftBackend;
+use super::rejection::{rejected, unexpected};
+use super::{RaftBackend, as_caller, grant};
+use crate::backend::Grant;
 use crate::backend::abandoned::note_cancel;
+
+impl RaftBackend {
+    /// Withdraws the waiter of acquire `(session_id, request_id)` on `key` whose wait is over:
+    /// the grant it received meanwhile, if any, is the caller's (`Ok(Some)`), else `Ok(None)`.
+    pub(super) async fn withdraw_wait(
+        &self,
+        caller: Option<&str>,
+        session_id: &str,
+        request_id: u64,
+        key: &str,
+    ) -> Result<Option<Grant>, LockError> {
+        let cancelled = self
+            .propose(as_caller(
+                caller,
+                Command::CancelWait {
+                    session_id: session_id.to_owned(),
+                    request_id,
+                    key: key.to_owned(),
+                    release_if_granted: false,
+                },
+            ))
+            .await?;
+        match cancelled {
+            Response::WaitCancelled { grant: g, .. } => Ok(g.map(grant)),
+            Response::Rejected(r) => Err(rejected(r)),
+            other => Err(unexpected("CancelWait", &other)),
+        }
+    }
+}
 
 /// Proposes `CancelWait { release_if_granted: true }` for its request when dropped armed.
 pub(super) struct CancelOnDrop {
@@ -31,7 +66,7 @@ impl Drop for CancelOnDrop {
             return;
         };
         let backend = self.backend.clone();
-        let command = super::as_caller(
+        let command = as_caller(
             self.caller.as_deref(),
             Command::CancelWait {
                 session_id: std::mem::take(&mut self.session_id),

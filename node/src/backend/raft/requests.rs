@@ -194,6 +194,13 @@ impl Backend for RaftBackend {
             Response::Granted(g) => Ok(Some(grant(g))),
             Response::NotGranted => Ok(None),
             Response::Rejected(r) => Err(rejected(r)),
+            // The first attempt of this request (same session and request id) was a blocking
+            // acquire that queued; this retry has no wait left (the SDK sends what remains of
+            // `max_wait`). Its wait is over: withdraw the waiter, keeping a grant that raced.
+            Response::Queued { .. } => {
+                self.withdraw_wait(caller, session_id, request_id, key)
+                    .await
+            }
             other => Err(unexpected("Acquire", &other)),
         }
     }
@@ -298,26 +305,11 @@ impl Backend for RaftBackend {
                     // max_wait elapsed (or a retry took over the slot): withdraw the waiter. A
                     // grant that raced the withdrawal is the caller's, so keep it.
                     Ok(None) | Err(_) => {
-                        let cancelled = self
-                            .propose(as_caller(
-                                caller,
-                                Command::CancelWait {
-                                    session_id: session_id.to_owned(),
-                                    request_id,
-                                    key: key.to_owned(),
-                                    release_if_granted: false,
-                                },
-                            ))
-                            .await?;
+                        let withdrawn = self
+                            .withdraw_wait(caller, session_id, request_id, key)
+                            .await;
                         guard.armed = false;
-                        match cancelled {
-                            Response::WaitCancelled { grant: g, .. } => Ok(g.map(grant)),
-                            Response::Rejected(Rejection::UnknownSession { session_id }) => {
-                                Err(rejected(Rejection::UnknownSession { session_id }))
-                            }
-                            Response::Rejected(r) => Err(rejected(r)),
-                            other => Err(unexpected("CancelWait", &other)),
-                        }
+                        withdrawn
                     }
                 }
             }
