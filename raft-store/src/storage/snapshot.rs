@@ -237,16 +237,12 @@ impl SnapshotDir {
     /// Blocks on the disk.
     pub fn write(&self, meta: &Meta, data: &[u8]) -> Result<(), StorageError> {
         let path = self.dir.join(file_name(meta.last_log_id.as_ref()));
-        let record = codec::encode(&SnapshotFile {
-            meta: meta.clone(),
-            data: data.to_vec(),
-        })
-        .map_err(|source| StorageError::Encode {
+        let head = file_head(meta, data).map_err(|source| StorageError::Encode {
             record: format!("snapshot file {}", path.display()),
             source,
         })?;
         let mut current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
-        write_atomically(&self.disk, &self.dir, &path, &record)?;
+        write_atomically(&self.disk, &self.dir, &path, &[&head, data])?;
         let superseded = match current.as_ref() {
             Some((current_meta, _)) => current_meta.last_log_id > meta.last_log_id,
             None => false,
@@ -302,19 +298,34 @@ fn remove_file(disk: &Disk, path: &Path) -> Result<(), StorageError> {
     }
 }
 
+/// The bytes of the snapshot file of `meta` and `data` that come before `data`: the codec
+/// header, the encoded meta and the data's length. The file is these followed by `data`, byte
+/// for byte the codec record of a [`SnapshotFile`], without copying `data` into it.
+fn file_head(meta: &Meta, data: &[u8]) -> Result<Vec<u8>, postcard::Error> {
+    // postcard writes a `Vec<u8>` as its length (a varint, as it writes any `u64`), then the
+    // bytes.
+    let mut head = postcard::to_extend(meta, vec![codec::FORMAT_VERSION, 0, 0, 0, 0])?;
+    head = postcard::to_extend(&(data.len() as u64), head)?;
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(&head[codec::HEADER_LEN..]);
+    crc.update(data);
+    head[1..codec::HEADER_LEN].copy_from_slice(&crc.finalize().to_le_bytes());
+    Ok(head)
+}
+
 /// temp file, write, fsync, rename, fsync the directory.
 fn write_atomically(
     disk: &Disk,
     dir: &Path,
     path: &Path,
-    bytes: &[u8],
+    parts: &[&[u8]],
 ) -> Result<(), StorageError> {
     let temp = path.with_extension(TEMP_EXT);
     let io = |op: &'static str, path: &Path| {
         let path = path.to_path_buf();
         move |source| StorageError::Io { op, path, source }
     };
-    disk.write_synced(&temp, bytes)
+    disk.write_parts_synced(&temp, parts)
         .map_err(io("write and fsync", &temp))?;
     disk.rename(&temp, path)
         .map_err(io("rename into place", path))?;
@@ -619,6 +630,33 @@ mod tests {
 
         let future = codec::encode_as(3, &LockTable::new()).expect("ok");
         assert!(decode_table(&future, Path::new("t")).is_err());
+    }
+
+    /// The file is written in two parts without copying the data; together they are exactly
+    /// the codec record of the [`SnapshotFile`] earlier releases wrote and read.
+    #[test]
+    fn the_file_written_in_parts_is_the_old_record() {
+        let mut table = LockTable::new();
+        replay(&mut table, &log());
+        let data = encode_table(&table).expect("encodes");
+        let meta = Meta {
+            last_log_id: Some(LogId::new(
+                crate::LeaderId {
+                    term: 2,
+                    node_id: 3,
+                },
+                300,
+            )),
+            last_membership: Default::default(),
+        };
+        let mut file = file_head(&meta, &data).expect("encodes");
+        file.extend_from_slice(&data);
+        let record = codec::encode(&SnapshotFile {
+            meta: meta.clone(),
+            data: data.clone(),
+        })
+        .expect("encodes");
+        assert_eq!(file, record);
     }
 
     #[test]

@@ -65,7 +65,7 @@ impl LockTable {
             self.sessions.len()
         );
         let mut tokens = BTreeSet::new();
-        for (key, grant) in &self.grants {
+        for (key, grant) in self.grants.iter() {
             ensure!(
                 grant.key == *key,
                 "one holder per key",
@@ -108,7 +108,7 @@ impl LockTable {
         }
 
         let mut waiter_total = 0usize;
-        for (key, queue) in &self.queues {
+        for (key, queue) in self.queues.iter() {
             ensure!(
                 !queue.is_empty(),
                 "no empty queue is kept",
@@ -175,7 +175,7 @@ impl LockTable {
             self.wait_deadlines.len()
         );
 
-        for (id, session) in &self.sessions {
+        for (id, session) in self.sessions.iter() {
             let mut request_ids = BTreeSet::new();
             for key in &session.locks {
                 let Some(grant) = self.grants.get(key).filter(|g| g.session_id == *id) else {
@@ -233,7 +233,7 @@ impl LockTable {
             self.revocations.len()
         );
         let mut floor = 0;
-        for rev in &self.revocations {
+        for rev in self.revocations.iter() {
             ensure!(
                 rev.new_token_floor > floor && rev.new_token_floor <= self.last_token,
                 "token floors only grow",
@@ -318,9 +318,9 @@ mod tests {
     #[test]
     fn two_grants_with_one_token_are_caught() {
         let mut t = table();
-        let mut copy = t.grants["a"].clone();
+        let mut copy = t.grants.get("a").expect("held").clone();
         copy.key = "b".into();
-        t.grants.insert("b".into(), copy);
+        t.grants.insert(copy);
         t.sessions
             .get_mut("s1")
             .expect("live")
@@ -363,14 +363,18 @@ mod tests {
     fn a_waiter_queued_twice_is_caught() {
         let mut t = table();
         let again = t.queues["a"][0].clone();
-        t.queues.get_mut("a").expect("queued").push_back(again);
+        t.queues
+            .make_mut()
+            .get_mut("a")
+            .expect("queued")
+            .push_back(again);
         assert_eq!(broken_rule(&t).0, "no waiter queued twice");
     }
 
     #[test]
     fn an_unindexed_waiter_is_caught() {
         let mut t = table();
-        t.wait_deadlines.clear();
+        t.wait_deadlines.make_mut().clear();
         assert_eq!(broken_rule(&t).0, "the deadline index lists every waiter");
     }
 }
