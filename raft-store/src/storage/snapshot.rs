@@ -25,6 +25,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 use serde::{Deserialize, Serialize};
@@ -158,6 +159,17 @@ pub struct SnapshotDir {
     /// The current snapshot's metadata and file. The mutex is held across a whole write, so
     /// writes, clean-ups and reads of "current" never interleave.
     current: Mutex<Option<(Meta, PathBuf)>>,
+    /// Temp files prepared so far, for their unique names.
+    temps: AtomicU64,
+}
+
+/// A snapshot file written and synced under a temporary name ([`SnapshotDir::prepare`]), to
+/// be committed or abandoned.
+#[derive(Debug)]
+pub struct Prepared {
+    temp: PathBuf,
+    path: PathBuf,
+    meta: Meta,
 }
 
 impl SnapshotDir {
@@ -217,6 +229,7 @@ impl SnapshotDir {
             dir: dir.to_path_buf(),
             disk,
             current: Mutex::new(current),
+            temps: AtomicU64::new(0),
         };
         Ok((snapshot_dir, newest.map(|(file, _)| file)))
     }
@@ -236,13 +249,58 @@ impl SnapshotDir {
     /// only a race between a build and an install can cause), then removes the others.
     /// Blocks on the disk.
     pub fn write(&self, meta: &Meta, data: &[u8]) -> Result<(), StorageError> {
+        let prepared = self.prepare(meta, data)?;
+        self.commit(prepared)
+    }
+
+    /// The first half of [`SnapshotDir::write`]: writes the snapshot file under a temporary
+    /// name and `fsync`s it; nothing changes for readers until [`SnapshotDir::commit`] (and a
+    /// crash before it leaves a temp file, which the next open removes). Blocks on the disk.
+    pub fn prepare(&self, meta: &Meta, data: &[u8]) -> Result<Prepared, StorageError> {
         let path = self.dir.join(file_name(meta.last_log_id.as_ref()));
         let head = file_head(meta, data).map_err(|source| StorageError::Encode {
             record: format!("snapshot file {}", path.display()),
             source,
         })?;
+        // Unique per write, so a build and an install of the same position never share one.
+        let n = self.temps.fetch_add(1, Ordering::Relaxed);
+        let temp = path.with_extension(format!("{n}.{TEMP_EXT}"));
+        self.disk
+            .write_parts_synced(&temp, &[&head, data])
+            .map_err(|source| StorageError::Io {
+                op: "write and fsync",
+                path: temp.clone(),
+                source,
+            })?;
+        Ok(Prepared {
+            temp,
+            path,
+            meta: meta.clone(),
+        })
+    }
+
+    /// Removes a prepared file that will not be committed (best effort: the next open removes
+    /// any temp file left).
+    pub fn abandon(&self, prepared: Prepared) {
+        if let Err(e) = remove_file(&self.disk, &prepared.temp) {
+            tracing::warn!(%e, "cannot remove an abandoned snapshot temp file");
+        }
+    }
+
+    /// The second half of [`SnapshotDir::write`]: renames the prepared file into place, makes
+    /// the rename durable and the snapshot current, then removes the others.
+    pub fn commit(&self, prepared: Prepared) -> Result<(), StorageError> {
+        let Prepared { temp, path, meta } = prepared;
+        let meta = &meta;
         let mut current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
-        write_atomically(&self.disk, &self.dir, &path, &[&head, data])?;
+        self.disk
+            .rename(&temp, &path)
+            .map_err(|source| StorageError::Io {
+                op: "rename into place",
+                path: path.clone(),
+                source,
+            })?;
+        sync_dir(&self.disk, &self.dir)?;
         let superseded = match current.as_ref() {
             Some((current_meta, _)) => current_meta.last_log_id > meta.last_log_id,
             None => false,
@@ -311,25 +369,6 @@ fn file_head(meta: &Meta, data: &[u8]) -> Result<Vec<u8>, postcard::Error> {
     crc.update(data);
     head[1..codec::HEADER_LEN].copy_from_slice(&crc.finalize().to_le_bytes());
     Ok(head)
-}
-
-/// temp file, write, fsync, rename, fsync the directory.
-fn write_atomically(
-    disk: &Disk,
-    dir: &Path,
-    path: &Path,
-    parts: &[&[u8]],
-) -> Result<(), StorageError> {
-    let temp = path.with_extension(TEMP_EXT);
-    let io = |op: &'static str, path: &Path| {
-        let path = path.to_path_buf();
-        move |source| StorageError::Io { op, path, source }
-    };
-    disk.write_parts_synced(&temp, parts)
-        .map_err(io("write and fsync", &temp))?;
-    disk.rename(&temp, path)
-        .map_err(io("rename into place", path))?;
-    sync_dir(disk, dir)
 }
 
 /// Reads and verifies one snapshot file, and the data record inside it.

@@ -374,10 +374,38 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         let snapshots = self.snapshots.clone();
         let file_meta = meta.clone();
         let table = tokio::task::spawn_blocking(move || {
-            let table = snapshot::decode_table(&data, snapshots.dir())?;
-            // Durable first: once the table is replaced, the log before it may be purged.
-            snapshots.write(&file_meta, &data)?;
-            Ok::<_, StorageError>(table)
+            // The file is written and synced under a temporary name while the table is
+            // decoded, so the disk's time and the decoder's overlap; it becomes the current
+            // snapshot only once the table decoded and checked, and durable before the table
+            // is replaced: once it is, the log before it may be purged.
+            let data = Arc::new(data);
+            let writer = {
+                let (writing, data) = (snapshots.clone(), data.clone());
+                std::thread::Builder::new()
+                    .name("lockd-snapshot-write".into())
+                    .spawn(move || writing.prepare(&file_meta, &data))
+                    .map_err(|source| StorageError::Io {
+                        op: "start a thread to write a snapshot into",
+                        path: snapshots.dir().to_path_buf(),
+                        source,
+                    })?
+            };
+            let table = snapshot::decode_table(&data, snapshots.dir());
+            let prepared = writer.join().map_err(|_| StorageError::Io {
+                op: "write snapshot into",
+                path: snapshots.dir().to_path_buf(),
+                source: io::Error::other("the snapshot writing thread panicked"),
+            })??;
+            match table {
+                Ok(table) => {
+                    snapshots.commit(prepared)?;
+                    Ok::<_, StorageError>(table)
+                }
+                Err(refused) => {
+                    snapshots.abandon(prepared);
+                    Err(refused)
+                }
+            }
         })
         .await
         .map_err(|join| join_error("install snapshot into", self.snapshots.dir(), join))?

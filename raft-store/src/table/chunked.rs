@@ -40,7 +40,7 @@ pub(crate) trait Entry: Clone {
     /// The value, for changing anything but the key.
     fn value_mut(&mut self) -> &mut Self::Value;
     /// The entry of `value` under `key`, as decoded; an error if they disagree.
-    fn from_parts(key: String, value: Self::Value) -> Result<Self, String>;
+    fn from_parts(key: &str, value: Self::Value) -> Result<Self, String>;
 }
 
 /// An ordered map by string key of [`Entry`]s; see the module docs.
@@ -267,13 +267,51 @@ where
             }
             fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<Self::Value, A::Error> {
                 let mut map = ChunkedMap::default();
-                while let Some((key, value)) = access.next_entry::<String, E::Value>()? {
-                    map.push(E::from_parts(key, value).map_err(de::Error::custom)?);
+                while let Some((key, value)) = access.next_entry::<Key<'de>, E::Value>()? {
+                    map.push(E::from_parts(key.as_str(), value).map_err(de::Error::custom)?);
                 }
                 Ok(map)
             }
         }
         deserializer.deserialize_map(MapVisitor(PhantomData))
+    }
+}
+
+/// A decoded key, borrowed from the input where the format allows (postcard from a slice),
+/// so a grant's key, which the grant carries again, costs no allocation to check.
+enum Key<'de> {
+    Borrowed(&'de str),
+    Owned(String),
+}
+
+impl Key<'_> {
+    fn as_str(&self) -> &str {
+        match self {
+            Key::Borrowed(key) => key,
+            Key::Owned(key) => key,
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Key<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct KeyVisitor;
+        impl<'de> Visitor<'de> for KeyVisitor {
+            type Value = Key<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a string key")
+            }
+            fn visit_borrowed_str<E: de::Error>(self, key: &'de str) -> Result<Key<'de>, E> {
+                Ok(Key::Borrowed(key))
+            }
+            fn visit_str<E: de::Error>(self, key: &str) -> Result<Key<'de>, E> {
+                Ok(Key::Owned(key.to_owned()))
+            }
+            fn visit_string<E: de::Error>(self, key: String) -> Result<Key<'de>, E> {
+                Ok(Key::Owned(key))
+            }
+        }
+        deserializer.deserialize_str(KeyVisitor)
     }
 }
 
@@ -298,8 +336,8 @@ mod tests {
         fn value_mut(&mut self) -> &mut u64 {
             &mut self.1
         }
-        fn from_parts(key: String, value: u64) -> Result<Self, String> {
-            Ok(Pair(key, value))
+        fn from_parts(key: &str, value: u64) -> Result<Self, String> {
+            Ok(Pair(key.to_owned(), value))
         }
     }
 

@@ -80,7 +80,7 @@ impl Entry for Grant {
     fn value_mut(&mut self) -> &mut Grant {
         self
     }
-    fn from_parts(key: String, grant: Grant) -> Result<Self, String> {
+    fn from_parts(key: &str, grant: Grant) -> Result<Self, String> {
         if grant.key != key {
             return Err(format!(
                 "the grant of key {:?} is filed under key {key:?}",
@@ -110,9 +110,9 @@ impl Entry for SessionEntry {
     fn value_mut(&mut self) -> &mut Session {
         self.session.make_mut()
     }
-    fn from_parts(id: String, session: Session) -> Result<Self, String> {
+    fn from_parts(id: &str, session: Session) -> Result<Self, String> {
         Ok(SessionEntry {
-            id,
+            id: id.to_owned(),
             session: Shared::new(session),
         })
     }
