@@ -50,7 +50,7 @@ use shared::Shared;
 
 pub use apply_limits::{ApplyLimits, InvalidLimits};
 pub use invariants::InvariantViolation;
-pub use session::Session;
+pub use session::{LockSet, Session};
 
 /// One queued `Acquire`, waiting for its key to be freed (D-wait).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -295,7 +295,7 @@ impl LockTable {
     pub fn locks_of(&self, session_id: &str) -> BTreeSet<String> {
         self.sessions
             .get(session_id)
-            .map(|s| s.locks.clone())
+            .map(|s| s.locks.iter().cloned().collect())
             .unwrap_or_default()
     }
 
