@@ -69,17 +69,29 @@ pub struct SnapshotFile {
     pub data: Vec<u8>,
 }
 
+/// [`encode_table_sized`] without a size hint (tests).
+#[cfg(test)]
+pub fn encode_table(table: &LockTable) -> Result<Vec<u8>, StorageError> {
+    encode_table_sized(table, 0)
+}
+
 /// Encodes the lock table and its apply limits as snapshot data: version 3 (limits,
 /// principals, table) when a session is bound to a principal, else version 1 (the table alone)
-/// when the limits are `V1`, else version 2.
-pub fn encode_table(table: &LockTable) -> Result<Vec<u8>, StorageError> {
+/// when the limits are `V1`, else version 2; into a buffer of `capacity` bytes to start with
+/// (the last snapshot's size and a little more: a 100 MB snapshot is then encoded without
+/// reallocating).
+pub fn encode_table_sized(table: &LockTable, capacity: usize) -> Result<Vec<u8>, StorageError> {
     let principals = table.principals();
     let encoded = if !principals.is_empty() {
-        codec::encode_as(DATA_WITH_PRINCIPALS, &(table.limits(), &principals, table))
+        codec::encode_with_capacity(
+            DATA_WITH_PRINCIPALS,
+            &(table.limits(), &principals, table),
+            capacity,
+        )
     } else if *table.limits() == ApplyLimits::V1 {
-        codec::encode_as(DATA_TABLE_ONLY, table)
+        codec::encode_with_capacity(DATA_TABLE_ONLY, table, capacity)
     } else {
-        codec::encode_as(DATA_WITH_LIMITS, &(table.limits(), table))
+        codec::encode_with_capacity(DATA_WITH_LIMITS, &(table.limits(), table), capacity)
     };
     encoded.map_err(|source| StorageError::Encode {
         record: "snapshot data".to_string(),
