@@ -140,7 +140,7 @@ async fn serve(
     let timings: Arc<dyn StorageObserver> =
         Arc::new(StorageTimings::new(metrics.families().clone()));
     let storage_dir = config.data_dir.join(STORAGE_SUBDIR);
-    let (log_store, state_machine) = tokio::task::spawn_blocking({
+    let (log_store, mut state_machine) = tokio::task::spawn_blocking({
         let dir = storage_dir.clone();
         let engine = config.log_engine.into();
         move || storage::open_observed(&dir, engine, Some(observer), Some(timings))
@@ -148,6 +148,9 @@ async fn serve(
     .await
     .context("storage open task failed")?
     .with_context(|| format!("cannot open storage in {}", storage_dir.display()))?;
+    // openraft asks for a snapshot every `snapshot_logs_since_last` entries; the store builds
+    // one only once the log since the last is large against it, staggered by this node's id.
+    state_machine.set_snapshot_policy(storage::SnapshotPolicy::for_node(config.node_id));
     let reader = state_machine.reader();
     tracing::info!(engine = %log_store.engine_kind(), dir = %log_store.dir().display(), "raft log opened");
 

@@ -22,7 +22,9 @@ pub use command::{Command, Event, FreeCause, Grant, Rejection, Request, Response
 pub use storage::{
     ApplyObserver, LogStore, StateMachineStore, StateReader, StorageError, StorageObserver,
 };
-pub use table::{ApplyLimits, InvalidLimits, InvariantViolation, LockTable, Session, Waiter};
+pub use table::{
+    ApplyLimits, InvalidLimits, InvariantViolation, LockSet, LockTable, Session, Waiter,
+};
 
 /// A node's id in the cluster.
 pub type NodeId = u64;

@@ -96,17 +96,21 @@ impl Disk {
         }
     }
 
-    /// Writes `bytes` as the whole content of the file `path` (created, or truncated first) and
-    /// `fsync`s the file. The file's directory entry is not made durable (see [`Disk::sync_dir`]).
-    pub(crate) fn write_synced(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
+    /// Writes the concatenation of `parts` as the whole content of the file `path` (created, or
+    /// truncated first), one part after the other (a large snapshot is never copied into one
+    /// buffer to be written), and `fsync`s the file. The file's directory entry is not made
+    /// durable (see [`Disk::sync_dir`]).
+    pub(crate) fn write_parts_synced(&self, path: &Path, parts: &[&[u8]]) -> io::Result<()> {
         match self {
             Disk::Os => {
                 let mut file = File::create(path)?;
-                file.write_all(bytes)?;
+                for part in parts {
+                    file.write_all(part)?;
+                }
                 file.sync_all()
             }
             #[cfg(test)]
-            Disk::PowerCut(disk) => disk.write_synced(path, bytes),
+            Disk::PowerCut(disk) => disk.write_synced(path, &parts.concat()),
         }
     }
 

@@ -28,6 +28,7 @@ use super::codec;
 use super::disk::Disk;
 use super::engine::{Engine, EngineKind, MetaKey, WriteBatch};
 use super::observer::StorageObserver;
+use super::snapshot_policy::LogBytes;
 use crate::{Entry, LogId, TypeConfig, Vote};
 
 /// Name of the log's flush thread (shows in `top -H` and panics).
@@ -39,6 +40,8 @@ const FLUSH_THREAD_NAME: &str = "lockd-log-flush";
 pub struct LogStore {
     engine: Arc<Engine>,
     flusher: Flusher,
+    /// Bytes of entries written, for the snapshot policy.
+    written: Arc<LogBytes>,
 }
 
 /// A read-only view of the log for openraft's replication tasks. Cheap to clone.
@@ -58,7 +61,7 @@ impl LogStore {
     /// [`LogStore::open`], creating a fresh log with the engine `fresh` (an existing log keeps
     /// its engine).
     pub fn open_with(dir: &Path, fresh: EngineKind) -> Result<LogStore, StorageError> {
-        LogStore::open_on(Disk::Os, dir, fresh, None)
+        LogStore::open_on(Disk::Os, dir, fresh, None, LogBytes::shared())
     }
 
     /// [`LogStore::open_with`] on `disk`.
@@ -67,11 +70,16 @@ impl LogStore {
         dir: &Path,
         fresh: EngineKind,
         observer: Option<Arc<dyn StorageObserver>>,
+        written: Arc<LogBytes>,
     ) -> Result<LogStore, StorageError> {
         let engine = Arc::new(Engine::open_on(disk, dir, fresh)?);
         verify_all(&engine)?;
         let flusher = Flusher::start(engine.clone(), observer)?;
-        Ok(LogStore { engine, flusher })
+        Ok(LogStore {
+            engine,
+            flusher,
+            written,
+        })
     }
 
     /// The engine's directory, for logs and error messages.
@@ -89,6 +97,7 @@ impl LogStore {
     fn write_entries(&self, entries: impl IntoIterator<Item = Entry>) -> Result<(), io::Error> {
         let mut batch = WriteBatch::default();
         let mut first = true;
+        let mut bytes = 0u64;
         for entry in entries {
             let index = entry.log_id.index;
             if first {
@@ -104,9 +113,12 @@ impl LogStore {
                     source,
                 })
                 .map_err(io::Error::other)?;
+            bytes += record.len() as u64;
             batch.put_log(index, &record).map_err(io::Error::other)?;
         }
-        self.engine.write(batch).map_err(io::Error::other)
+        self.engine.write(batch).map_err(io::Error::other)?;
+        self.written.add(bytes);
+        Ok(())
     }
 
     /// Writes `entries` as `append` does but queues no flush: what a node has written and not

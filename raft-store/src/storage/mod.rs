@@ -40,6 +40,8 @@
 //! - [`observer`]: [`StorageObserver`], the durations of log flushes and snapshot builds for
 //!   the node's metrics.
 //! - `snapshot`: snapshot files (atomic write, checksum, clean-up).
+//! - [`snapshot_policy`]: when a snapshot is due (log bytes against snapshot size, staggered
+//!   across nodes).
 //!
 //! Nothing here reads a clock or decides lock semantics: that is the lock table's job.
 
@@ -51,6 +53,7 @@ pub mod observer;
 #[cfg(test)]
 mod power_cut_test;
 mod snapshot;
+pub mod snapshot_policy;
 pub mod state_machine;
 
 use std::io;
@@ -64,6 +67,7 @@ pub use engine::{
 pub use log_store::{LogReader, LogStore};
 pub use observer::StorageObserver;
 pub use snapshot::{SNAPSHOT_BYTES_MAX, file_name as snapshot_file_name};
+pub use snapshot_policy::{LogBytes, SnapshotPolicy};
 pub use state_machine::{ApplyObserver, StateMachineStore, StateReader};
 
 /// Sub-directory of the storage directory holding snapshot files.
@@ -118,9 +122,11 @@ pub(crate) fn open_on(
             path: dir.to_path_buf(),
             source,
         })?;
-    let log_store = LogStore::open_on(disk.clone(), dir, fresh, storage.clone())?;
+    let written = LogBytes::shared();
+    let log_store = LogStore::open_on(disk.clone(), dir, fresh, storage.clone(), written.clone())?;
     let state_machine =
-        StateMachineStore::open_on(disk, &dir.join(SNAPSHOT_DIR_NAME), observer, storage)?;
+        StateMachineStore::open_on(disk, &dir.join(SNAPSHOT_DIR_NAME), observer, storage)?
+            .with_log_bytes(written);
     Ok((log_store, state_machine))
 }
 

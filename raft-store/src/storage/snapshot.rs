@@ -25,6 +25,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 use serde::{Deserialize, Serialize};
@@ -68,17 +69,29 @@ pub struct SnapshotFile {
     pub data: Vec<u8>,
 }
 
+/// [`encode_table_sized`] without a size hint (tests).
+#[cfg(test)]
+pub fn encode_table(table: &LockTable) -> Result<Vec<u8>, StorageError> {
+    encode_table_sized(table, 0)
+}
+
 /// Encodes the lock table and its apply limits as snapshot data: version 3 (limits,
 /// principals, table) when a session is bound to a principal, else version 1 (the table alone)
-/// when the limits are `V1`, else version 2.
-pub fn encode_table(table: &LockTable) -> Result<Vec<u8>, StorageError> {
+/// when the limits are `V1`, else version 2; into a buffer of `capacity` bytes to start with
+/// (the last snapshot's size and a little more: a 100 MB snapshot is then encoded without
+/// reallocating).
+pub fn encode_table_sized(table: &LockTable, capacity: usize) -> Result<Vec<u8>, StorageError> {
     let principals = table.principals();
     let encoded = if !principals.is_empty() {
-        codec::encode_as(DATA_WITH_PRINCIPALS, &(table.limits(), &principals, table))
+        codec::encode_with_capacity(
+            DATA_WITH_PRINCIPALS,
+            &(table.limits(), &principals, table),
+            capacity,
+        )
     } else if *table.limits() == ApplyLimits::V1 {
-        codec::encode_as(DATA_TABLE_ONLY, table)
+        codec::encode_with_capacity(DATA_TABLE_ONLY, table, capacity)
     } else {
-        codec::encode_as(DATA_WITH_LIMITS, &(table.limits(), table))
+        codec::encode_with_capacity(DATA_WITH_LIMITS, &(table.limits(), table), capacity)
     };
     encoded.map_err(|source| StorageError::Encode {
         record: "snapshot data".to_string(),
@@ -158,6 +171,17 @@ pub struct SnapshotDir {
     /// The current snapshot's metadata and file. The mutex is held across a whole write, so
     /// writes, clean-ups and reads of "current" never interleave.
     current: Mutex<Option<(Meta, PathBuf)>>,
+    /// Temp files prepared so far, for their unique names.
+    temps: AtomicU64,
+}
+
+/// A snapshot file written and synced under a temporary name ([`SnapshotDir::prepare`]), to
+/// be committed or abandoned.
+#[derive(Debug)]
+pub struct Prepared {
+    temp: PathBuf,
+    path: PathBuf,
+    meta: Meta,
 }
 
 impl SnapshotDir {
@@ -217,6 +241,7 @@ impl SnapshotDir {
             dir: dir.to_path_buf(),
             disk,
             current: Mutex::new(current),
+            temps: AtomicU64::new(0),
         };
         Ok((snapshot_dir, newest.map(|(file, _)| file)))
     }
@@ -236,17 +261,58 @@ impl SnapshotDir {
     /// only a race between a build and an install can cause), then removes the others.
     /// Blocks on the disk.
     pub fn write(&self, meta: &Meta, data: &[u8]) -> Result<(), StorageError> {
+        let prepared = self.prepare(meta, data)?;
+        self.commit(prepared)
+    }
+
+    /// The first half of [`SnapshotDir::write`]: writes the snapshot file under a temporary
+    /// name and `fsync`s it; nothing changes for readers until [`SnapshotDir::commit`] (and a
+    /// crash before it leaves a temp file, which the next open removes). Blocks on the disk.
+    pub fn prepare(&self, meta: &Meta, data: &[u8]) -> Result<Prepared, StorageError> {
         let path = self.dir.join(file_name(meta.last_log_id.as_ref()));
-        let record = codec::encode(&SnapshotFile {
-            meta: meta.clone(),
-            data: data.to_vec(),
-        })
-        .map_err(|source| StorageError::Encode {
+        let head = file_head(meta, data).map_err(|source| StorageError::Encode {
             record: format!("snapshot file {}", path.display()),
             source,
         })?;
+        // Unique per write, so a build and an install of the same position never share one.
+        let n = self.temps.fetch_add(1, Ordering::Relaxed);
+        let temp = path.with_extension(format!("{n}.{TEMP_EXT}"));
+        self.disk
+            .write_parts_synced(&temp, &[&head, data])
+            .map_err(|source| StorageError::Io {
+                op: "write and fsync",
+                path: temp.clone(),
+                source,
+            })?;
+        Ok(Prepared {
+            temp,
+            path,
+            meta: meta.clone(),
+        })
+    }
+
+    /// Removes a prepared file that will not be committed (best effort: the next open removes
+    /// any temp file left).
+    pub fn abandon(&self, prepared: Prepared) {
+        if let Err(e) = remove_file(&self.disk, &prepared.temp) {
+            tracing::warn!(%e, "cannot remove an abandoned snapshot temp file");
+        }
+    }
+
+    /// The second half of [`SnapshotDir::write`]: renames the prepared file into place, makes
+    /// the rename durable and the snapshot current, then removes the others.
+    pub fn commit(&self, prepared: Prepared) -> Result<(), StorageError> {
+        let Prepared { temp, path, meta } = prepared;
+        let meta = &meta;
         let mut current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
-        write_atomically(&self.disk, &self.dir, &path, &record)?;
+        self.disk
+            .rename(&temp, &path)
+            .map_err(|source| StorageError::Io {
+                op: "rename into place",
+                path: path.clone(),
+                source,
+            })?;
+        sync_dir(&self.disk, &self.dir)?;
         let superseded = match current.as_ref() {
             Some((current_meta, _)) => current_meta.last_log_id > meta.last_log_id,
             None => false,
@@ -302,23 +368,19 @@ fn remove_file(disk: &Disk, path: &Path) -> Result<(), StorageError> {
     }
 }
 
-/// temp file, write, fsync, rename, fsync the directory.
-fn write_atomically(
-    disk: &Disk,
-    dir: &Path,
-    path: &Path,
-    bytes: &[u8],
-) -> Result<(), StorageError> {
-    let temp = path.with_extension(TEMP_EXT);
-    let io = |op: &'static str, path: &Path| {
-        let path = path.to_path_buf();
-        move |source| StorageError::Io { op, path, source }
-    };
-    disk.write_synced(&temp, bytes)
-        .map_err(io("write and fsync", &temp))?;
-    disk.rename(&temp, path)
-        .map_err(io("rename into place", path))?;
-    sync_dir(disk, dir)
+/// The bytes of the snapshot file of `meta` and `data` that come before `data`: the codec
+/// header, the encoded meta and the data's length. The file is these followed by `data`, byte
+/// for byte the codec record of a [`SnapshotFile`], without copying `data` into it.
+fn file_head(meta: &Meta, data: &[u8]) -> Result<Vec<u8>, postcard::Error> {
+    // postcard writes a `Vec<u8>` as its length (a varint, as it writes any `u64`), then the
+    // bytes.
+    let mut head = postcard::to_extend(meta, vec![codec::FORMAT_VERSION, 0, 0, 0, 0])?;
+    head = postcard::to_extend(&(data.len() as u64), head)?;
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(&head[codec::HEADER_LEN..]);
+    crc.update(data);
+    head[1..codec::HEADER_LEN].copy_from_slice(&crc.finalize().to_le_bytes());
+    Ok(head)
 }
 
 /// Reads and verifies one snapshot file, and the data record inside it.
@@ -619,6 +681,33 @@ mod tests {
 
         let future = codec::encode_as(3, &LockTable::new()).expect("ok");
         assert!(decode_table(&future, Path::new("t")).is_err());
+    }
+
+    /// The file is written in two parts without copying the data; together they are exactly
+    /// the codec record of the [`SnapshotFile`] earlier releases wrote and read.
+    #[test]
+    fn the_file_written_in_parts_is_the_old_record() {
+        let mut table = LockTable::new();
+        replay(&mut table, &log());
+        let data = encode_table(&table).expect("encodes");
+        let meta = Meta {
+            last_log_id: Some(LogId::new(
+                crate::LeaderId {
+                    term: 2,
+                    node_id: 3,
+                },
+                300,
+            )),
+            last_membership: Default::default(),
+        };
+        let mut file = file_head(&meta, &data).expect("encodes");
+        file.extend_from_slice(&data);
+        let record = codec::encode(&SnapshotFile {
+            meta: meta.clone(),
+            data: data.clone(),
+        })
+        .expect("encodes");
+        assert_eq!(file, record);
     }
 
     #[test]

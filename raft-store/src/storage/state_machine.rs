@@ -21,6 +21,7 @@
 use std::fmt;
 use std::io::{self, Cursor};
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use futures::{Stream, TryStreamExt};
@@ -31,6 +32,7 @@ use super::StorageError;
 use super::disk::Disk;
 use super::observer::StorageObserver;
 use super::snapshot::{self, SnapshotDir};
+use super::snapshot_policy::{LogBytes, SnapshotPolicy};
 use crate::command::{Event, Response};
 use crate::table::LockTable;
 use crate::{
@@ -81,6 +83,34 @@ pub struct StateMachineStore {
     observer: Option<Arc<dyn ApplyObserver>>,
     /// Learns each snapshot build's duration and size.
     storage: Option<Arc<dyn StorageObserver>>,
+    /// When a snapshot openraft asks for is worth building.
+    policy: SnapshotPolicy,
+    /// The log store's count of bytes written; `None` (a state machine opened alone) builds
+    /// every snapshot openraft asks for.
+    log_bytes: Option<Arc<LogBytes>>,
+    /// Where the last snapshot left the policy's inputs.
+    mark: Arc<SnapshotMark>,
+    /// Tests: a barrier every build meets twice between taking its view and encoding it.
+    #[cfg(test)]
+    build_gate: Option<Arc<std::sync::Barrier>>,
+}
+
+/// The last snapshot as the policy sees it.
+#[derive(Debug, Default)]
+struct SnapshotMark {
+    /// Its data's size.
+    snapshot_bytes: AtomicU64,
+    /// The log store's byte count when its state was taken.
+    log_bytes_at: AtomicU64,
+    /// Snapshots this node built since it opened (the stagger's round).
+    built: AtomicU64,
+}
+
+impl SnapshotMark {
+    fn set(&self, snapshot_bytes: u64, log_bytes_at: u64) {
+        self.snapshot_bytes.store(snapshot_bytes, Ordering::Relaxed);
+        self.log_bytes_at.store(log_bytes_at, Ordering::Relaxed);
+    }
 }
 
 impl fmt::Debug for StateMachineStore {
@@ -110,6 +140,10 @@ impl StateMachineStore {
         storage: Option<Arc<dyn StorageObserver>>,
     ) -> Result<StateMachineStore, StorageError> {
         let (snapshots, current) = SnapshotDir::open(disk, snapshot_dir)?;
+        let mark = SnapshotMark::default();
+        if let Some(file) = &current {
+            mark.set(file.data.len() as u64, 0);
+        }
         let state = match current {
             None => AppliedState::default(),
             Some(file) => AppliedState {
@@ -128,7 +162,57 @@ impl StateMachineStore {
             snapshots: Arc::new(snapshots),
             observer,
             storage,
+            policy: SnapshotPolicy::default(),
+            log_bytes: None,
+            mark: Arc::new(mark),
+            #[cfg(test)]
+            build_gate: None,
         })
+    }
+
+    /// Decides the snapshots openraft asks for by `log_bytes`, the log store's count of bytes
+    /// written ([`SnapshotPolicy`]); `storage::open` wires it.
+    pub fn with_log_bytes(mut self, log_bytes: Arc<LogBytes>) -> Self {
+        self.log_bytes = Some(log_bytes);
+        self
+    }
+
+    /// Builds snapshots by `policy` from now on (the default is [`SnapshotPolicy::default`],
+    /// not staggered by a node id).
+    pub fn set_snapshot_policy(&mut self, policy: SnapshotPolicy) {
+        self.policy = policy;
+    }
+
+    /// The snapshot policy in force.
+    pub fn snapshot_policy(&self) -> &SnapshotPolicy {
+        &self.policy
+    }
+
+    /// Whether a snapshot is due now by the policy (always, without a log byte count).
+    pub fn snapshot_due(&self) -> bool {
+        let Some(log_bytes) = &self.log_bytes else {
+            return true;
+        };
+        let since = log_bytes
+            .get()
+            .saturating_sub(self.mark.log_bytes_at.load(Ordering::Relaxed));
+        self.policy.due(
+            since,
+            self.mark.snapshot_bytes.load(Ordering::Relaxed),
+            self.mark.built.load(Ordering::Relaxed),
+        )
+    }
+
+    fn builder(&self) -> SnapshotBuilder {
+        SnapshotBuilder {
+            state: self.state.clone(),
+            snapshots: self.snapshots.clone(),
+            storage: self.storage.clone(),
+            log_bytes: self.log_bytes.clone(),
+            mark: self.mark.clone(),
+            #[cfg(test)]
+            build_gate: self.build_gate.clone(),
+        }
     }
 
     /// Applies committed entries in order under one write lock, tells the observer once, and
@@ -208,6 +292,17 @@ impl StateReader {
     }
 }
 
+/// Drops `value` on a blocking thread: freeing a table of a million grants takes long enough
+/// to stall a runtime thread.
+fn drop_off_runtime<T: Send + 'static>(value: T) {
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => {
+            runtime.spawn_blocking(move || drop(value));
+        }
+        Err(_) => drop(value),
+    }
+}
+
 /// Wraps a storage error for openraft, which stops the node on any.
 fn to_io(e: StorageError) -> io::Error {
     io::Error::other(e)
@@ -251,11 +346,20 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
     }
 
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
-        SnapshotBuilder {
-            state: self.state.clone(),
-            snapshots: self.snapshots.clone(),
-            storage: self.storage.clone(),
+        self.builder()
+    }
+
+    /// A builder if `force`d or if the [`SnapshotPolicy`] finds a snapshot due; `None` defers
+    /// openraft's periodic ask to its next one.
+    async fn try_create_snapshot_builder(&mut self, force: bool) -> Option<Self::SnapshotBuilder> {
+        if !force && !self.snapshot_due() {
+            tracing::debug!(
+                snapshot_bytes = self.mark.snapshot_bytes.load(Ordering::Relaxed),
+                "snapshot not due yet by the log written since the last one"
+            );
+            return None;
         }
+        Some(self.builder())
     }
 
     async fn install_snapshot(
@@ -264,20 +368,63 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         snapshot: SnapshotData,
     ) -> Result<(), io::Error> {
         let data = snapshot.into_inner();
-        let table = snapshot::decode_table(&data, self.snapshots.dir()).map_err(to_io)?;
-        // Durable first: once the table is replaced, the log before it may be purged.
+        let data_len = data.len() as u64;
+        // Decoding (and checking) a large table takes a while: off the runtime's threads, and
+        // without the state lock, which is taken only to swap the tables.
         let snapshots = self.snapshots.clone();
         let file_meta = meta.clone();
-        tokio::task::spawn_blocking(move || snapshots.write(&file_meta, &data))
-            .await
-            .map_err(|join| join_error("write snapshot into", self.snapshots.dir(), join))?
-            .map_err(to_io)?;
-        let mut state = write_state(&self.state);
-        *state = AppliedState {
-            last_applied: meta.last_log_id,
-            last_membership: meta.last_membership.clone(),
-            table,
+        let table = tokio::task::spawn_blocking(move || {
+            // The file is written and synced under a temporary name while the table is
+            // decoded, so the disk's time and the decoder's overlap; it becomes the current
+            // snapshot only once the table decoded and checked, and durable before the table
+            // is replaced: once it is, the log before it may be purged.
+            let data = Arc::new(data);
+            let writer = {
+                let (writing, data) = (snapshots.clone(), data.clone());
+                std::thread::Builder::new()
+                    .name("lockd-snapshot-write".into())
+                    .spawn(move || writing.prepare(&file_meta, &data))
+                    .map_err(|source| StorageError::Io {
+                        op: "start a thread to write a snapshot into",
+                        path: snapshots.dir().to_path_buf(),
+                        source,
+                    })?
+            };
+            let table = snapshot::decode_table(&data, snapshots.dir());
+            let prepared = writer.join().map_err(|_| StorageError::Io {
+                op: "write snapshot into",
+                path: snapshots.dir().to_path_buf(),
+                source: io::Error::other("the snapshot writing thread panicked"),
+            })??;
+            match table {
+                Ok(table) => {
+                    snapshots.commit(prepared)?;
+                    Ok::<_, StorageError>(table)
+                }
+                Err(refused) => {
+                    snapshots.abandon(prepared);
+                    Err(refused)
+                }
+            }
+        })
+        .await
+        .map_err(|join| join_error("install snapshot into", self.snapshots.dir(), join))?
+        .map_err(to_io)?;
+        let replaced = {
+            let mut state = write_state(&self.state);
+            std::mem::replace(
+                &mut *state,
+                AppliedState {
+                    last_applied: meta.last_log_id,
+                    last_membership: meta.last_membership.clone(),
+                    table,
+                },
+            )
         };
+        let log_bytes_now = self.log_bytes.as_ref().map_or(0, |l| l.get());
+        self.mark.set(data_len, log_bytes_now);
+        // Freeing a large table takes a while too.
+        drop_off_runtime(replaced);
         Ok(())
     }
 
@@ -300,6 +447,10 @@ pub struct SnapshotBuilder {
     state: SharedState,
     snapshots: Arc<SnapshotDir>,
     storage: Option<Arc<dyn StorageObserver>>,
+    log_bytes: Option<Arc<LogBytes>>,
+    mark: Arc<SnapshotMark>,
+    #[cfg(test)]
+    build_gate: Option<Arc<std::sync::Barrier>>,
 }
 
 impl fmt::Debug for SnapshotBuilder {
@@ -315,24 +466,43 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
 
     async fn build_snapshot(&mut self) -> Result<Snapshot, io::Error> {
         let started = std::time::Instant::now();
-        // Encode under the read lock rather than clone the table: one pass over the table
-        // either way, and encoding allocates only the output.
-        let (meta, data) = {
+        // The read lock is held only to clone the table, which shares every chunk with it
+        // (`LockTable`'s docs): applies go on while the clone is encoded and written on a
+        // blocking thread, copying only the chunks they change meanwhile.
+        let (meta, table, log_bytes_at) = {
             let state = read_state(&self.state);
-            let data = snapshot::encode_table(&state.table).map_err(to_io)?;
             let meta = SnapshotMeta {
                 last_log_id: state.last_applied,
                 last_membership: state.last_membership.clone(),
             };
-            (meta, data)
+            let log_bytes_at = self.log_bytes.as_ref().map_or(0, |l| l.get());
+            (meta, state.table.clone(), log_bytes_at)
         };
         let snapshots = self.snapshots.clone();
         let file_meta = meta.clone();
-        let data =
-            tokio::task::spawn_blocking(move || snapshots.write(&file_meta, &data).map(|()| data))
-                .await
-                .map_err(|join| join_error("write snapshot into", self.snapshots.dir(), join))?
-                .map_err(to_io)?;
+        // The last snapshot's size and an eighth more: the encode then rarely reallocates.
+        let last = self.mark.snapshot_bytes.load(Ordering::Relaxed);
+        let capacity = usize::try_from(last + last / 8)
+            .unwrap_or(0)
+            .min(snapshot::SNAPSHOT_BYTES_MAX);
+        #[cfg(test)]
+        let gate = self.build_gate.clone();
+        let data = tokio::task::spawn_blocking(move || {
+            #[cfg(test)]
+            if let Some(gate) = gate {
+                gate.wait();
+                gate.wait();
+            }
+            let data = snapshot::encode_table_sized(&table, capacity)?;
+            // Release the chunks the live table shares before the (slow) write.
+            drop(table);
+            snapshots.write(&file_meta, &data).map(|()| data)
+        })
+        .await
+        .map_err(|join| join_error("write snapshot into", self.snapshots.dir(), join))?
+        .map_err(to_io)?;
+        self.mark.set(data.len() as u64, log_bytes_at);
+        self.mark.built.fetch_add(1, Ordering::Relaxed);
         if let Some(storage) = &self.storage {
             storage.snapshot_built(started.elapsed(), data.len() as u64);
         }
@@ -384,6 +554,87 @@ mod tests {
                 ttl_ms: 5_000,
             },
         })
+    }
+
+    /// A build takes its view under the state lock and encodes it without: entries applied
+    /// while it encodes go through (a build holding the lock would block them, and this test
+    /// with it), and the snapshot is the state as of the view, not as of the applies.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn applies_proceed_while_a_snapshot_is_built_from_the_state_before_them() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut sm = StateMachineStore::open(dir.path(), None).expect("open");
+        let gate = Arc::new(std::sync::Barrier::new(2));
+        sm.build_gate = Some(gate.clone());
+        let reader = sm.reader();
+        sm.apply_entries([entry(1, open_session("before"))]);
+        let mut builder = sm.get_snapshot_builder().await;
+        let build = tokio::spawn(async move { builder.build_snapshot().await });
+        let sm = tokio::task::spawn_blocking(move || {
+            // The builder has taken its view and waits before encoding it.
+            gate.wait();
+            sm.apply_entries([entry(2, open_session("during"))]);
+            gate.wait();
+            sm
+        })
+        .await
+        .expect("applier");
+        let snapshot = build.await.expect("build task").expect("built");
+        assert_eq!(snapshot.meta.last_log_id.map(|id| id.index), Some(1));
+        let table =
+            snapshot::decode_table(snapshot.snapshot.get_ref(), dir.path()).expect("decodes");
+        assert!(table.session("before").is_some());
+        assert!(
+            table.session("during").is_none(),
+            "the snapshot is the view's state"
+        );
+        assert!(reader.read(|t| t.session("during").is_some()));
+        drop(sm);
+    }
+
+    /// openraft's periodic ask is answered by the policy: no builder until the log written
+    /// since the last snapshot reaches its share of that snapshot's size; a forced build is
+    /// never refused, nor is any build of a state machine that counts no log bytes.
+    #[tokio::test]
+    async fn a_snapshot_is_due_by_the_log_bytes_written_since_the_last_one() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let written = LogBytes::shared();
+        let mut sm = StateMachineStore::open(dir.path(), None)
+            .expect("open")
+            .with_log_bytes(written.clone());
+        sm.set_snapshot_policy(SnapshotPolicy {
+            stagger_percent: 0,
+            ..SnapshotPolicy::for_node(1)
+        });
+        let sessions: Vec<_> = (1..=50)
+            .map(|i| entry(i, open_session(&format!("session-{i}"))))
+            .collect();
+        sm.apply_entries(sessions);
+        written.add(10_000);
+        let mut builder = sm
+            .try_create_snapshot_builder(false)
+            .await
+            .expect("the log since (10 kB) exceeds half of no snapshot");
+        let size = builder
+            .build_snapshot()
+            .await
+            .expect("built")
+            .snapshot
+            .get_ref()
+            .len() as u64;
+        assert!(sm.try_create_snapshot_builder(false).await.is_none());
+        written.add(size / 2 - 1);
+        assert!(!sm.snapshot_due());
+        assert!(
+            sm.try_create_snapshot_builder(true).await.is_some(),
+            "forced"
+        );
+        written.add(1);
+        assert!(sm.snapshot_due());
+        assert!(sm.try_create_snapshot_builder(false).await.is_some());
+
+        let other = tempfile::tempdir().expect("temp dir");
+        let mut uncounted = StateMachineStore::open(other.path(), None).expect("open");
+        assert!(uncounted.try_create_snapshot_builder(false).await.is_some());
     }
 
     #[tokio::test]

@@ -8,7 +8,8 @@ use std::collections::VecDeque;
 use lock_api::{LockError, validate};
 
 use super::session::{Session, WindowCheck};
-use super::{ApplyLimits, LockTable, Waiter};
+use super::shared::Shared;
+use super::{ApplyLimits, LockTable, SessionEntry, Waiter};
 use crate::command::{Command, Event, FreeCause, Grant, Rejection, Response, Revocation};
 
 /// A short name of a command for assertion messages (a batch's contents may be huge).
@@ -202,10 +203,10 @@ impl LockTable {
                 self.sessions.len()
             ));
         }
-        self.sessions.insert(
-            session_id.clone(),
-            Session::new(owner_id, principal, ttl_ms, stamp_ms),
-        );
+        self.sessions.insert(SessionEntry {
+            id: session_id.clone(),
+            session: Shared::new(Session::new(owner_id, principal, ttl_ms, stamp_ms)),
+        });
         events.push(Event::SessionOpened {
             session_id: session_id.clone(),
             ttl_ms,
@@ -223,7 +224,7 @@ impl LockTable {
         events: &mut Vec<Event>,
     ) -> Response {
         // Removed first, so no hand-off below can pick one of its waiters.
-        let Some(session) = self.sessions.remove(session_id) else {
+        let Some(SessionEntry { session, .. }) = self.sessions.remove(session_id) else {
             return Response::SessionClosed { locks_released: 0 };
         };
         for (key, request_id) in &session.waits {
@@ -324,12 +325,15 @@ impl LockTable {
                     ));
                 }
                 let deadline_ms = stamp_ms.saturating_add(wait_ms);
-                self.wait_deadlines
-                    .insert((deadline_ms, session_id.to_owned(), key.clone()));
+                self.wait_deadlines.make_mut().insert((
+                    deadline_ms,
+                    session_id.to_owned(),
+                    key.clone(),
+                ));
                 if let Some(s) = self.sessions.get_mut(session_id) {
                     s.waits.insert(key.clone(), request_id);
                 }
-                let queue = self.queues.entry(key).or_default();
+                let queue = self.queues.make_mut().entry(key).or_default();
                 queue.push_back(Waiter {
                     session_id: session_id.to_owned(),
                     request_id,
@@ -438,7 +442,7 @@ impl LockTable {
             .iter()
             .find(|k| {
                 self.grants
-                    .get(*k)
+                    .get(k)
                     .is_some_and(|g| g.request_id == request_id)
             })
             .cloned();
@@ -549,9 +553,10 @@ impl LockTable {
             at_ms: stamp_ms,
             request_id,
         };
-        self.revocations.push_back(revocation.clone());
-        while self.revocations.len() > limits.audit_log_max as usize {
-            self.revocations.pop_front();
+        let revocations = self.revocations.make_mut();
+        revocations.push_back(revocation.clone());
+        while revocations.len() > limits.audit_log_max as usize {
+            revocations.pop_front();
         }
         self.hand_off(stamp_ms, &key, events);
         Response::Revoked(revocation)
@@ -651,7 +656,7 @@ impl LockTable {
         if let Some(s) = self.sessions.get_mut(session_id) {
             s.locks.insert(key.to_owned());
         }
-        self.grants.insert(key.to_owned(), grant.clone());
+        self.grants.insert(grant.clone());
         events.push(Event::Granted {
             grant: grant.clone(),
             handed_off,
@@ -685,11 +690,18 @@ impl LockTable {
     /// command and a session's waiters leave with it, so the skips below are defence in depth:
     /// a waiter that cannot be granted is dropped, never granted.
     fn hand_off(&mut self, stamp_ms: u64, key: &str, events: &mut Vec<Event>) {
-        if self.grants.contains_key(key) {
+        // Checked before `make_mut`: most keys freed have no queue, and a shared queue map
+        // (a snapshot build running) is copied only when a queue really changes.
+        if self.grants.contains_key(key) || !self.queues.contains_key(key) {
             return;
         }
-        while let Some(waiter) = self.queues.get_mut(key).and_then(VecDeque::pop_front) {
-            self.wait_deadlines.remove(&(
+        while let Some(waiter) = self
+            .queues
+            .make_mut()
+            .get_mut(key)
+            .and_then(VecDeque::pop_front)
+        {
+            self.wait_deadlines.make_mut().remove(&(
                 waiter.deadline_ms,
                 waiter.session_id.clone(),
                 key.to_owned(),
@@ -729,24 +741,29 @@ impl LockTable {
             break;
         }
         if self.queues.get(key).is_some_and(VecDeque::is_empty) {
-            self.queues.remove(key);
+            self.queues.make_mut().remove(key);
         }
     }
 
     /// Removes `session_id`'s waiter from `key`'s queue and the deadline index (not from the
     /// session's own wait set: callers own that).
     fn unqueue(&mut self, key: &str, session_id: &str) {
-        let Some(queue) = self.queues.get_mut(key) else {
+        if !self.queues.contains_key(key) {
+            return;
+        }
+        let queues = self.queues.make_mut();
+        let Some(queue) = queues.get_mut(key) else {
             return;
         };
         if let Some(index) = queue.iter().position(|w| w.session_id == session_id)
             && let Some(w) = queue.remove(index)
         {
             self.wait_deadlines
+                .make_mut()
                 .remove(&(w.deadline_ms, w.session_id, key.to_owned()));
         }
         if queue.is_empty() {
-            self.queues.remove(key);
+            queues.remove(key);
         }
     }
 
@@ -758,7 +775,7 @@ impl LockTable {
             .first()
             .is_some_and(|(deadline_ms, _, _)| *deadline_ms < stamp_ms)
         {
-            let Some((_, session_id, key)) = self.wait_deadlines.pop_first() else {
+            let Some((_, session_id, key)) = self.wait_deadlines.make_mut().pop_first() else {
                 break;
             };
             self.unqueue(&key, &session_id);

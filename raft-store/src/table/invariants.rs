@@ -64,8 +64,13 @@ impl LockTable {
             "{} sessions",
             self.sessions.len()
         );
-        let mut tokens = BTreeSet::new();
-        for (key, grant) in &self.grants {
+        // Sorted and compared once at the end: a million grants are checked on every snapshot
+        // install, and a sorted `Vec` of their tokens is far cheaper to build than a set.
+        let mut tokens = Vec::with_capacity(self.grants.len());
+        // Every grant's `(session, request id)`, sorted below: no two acquires of a session
+        // share a request id.
+        let mut acquires = Vec::with_capacity(self.grants.len());
+        for (key, grant) in self.grants.iter() {
             ensure!(
                 grant.key == *key,
                 "one holder per key",
@@ -79,12 +84,8 @@ impl LockTable {
                 grant.token,
                 self.last_token
             );
-            ensure!(
-                tokens.insert(grant.token),
-                "no two grants share a token",
-                "token {} is held twice (key {key})",
-                grant.token
-            );
+            tokens.push(grant.token);
+            acquires.push((grant.session_id.as_str(), grant.request_id));
             let Some(session) = self.sessions.get(&grant.session_id) else {
                 return broken(
                     "every holder's session is live",
@@ -107,8 +108,47 @@ impl LockTable {
             );
         }
 
+        tokens.sort_unstable();
+        if let Some(pair) = tokens.windows(2).find(|pair| pair[0] == pair[1]) {
+            let token = pair[0];
+            let keys: Vec<&str> = self
+                .grants
+                .iter()
+                .filter(|(_, g)| g.token == token)
+                .map(|(key, _)| key)
+                .collect();
+            return broken(
+                "no two grants share a token",
+                format!("token {token} is held twice (keys {})", keys.join(", ")),
+            );
+        }
+
+        acquires.sort_unstable();
+        if let Some(pair) = acquires.windows(2).find(|pair| pair[0] == pair[1]) {
+            let (id, request_id) = pair[0];
+            return broken(
+                "no waiter queued twice",
+                format!("session {id} has two acquires with request id {request_id}"),
+            );
+        }
+        // Every grant is in its session's lock set (above), so the lock sets list exactly the
+        // grants when they are as many: only then is each listed key looked up, to name it.
+        let listed: usize = self.sessions.values().map(|s| s.locks.len()).sum();
+        if listed != self.grants.len() {
+            for (id, session) in self.sessions.iter() {
+                for key in &session.locks {
+                    if self.grants.get(key).is_none_or(|g| g.session_id != id) {
+                        return broken(
+                            "session lock sets agree with grants",
+                            format!("session {id} lists key {key} which it does not hold"),
+                        );
+                    }
+                }
+            }
+        }
+
         let mut waiter_total = 0usize;
-        for (key, queue) in &self.queues {
+        for (key, queue) in self.queues.iter() {
             ensure!(
                 !queue.is_empty(),
                 "no empty queue is kept",
@@ -175,22 +215,8 @@ impl LockTable {
             self.wait_deadlines.len()
         );
 
-        for (id, session) in &self.sessions {
+        for (id, session) in self.sessions.iter() {
             let mut request_ids = BTreeSet::new();
-            for key in &session.locks {
-                let Some(grant) = self.grants.get(key).filter(|g| g.session_id == *id) else {
-                    return broken(
-                        "session lock sets agree with grants",
-                        format!("session {id} lists key {key} which it does not hold"),
-                    );
-                };
-                ensure!(
-                    request_ids.insert(grant.request_id),
-                    "no waiter queued twice",
-                    "session {id} has two acquires with request id {}",
-                    grant.request_id
-                );
-            }
             for (key, request_id) in &session.waits {
                 ensure!(
                     self.queues
@@ -200,7 +226,8 @@ impl LockTable {
                     "session {id} lists a wait on key {key} that is not queued"
                 );
                 ensure!(
-                    request_ids.insert(*request_id),
+                    request_ids.insert(*request_id)
+                        && acquires.binary_search(&(id, *request_id)).is_err(),
                     "no waiter queued twice",
                     "session {id} has two acquires with request id {request_id}"
                 );
@@ -233,7 +260,7 @@ impl LockTable {
             self.revocations.len()
         );
         let mut floor = 0;
-        for rev in &self.revocations {
+        for rev in self.revocations.iter() {
             ensure!(
                 rev.new_token_floor > floor && rev.new_token_floor <= self.last_token,
                 "token floors only grow",
@@ -318,15 +345,39 @@ mod tests {
     #[test]
     fn two_grants_with_one_token_are_caught() {
         let mut t = table();
-        let mut copy = t.grants["a"].clone();
+        let mut copy = t.grants.get("a").expect("held").clone();
         copy.key = "b".into();
-        t.grants.insert("b".into(), copy);
+        t.grants.insert(copy);
         t.sessions
             .get_mut("s1")
             .expect("live")
             .locks
             .insert("b".into());
         assert_eq!(broken_rule(&t).0, "no two grants share a token");
+    }
+
+    /// Two acquires of one session with one request id, both granted or one granted and one
+    /// waiting, are caught and the session named.
+    #[test]
+    fn two_acquires_with_one_request_id_are_caught() {
+        for (session, key) in [("s1", "b"), ("s2", "c")] {
+            let mut t = table();
+            let mut copy = t.grants.get("a").expect("held").clone();
+            t.last_token += 1;
+            copy.token = t.last_token;
+            copy.key = key.into();
+            copy.session_id = session.into();
+            copy.owner_id = format!("owner-{session}");
+            t.grants.insert(copy);
+            t.sessions
+                .get_mut(session)
+                .expect("live")
+                .locks
+                .insert(key.into());
+            let (rule, shown) = broken_rule(&t);
+            assert_eq!(rule, "no waiter queued twice", "{shown}");
+            assert!(shown.contains(session), "{shown}");
+        }
     }
 
     #[test]
@@ -363,14 +414,18 @@ mod tests {
     fn a_waiter_queued_twice_is_caught() {
         let mut t = table();
         let again = t.queues["a"][0].clone();
-        t.queues.get_mut("a").expect("queued").push_back(again);
+        t.queues
+            .make_mut()
+            .get_mut("a")
+            .expect("queued")
+            .push_back(again);
         assert_eq!(broken_rule(&t).0, "no waiter queued twice");
     }
 
     #[test]
     fn an_unindexed_waiter_is_caught() {
         let mut t = table();
-        t.wait_deadlines.clear();
+        t.wait_deadlines.make_mut().clear();
         assert_eq!(broken_rule(&t).0, "the deadline index lists every waiter");
     }
 }

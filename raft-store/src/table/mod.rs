@@ -33,9 +33,11 @@
 
 mod apply_limits;
 mod binding;
+mod chunked;
 mod commands;
 mod invariants;
 mod session;
+mod shared;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -43,9 +45,12 @@ use serde::{Deserialize, Serialize};
 
 use crate::command::{Command, Event, Grant, Response, Revocation};
 
+use chunked::{ChunkedMap, Entry};
+use shared::Shared;
+
 pub use apply_limits::{ApplyLimits, InvalidLimits};
 pub use invariants::InvariantViolation;
-pub use session::Session;
+pub use session::{LockSet, Session};
 
 /// One queued `Acquire`, waiting for its key to be freed (D-wait).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -63,22 +68,77 @@ pub struct Waiter {
     pub queued_at_ms: u64,
 }
 
+/// A grant is filed under its own key: the grant map stores no second copy of it.
+impl Entry for Grant {
+    type Value = Grant;
+    fn key(&self) -> &str {
+        &self.key
+    }
+    fn value(&self) -> &Grant {
+        self
+    }
+    fn value_mut(&mut self) -> &mut Grant {
+        self
+    }
+    fn from_parts(key: &str, grant: Grant) -> Result<Self, String> {
+        if grant.key != key {
+            return Err(format!(
+                "the grant of key {:?} is filed under key {key:?}",
+                grant.key
+            ));
+        }
+        Ok(grant)
+    }
+}
+
+/// A session under its id, shared with the table's clones until one of them changes it (a
+/// session lists every key it holds, so copying a chunk of sessions must not copy those).
+#[derive(Clone, Debug)]
+struct SessionEntry {
+    id: String,
+    session: Shared<Session>,
+}
+
+impl Entry for SessionEntry {
+    type Value = Session;
+    fn key(&self) -> &str {
+        &self.id
+    }
+    fn value(&self) -> &Session {
+        &self.session
+    }
+    fn value_mut(&mut self) -> &mut Session {
+        self.session.make_mut()
+    }
+    fn from_parts(id: &str, session: Session) -> Result<Self, String> {
+        Ok(SessionEntry {
+            id: id.to_owned(),
+            session: Shared::new(session),
+        })
+    }
+}
+
 /// The replicated lock state. See the module docs for the rules it applies.
+///
+/// Cloning it is cheap (`O(chunks)`, about one `Arc` per 200 grants): every part is shared
+/// with the clone and copied, a chunk at a time, only when one side changes it. The snapshot
+/// builder relies on that to encode a clone without holding the state lock. The encoding is
+/// the one every earlier release wrote (maps of `(key, value)` in key order).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LockTable {
     /// The one grant of each held key.
-    grants: BTreeMap<String, Grant>,
+    grants: ChunkedMap<Grant>,
     /// Waiters per key, oldest first. A key appears only while its queue is non-empty, and a
     /// queue exists only on a held key (a free key is granted at once).
-    queues: BTreeMap<String, VecDeque<Waiter>>,
+    queues: Shared<BTreeMap<String, VecDeque<Waiter>>>,
     /// Every waiter as `(deadline_ms, session_id, key)`, so lapsed waiters are found in
     /// `O(lapsed · log n)` at the start of each command instead of by scanning every queue.
     /// A session waits at most once per key, so the triple is unique.
-    wait_deadlines: BTreeSet<(u64, String, String)>,
+    wait_deadlines: Shared<BTreeSet<(u64, String, String)>>,
     /// Live sessions by id.
-    sessions: BTreeMap<String, Session>,
+    sessions: ChunkedMap<SessionEntry>,
     /// The force-revoke audit log, oldest first, at most `limits.audit_log_max`.
-    revocations: VecDeque<Revocation>,
+    revocations: Shared<VecDeque<Revocation>>,
     /// Highest token ever issued or burned. The next grant takes `last_token + 1`.
     last_token: u64,
     /// Highest stamp applied so far. A new leader stamps its commands no lower than this, so
@@ -157,7 +217,7 @@ impl LockTable {
     pub(crate) fn principals(&self) -> BTreeMap<String, String> {
         self.sessions
             .iter()
-            .filter_map(|(id, s)| Some((id.clone(), s.principal.clone()?)))
+            .filter_map(|(id, s)| Some((id.to_owned(), s.principal.clone()?)))
             .collect()
     }
 
@@ -223,7 +283,7 @@ impl LockTable {
 
     /// Every live session, in id order.
     pub fn sessions(&self) -> impl Iterator<Item = (&str, &Session)> {
-        self.sessions.iter().map(|(id, s)| (id.as_str(), s))
+        self.sessions.iter()
     }
 
     /// Number of live sessions.
@@ -235,7 +295,7 @@ impl LockTable {
     pub fn locks_of(&self, session_id: &str) -> BTreeSet<String> {
         self.sessions
             .get(session_id)
-            .map(|s| s.locks.clone())
+            .map(|s| s.locks.iter().cloned().collect())
             .unwrap_or_default()
     }
 
@@ -321,19 +381,16 @@ mod tests {
         );
         // A grant of a session that does not exist: corrupt on purpose.
         t.last_token = 1;
-        t.grants.insert(
-            "z".into(),
-            Grant {
-                key: "z".into(),
-                owner_id: "o1".into(),
-                session_id: "ghost".into(),
-                request_id: 1,
-                token: 1,
-                ttl_ms: 1000,
-                acquired_at_ms: 1,
-                expires_at_ms: 1001,
-            },
-        );
+        t.grants.insert(Grant {
+            key: "z".into(),
+            owner_id: "o1".into(),
+            session_id: "ghost".into(),
+            request_id: 1,
+            token: 1,
+            ttl_ms: 1000,
+            acquired_at_ms: 1,
+            expires_at_ms: 1001,
+        });
         let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             t.apply(2, Command::Promote, &mut events);
         }));

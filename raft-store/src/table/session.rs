@@ -2,9 +2,9 @@
 //! its window of remembered answers (D-idempotency). Owns no logic beyond keeping those three
 //! consistent with each other; the lock table decides what changes.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::command::Response;
 
@@ -27,13 +27,96 @@ pub struct Session {
     #[serde(skip)]
     pub(crate) principal: Option<String>,
     /// Keys this session holds a grant on.
-    pub(crate) locks: BTreeSet<String>,
+    pub(crate) locks: LockSet,
     /// Keys this session has a waiter queued on, with the request id of the `Acquire` that
     /// queued it. A session waits at most once per key.
     pub(crate) waits: BTreeMap<String, u64>,
     /// Remembered answers by request id; at most the table's `request_window`, smallest id evicted
     /// first.
     pub(crate) answers: BTreeMap<u64, Remembered>,
+}
+
+/// The keys a session holds, in key order: a packed sorted `Vec` rather than a `BTreeSet`,
+/// since every held lock pays for it (a set's nodes of eleven slots are partly empty), and a
+/// session holds at most `locks_per_session_max` keys, so an insert's shift is short. Encodes
+/// as the `BTreeSet` it replaced did: a sequence in key order.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LockSet(Vec<String>);
+
+impl LockSet {
+    /// Number of keys.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether the session holds no key.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Whether `key` is held.
+    pub fn contains(&self, key: &str) -> bool {
+        self.find(key).is_ok()
+    }
+
+    /// The keys, in order.
+    pub fn iter(&self) -> std::slice::Iter<'_, String> {
+        self.0.iter()
+    }
+
+    fn find(&self, key: &str) -> Result<usize, usize> {
+        self.0.binary_search_by(|k| k.as_str().cmp(key))
+    }
+
+    /// Adds `key`; `false` if it was there.
+    pub(crate) fn insert(&mut self, key: String) -> bool {
+        match self.find(&key) {
+            Ok(_) => false,
+            Err(at) => {
+                self.0.insert(at, key);
+                true
+            }
+        }
+    }
+
+    /// Removes `key`; `false` if it was not there.
+    pub(crate) fn remove(&mut self, key: &str) -> bool {
+        match self.find(key) {
+            Ok(at) => {
+                self.0.remove(at);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+}
+
+impl<'a> IntoIterator for &'a LockSet {
+    type Item = &'a String;
+    type IntoIter = std::slice::Iter<'a, String>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.iter()
+    }
+}
+
+impl Serialize for LockSet {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(&self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for LockSet {
+    /// Reads what a `BTreeSet<String>` wrote; keys out of order or repeated (never written so)
+    /// are put in order once, as the set did.
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let mut keys = Vec::<String>::deserialize(deserializer)?;
+        if !keys.windows(2).all(|pair| pair[0] < pair[1]) {
+            keys.sort_unstable();
+            keys.dedup();
+        }
+        keys.shrink_to_fit();
+        Ok(LockSet(keys))
+    }
 }
 
 /// What the window remembers about one request id.
@@ -71,7 +154,7 @@ impl Session {
             expires_at_ms: stamp_ms.saturating_add(ttl_ms),
             opened_at_ms: stamp_ms,
             principal,
-            locks: BTreeSet::new(),
+            locks: LockSet::default(),
             waits: BTreeMap::new(),
             answers: BTreeMap::new(),
         }
@@ -83,7 +166,7 @@ impl Session {
     }
 
     /// Keys this session holds a grant on, in key order.
-    pub fn locks(&self) -> &BTreeSet<String> {
+    pub fn locks(&self) -> &LockSet {
         &self.locks
     }
 
@@ -163,5 +246,35 @@ impl Session {
         if let Some(r) = self.answers.get_mut(&request_id) {
             r.answer = answer;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+
+    #[test]
+    fn a_lock_set_encodes_and_behaves_as_the_btreeset_it_replaced() {
+        let mut set = LockSet::default();
+        let mut model = BTreeSet::new();
+        for i in [5u32, 1, 9, 3, 7, 1, 5] {
+            assert_eq!(set.insert(format!("k{i}")), model.insert(format!("k{i}")));
+        }
+        assert_eq!(set.remove("k3"), model.remove("k3"));
+        assert_eq!(set.remove("k3"), model.remove("k3"));
+        assert!(set.iter().eq(model.iter()));
+        assert_eq!(set.len(), model.len());
+        assert!(set.contains("k9") && !set.contains("k3"));
+        let bytes = postcard::to_allocvec(&set).expect("encodes");
+        assert_eq!(bytes, postcard::to_allocvec(&model).expect("encodes"));
+        assert_eq!(
+            postcard::from_bytes::<LockSet>(&bytes).expect("decodes"),
+            set
+        );
+        let unsorted = postcard::to_allocvec(&vec!["b", "a", "b"]).expect("encodes");
+        let back: LockSet = postcard::from_bytes(&unsorted).expect("decodes");
+        assert!(back.iter().eq(["a", "b"].iter()));
     }
 }

@@ -149,8 +149,12 @@ pub const FRAME_BODY_MAX: usize = 4 * RECORD_BYTES_MAX;
 /// `WalEngine::preallocate`): one file-growing flush per this many bytes of log.
 pub const PREALLOC_BYTES: u64 = 1024 * 1024;
 
-/// Bytes of entry records kept in memory for reads (the newest entries).
-pub const CACHE_BYTES: usize = 64 * 1024 * 1024;
+/// Bytes of entry records kept in memory for reads (the newest entries). Replication reads
+/// entries just appended, a few MiB behind the head at most while followers keep up; a follower
+/// further behind is served with `pread` (from the page cache, usually). Every node pays this
+/// in resident memory once it has written that much log, so it is kept small (issue 23: it
+/// was 64 MiB).
+pub const CACHE_BYTES: usize = 16 * 1024 * 1024;
 
 /// Op tags of a frame body.
 const OP_PUT_LOG: u8 = 1;

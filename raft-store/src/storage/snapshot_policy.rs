@@ -1,0 +1,170 @@
+//! When a snapshot is worth building: [`SnapshotPolicy`], decided from the bytes of log written
+//! since the last snapshot against that snapshot's size, and staggered across nodes.
+//!
+//! openraft asks the state machine for a builder every `--snapshot-logs-since-last` entries
+//! (`RaftStateMachine::try_create_snapshot_builder`); the state machine answers with this
+//! policy. Rewriting a 100 MB table because 5,000 small entries arrived costs far more than
+//! replaying them, so a snapshot is due only once the log since the last one is a fraction of
+//! the last snapshot's size: the work of snapshots then grows with the log written, not with
+//! the state held. A small state (a snapshot smaller than the log since) keeps being
+//! snapshotted at every ask, as before. Each node's threshold is raised by its own share of
+//! [`SnapshotPolicy::stagger_percent`], drawn from its node id and how many snapshots it built,
+//! so the nodes of one cluster do not all build at the same index.
+//!
+//! Pure: no IO, no clock; [`LogBytes`] is the one counter the log store feeds.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// How often a snapshot is built; see the module docs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SnapshotPolicy {
+    /// No snapshot before this many bytes of log since the last one (0: only openraft's entry
+    /// count bounds how often a small state is snapshotted).
+    pub floor_bytes: u64,
+    /// No snapshot before the log since the last one is this percentage of the last snapshot's
+    /// size: 50 means a restarted node replays at most about half a snapshot's worth of log.
+    pub percent_of_snapshot: u64,
+    /// Up to this percentage more, per node and per snapshot (0: no staggering).
+    pub stagger_percent: u64,
+    /// The node's id, from which its stagger is drawn.
+    pub node_id: u64,
+}
+
+impl Default for SnapshotPolicy {
+    fn default() -> Self {
+        SnapshotPolicy {
+            floor_bytes: 0,
+            percent_of_snapshot: 50,
+            stagger_percent: 40,
+            node_id: 0,
+        }
+    }
+}
+
+impl SnapshotPolicy {
+    /// The default policy for node `node_id`.
+    pub fn for_node(node_id: u64) -> Self {
+        SnapshotPolicy {
+            node_id,
+            ..Self::default()
+        }
+    }
+
+    /// The log bytes since the last snapshot after which the next is due, for a last snapshot
+    /// of `snapshot_bytes` and `built` snapshots built by this node so far.
+    pub fn threshold(&self, snapshot_bytes: u64, built: u64) -> u64 {
+        let base = self
+            .floor_bytes
+            .max(snapshot_bytes.saturating_mul(self.percent_of_snapshot) / 100);
+        let extra = self
+            .stagger_percent
+            .saturating_mul(self.stagger_share(built))
+            / 1_000;
+        base.saturating_add(base.saturating_mul(extra) / 100)
+    }
+
+    /// Whether a snapshot is due, `log_bytes` after one of `snapshot_bytes`.
+    pub fn due(&self, log_bytes: u64, snapshot_bytes: u64, built: u64) -> bool {
+        log_bytes >= self.threshold(snapshot_bytes, built)
+    }
+
+    /// This node's share of the stagger for its `built`-th snapshot, in thousandths: spread
+    /// over `0..1000` by a multiplicative hash, so consecutive node ids land far apart and one
+    /// node's share changes from one snapshot to the next.
+    fn stagger_share(&self, built: u64) -> u64 {
+        let mixed = self
+            .node_id
+            .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            .wrapping_add(built.wrapping_mul(0xBF58_476D_1CE4_E5B9));
+        (mixed >> 32) % 1_000
+    }
+}
+
+/// The bytes of log the log store has written since it opened, shared with the state machine,
+/// which notes the count at each snapshot.
+#[derive(Debug, Default)]
+pub struct LogBytes(AtomicU64);
+
+impl LogBytes {
+    /// A new shared counter at 0.
+    pub fn shared() -> Arc<LogBytes> {
+        Arc::new(LogBytes::default())
+    }
+
+    /// `bytes` more were written.
+    pub fn add(&self, bytes: u64) {
+        self.0.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// Bytes written so far.
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn a_large_snapshot_waits_for_half_its_size_of_log() {
+        let policy = SnapshotPolicy {
+            stagger_percent: 0,
+            ..SnapshotPolicy::default()
+        };
+        assert!(!policy.due(10 * MIB, 100 * MIB, 0));
+        assert!(!policy.due(50 * MIB - 1, 100 * MIB, 0));
+        assert!(policy.due(50 * MIB, 100 * MIB, 0));
+        // A tiny state is snapshotted at every ask, as openraft's entry count alone did.
+        assert!(policy.due(0, 0, 0));
+        assert!(policy.due(1_000, 1_500, 0));
+        assert!(!policy.due(500, 1_500, 0));
+    }
+
+    #[test]
+    fn the_floor_holds_small_states_back() {
+        let policy = SnapshotPolicy {
+            floor_bytes: 4 * MIB,
+            stagger_percent: 0,
+            ..SnapshotPolicy::default()
+        };
+        assert!(!policy.due(MIB, 1_000, 0));
+        assert!(policy.due(4 * MIB, 1_000, 0));
+        assert_eq!(policy.threshold(100 * MIB, 3), 50 * MIB);
+    }
+
+    /// Three nodes of a cluster with the same state get thresholds apart by a good part of the
+    /// stagger, and each node's changes from one snapshot to the next.
+    #[test]
+    fn nodes_are_staggered() {
+        let snapshot = 100 * MIB;
+        let thresholds: Vec<u64> = (1..=3)
+            .map(|node| SnapshotPolicy::for_node(node).threshold(snapshot, 0))
+            .collect();
+        let base = 50 * MIB;
+        for t in &thresholds {
+            assert!(*t >= base && *t <= base + base * 40 / 100, "{thresholds:?}");
+        }
+        let mut sorted = thresholds.clone();
+        sorted.sort_unstable();
+        for pair in sorted.windows(2) {
+            assert!(
+                pair[1] - pair[0] >= base / 50,
+                "thresholds closer than 1 MiB: {thresholds:?}"
+            );
+        }
+        let node = SnapshotPolicy::for_node(2);
+        let rounds: std::collections::BTreeSet<u64> = (0..8)
+            .map(|built| node.threshold(snapshot, built))
+            .collect();
+        assert!(rounds.len() >= 6, "{rounds:?}");
+        let unstaggered = SnapshotPolicy {
+            stagger_percent: 0,
+            ..SnapshotPolicy::for_node(2)
+        };
+        assert_eq!(unstaggered.threshold(snapshot, 5), base);
+    }
+}

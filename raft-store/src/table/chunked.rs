@@ -1,0 +1,445 @@
+//! [`ChunkedMap`]: an ordered map by string key, stored as a sorted list of sorted chunks, each
+//! chunk behind an `Arc`. It exists for two reasons, both about a million held locks:
+//!
+//! - **A clone costs one `Arc` per chunk, not one copy per entry.** The snapshot builder clones
+//!   the table under the state lock and encodes the clone on another thread; an apply that then
+//!   changes an entry copies only that entry's chunk (`Arc::make_mut`), once per build.
+//! - **No duplicate key and no tree slack.** An entry carries its own key ([`Entry::key`]; a
+//!   grant's key is `Grant::key`), so the map stores no second copy of it, and a chunk is a
+//!   packed `Vec`, not B-tree nodes of eleven slots.
+//!
+//! Its encoding is a serde map of `(key, value)` in key order, exactly what a `BTreeMap<String,
+//! V>` writes, so snapshots written before it (and by builds without it) read and write the
+//! same bytes. Owns no lock semantics.
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use serde::de::{self, MapAccess, Visitor};
+use serde::ser::SerializeMap;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// Most entries in one chunk: a chunk past it is split. A copy-on-write copies one chunk, so
+/// this bounds the work an apply does while a snapshot build holds the old chunks.
+const CHUNK_MAX: usize = 256;
+/// Entries per chunk when a map is decoded or a chunk is split at its end: chunks filled in
+/// key order (a snapshot, a fill in key order) stay nearly full.
+const CHUNK_FILL: usize = CHUNK_MAX - CHUNK_MAX / 8;
+/// A chunk below this after a removal is merged with its right neighbour if the two fit in one.
+const CHUNK_MIN: usize = CHUNK_MAX / 4;
+
+/// What a [`ChunkedMap`] stores: a value together with its key.
+pub(crate) trait Entry: Clone {
+    /// The value the map's encoding carries under the key.
+    type Value;
+    /// The entry's key; never changes while the entry is in a map.
+    fn key(&self) -> &str;
+    /// The value.
+    fn value(&self) -> &Self::Value;
+    /// The value, for changing anything but the key.
+    fn value_mut(&mut self) -> &mut Self::Value;
+    /// The entry of `value` under `key`, as decoded; an error if they disagree.
+    fn from_parts(key: &str, value: Self::Value) -> Result<Self, String>;
+}
+
+/// An ordered map by string key of [`Entry`]s; see the module docs.
+#[derive(Clone)]
+pub(crate) struct ChunkedMap<E> {
+    /// Non-empty chunks, each sorted by key, every key of a chunk below every key of the next.
+    chunks: Vec<Arc<Vec<E>>>,
+    len: usize,
+}
+
+impl<E> Default for ChunkedMap<E> {
+    fn default() -> Self {
+        ChunkedMap {
+            chunks: Vec::new(),
+            len: 0,
+        }
+    }
+}
+
+/// Where a key is, or would be inserted: `(chunk, position)`.
+enum Slot {
+    Found(usize, usize),
+    Vacant(usize, usize),
+}
+
+impl<E: Entry> ChunkedMap<E> {
+    /// Number of entries.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Number of chunks (for tests and the memory report).
+    #[cfg(test)]
+    pub(crate) fn chunk_count(&self) -> usize {
+        self.chunks.len()
+    }
+
+    fn locate(&self, key: &str) -> Slot {
+        let Some(last) = self.chunks.len().checked_sub(1) else {
+            return Slot::Vacant(0, 0);
+        };
+        // The first chunk whose last key is not below `key`; past the end, the last chunk.
+        let c = self
+            .chunks
+            .partition_point(|chunk| chunk.last().is_some_and(|e| e.key() < key))
+            .min(last);
+        match self.chunks[c].binary_search_by(|e| e.key().cmp(key)) {
+            Ok(i) => Slot::Found(c, i),
+            Err(i) => Slot::Vacant(c, i),
+        }
+    }
+
+    /// The value under `key`.
+    pub(crate) fn get(&self, key: &str) -> Option<&E::Value> {
+        match self.locate(key) {
+            Slot::Found(c, i) => Some(self.chunks[c][i].value()),
+            Slot::Vacant(..) => None,
+        }
+    }
+
+    /// Whether `key` is in the map.
+    pub(crate) fn contains_key(&self, key: &str) -> bool {
+        matches!(self.locate(key), Slot::Found(..))
+    }
+
+    /// The value under `key`, to change (copies its chunk if a clone shares it).
+    pub(crate) fn get_mut(&mut self, key: &str) -> Option<&mut E::Value> {
+        match self.locate(key) {
+            Slot::Found(c, i) => Some(Arc::make_mut(&mut self.chunks[c])[i].value_mut()),
+            Slot::Vacant(..) => None,
+        }
+    }
+
+    /// Inserts `entry` under its key, returning the entry it replaced.
+    pub(crate) fn insert(&mut self, entry: E) -> Option<E> {
+        match self.locate(entry.key()) {
+            Slot::Found(c, i) => Some(std::mem::replace(
+                &mut Arc::make_mut(&mut self.chunks[c])[i],
+                entry,
+            )),
+            Slot::Vacant(c, i) => {
+                self.len += 1;
+                if self.chunks.is_empty() {
+                    self.chunks.push(Arc::new(vec![entry]));
+                    return None;
+                }
+                let at_end = c + 1 == self.chunks.len() && i == self.chunks[c].len();
+                let chunk = Arc::make_mut(&mut self.chunks[c]);
+                if chunk.len() == chunk.capacity() {
+                    // Grow by an eighth, not double: chunks are many and mostly full.
+                    chunk.reserve_exact(chunk.len() / 8 + 1);
+                }
+                chunk.insert(i, entry);
+                if chunk.len() > CHUNK_MAX {
+                    // Appending in key order leaves full chunks behind; otherwise halve.
+                    let at = if at_end { CHUNK_FILL } else { chunk.len() / 2 };
+                    let right = chunk.split_off(at);
+                    chunk.shrink_to(at + at / 8);
+                    self.chunks.insert(c + 1, Arc::new(right));
+                }
+                None
+            }
+        }
+    }
+
+    /// Removes the entry under `key`.
+    pub(crate) fn remove(&mut self, key: &str) -> Option<E> {
+        let Slot::Found(c, i) = self.locate(key) else {
+            return None;
+        };
+        self.len -= 1;
+        let chunk = Arc::make_mut(&mut self.chunks[c]);
+        let removed = chunk.remove(i);
+        if chunk.is_empty() {
+            self.chunks.remove(c);
+        } else if chunk.len() < CHUNK_MIN
+            && self
+                .chunks
+                .get(c + 1)
+                .is_some_and(|next| next.len() + self.chunks[c].len() <= CHUNK_FILL)
+        {
+            let next = self.chunks.remove(c + 1);
+            let next = Arc::try_unwrap(next).unwrap_or_else(|shared| (*shared).clone());
+            Arc::make_mut(&mut self.chunks[c]).extend(next);
+        }
+        Some(removed)
+    }
+
+    /// Every entry, in key order.
+    pub(crate) fn entries(&self) -> impl Iterator<Item = &E> {
+        self.chunks.iter().flat_map(|chunk| chunk.iter())
+    }
+
+    /// Every `(key, value)`, in key order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&str, &E::Value)> {
+        self.entries().map(|e| (e.key(), e.value()))
+    }
+
+    /// Every value, in key order.
+    pub(crate) fn values(&self) -> impl Iterator<Item = &E::Value> {
+        self.entries().map(Entry::value)
+    }
+
+    /// Every value, in key order, to change (copies every chunk a clone shares).
+    pub(crate) fn values_mut(&mut self) -> impl Iterator<Item = &mut E::Value> {
+        self.chunks
+            .iter_mut()
+            .flat_map(|chunk| Arc::make_mut(chunk).iter_mut().map(Entry::value_mut))
+    }
+
+    /// Appends `entry` if its key is above every key in the map (a decode in key order);
+    /// otherwise inserts it where it belongs.
+    fn push(&mut self, entry: E) {
+        let in_order = self
+            .chunks
+            .last()
+            .is_none_or(|chunk| chunk.last().is_none_or(|last| last.key() < entry.key()));
+        if !in_order {
+            self.insert(entry);
+            return;
+        }
+        match self.chunks.last_mut() {
+            Some(chunk) if chunk.len() < CHUNK_FILL => Arc::make_mut(chunk).push(entry),
+            _ => {
+                let mut chunk = Vec::with_capacity(CHUNK_FILL);
+                chunk.push(entry);
+                self.chunks.push(Arc::new(chunk));
+            }
+        }
+        self.len += 1;
+    }
+}
+
+impl<E: Entry> PartialEq for ChunkedMap<E>
+where
+    E::Value: PartialEq,
+{
+    /// Equal when the entries are, however they are chunked.
+    fn eq(&self, other: &Self) -> bool {
+        self.len == other.len && self.iter().eq(other.iter())
+    }
+}
+
+impl<E: Entry> Eq for ChunkedMap<E> where E::Value: Eq {}
+
+impl<E: Entry> fmt::Debug for ChunkedMap<E>
+where
+    E::Value: fmt::Debug,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_map().entries(self.iter()).finish()
+    }
+}
+
+impl<E: Entry> Serialize for ChunkedMap<E>
+where
+    E::Value: Serialize,
+{
+    /// A map of `(key, value)` in key order: what `BTreeMap<String, E::Value>` writes.
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(Some(self.len))?;
+        for (key, value) in self.iter() {
+            map.serialize_entry(key, value)?;
+        }
+        map.end()
+    }
+}
+
+impl<'de, E: Entry> Deserialize<'de> for ChunkedMap<E>
+where
+    E::Value: Deserialize<'de>,
+{
+    /// Reads what [`Serialize`] writes (and what a `BTreeMap<String, E::Value>` wrote): a key
+    /// met twice keeps its last value, as a `BTreeMap` did.
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct MapVisitor<E>(PhantomData<E>);
+        impl<'de, E: Entry> Visitor<'de> for MapVisitor<E>
+        where
+            E::Value: Deserialize<'de>,
+        {
+            type Value = ChunkedMap<E>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a map by string key")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<Self::Value, A::Error> {
+                let mut map = ChunkedMap::default();
+                while let Some((key, value)) = access.next_entry::<Key<'de>, E::Value>()? {
+                    map.push(E::from_parts(key.as_str(), value).map_err(de::Error::custom)?);
+                }
+                Ok(map)
+            }
+        }
+        deserializer.deserialize_map(MapVisitor(PhantomData))
+    }
+}
+
+/// A decoded key, borrowed from the input where the format allows (postcard from a slice),
+/// so a grant's key, which the grant carries again, costs no allocation to check.
+enum Key<'de> {
+    Borrowed(&'de str),
+    Owned(String),
+}
+
+impl Key<'_> {
+    fn as_str(&self) -> &str {
+        match self {
+            Key::Borrowed(key) => key,
+            Key::Owned(key) => key,
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Key<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct KeyVisitor;
+        impl<'de> Visitor<'de> for KeyVisitor {
+            type Value = Key<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a string key")
+            }
+            fn visit_borrowed_str<E: de::Error>(self, key: &'de str) -> Result<Key<'de>, E> {
+                Ok(Key::Borrowed(key))
+            }
+            fn visit_str<E: de::Error>(self, key: &str) -> Result<Key<'de>, E> {
+                Ok(Key::Owned(key.to_owned()))
+            }
+            fn visit_string<E: de::Error>(self, key: String) -> Result<Key<'de>, E> {
+                Ok(Key::Owned(key))
+            }
+        }
+        deserializer.deserialize_str(KeyVisitor)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    /// A test entry: a key and a number.
+    #[derive(Clone, Debug, PartialEq)]
+    struct Pair(String, u64);
+
+    impl Entry for Pair {
+        type Value = u64;
+        fn key(&self) -> &str {
+            &self.0
+        }
+        fn value(&self) -> &u64 {
+            &self.1
+        }
+        fn value_mut(&mut self) -> &mut u64 {
+            &mut self.1
+        }
+        fn from_parts(key: &str, value: u64) -> Result<Self, String> {
+            Ok(Pair(key.to_owned(), value))
+        }
+    }
+
+    fn key(i: u64) -> String {
+        format!("k{:06}", (i * 7919) % 10_007)
+    }
+
+    /// Random-order inserts, removals and changes give what a `BTreeMap` gives, in the same
+    /// order, with chunks within their bounds; the encoding is the `BTreeMap`'s byte for byte.
+    #[test]
+    fn behaves_and_encodes_as_a_btreemap() {
+        let mut map = ChunkedMap::<Pair>::default();
+        let mut model = BTreeMap::new();
+        for i in 0..5_000 {
+            assert_eq!(
+                map.insert(Pair(key(i), i)).map(|p| p.1),
+                model.insert(key(i), i)
+            );
+        }
+        for i in (0..5_000).step_by(3) {
+            assert_eq!(map.remove(&key(i)).map(|p| p.1), model.remove(&key(i)));
+            assert_eq!(map.remove(&key(i)), None);
+        }
+        for i in (1..5_000).step_by(5) {
+            if let Some(v) = map.get_mut(&key(i)) {
+                *v += 1;
+                *model.get_mut(&key(i)).expect("same keys") += 1;
+            }
+        }
+        assert_eq!(map.len(), model.len());
+        assert!(
+            map.iter()
+                .map(|(k, v)| (k.to_owned(), *v))
+                .eq(model.clone())
+        );
+        assert!(
+            map.chunks
+                .iter()
+                .all(|c| !c.is_empty() && c.len() <= CHUNK_MAX)
+        );
+        for i in 0..5_000 {
+            assert_eq!(map.get(&key(i)), model.get(&key(i)));
+            assert_eq!(map.contains_key(&key(i)), model.contains_key(&key(i)));
+        }
+        let bytes = postcard::to_allocvec(&map).expect("encodes");
+        assert_eq!(bytes, postcard::to_allocvec(&model).expect("encodes"));
+        let back: ChunkedMap<Pair> = postcard::from_bytes(&bytes).expect("decodes");
+        assert_eq!(back, map);
+        assert!(
+            back.chunk_count() < map.chunk_count(),
+            "decoded chunks are full"
+        );
+    }
+
+    /// A clone shares every chunk; changing the original copies only the chunk it touches,
+    /// and the clone keeps the old values.
+    #[test]
+    fn a_clone_shares_chunks_until_one_side_changes() {
+        let mut map = ChunkedMap::<Pair>::default();
+        for i in 0..2_000 {
+            map.insert(Pair(format!("k{i:05}"), i));
+        }
+        let view = map.clone();
+        *map.get_mut("k00010").expect("present") = 99;
+        map.remove("k01500");
+        let shared = map
+            .chunks
+            .iter()
+            .zip(&view.chunks)
+            .filter(|(a, b)| Arc::ptr_eq(a, b))
+            .count();
+        assert!(
+            shared + 2 >= view.chunk_count() && shared > 0,
+            "{shared} of {} shared",
+            view.chunk_count()
+        );
+        assert_eq!(view.get("k00010"), Some(&10));
+        assert_eq!(view.get("k01500"), Some(&1500));
+        assert_eq!(map.get("k00010"), Some(&99));
+        assert_eq!(map.get("k01500"), None);
+        assert_eq!(view.len(), 2_000);
+        assert_eq!(map.len(), 1_999);
+    }
+
+    /// Keys decoded out of order (never written so, but bytes come from disk and peers) still
+    /// give an ordered map, the last value of a repeated key winning.
+    #[test]
+    fn out_of_order_and_repeated_keys_decode_as_a_btreemap_would() {
+        let pairs: Vec<(String, u64)> = vec![
+            ("b".into(), 1),
+            ("a".into(), 2),
+            ("c".into(), 3),
+            ("a".into(), 4),
+        ];
+        // A postcard map is its length as a varint, then the pairs.
+        let mut bytes = vec![pairs.len() as u8];
+        for pair in &pairs {
+            bytes.extend(postcard::to_allocvec(pair).expect("pair"));
+        }
+        let map: ChunkedMap<Pair> = postcard::from_bytes(&bytes).expect("decodes");
+        let model: BTreeMap<String, u64> = postcard::from_bytes(&bytes).expect("decodes");
+        assert!(map.iter().map(|(k, v)| (k.to_owned(), *v)).eq(model));
+        assert_eq!(map.len(), 3);
+    }
+}
