@@ -138,14 +138,29 @@ fn mint_pki(dir: &Path) -> Result<BenchPki> {
     })
 }
 
-/// How a lockd worker sends its lock calls.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+/// How a lockd worker sends its lock calls (`--client`): the two client styles of the table.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,
+)]
 #[serde(rename_all = "lowercase")]
-pub enum LockdCalls {
-    /// On one `LockService.Pipeline` stream per worker (`lock_client::pipeline`), as the SDK.
-    Pipeline,
-    /// One unary call per acquire and per release.
+pub enum ClientStyle {
+    /// What a Go, Java or Python program written from `proto/` alone does: one unary
+    /// `LockService.Acquire` / `Release` call each, with tonic's stubs generated from
+    /// `proto/` (`lock-proto`) and nothing of the SDK, on the worker's own connection.
     Unary,
+    /// On one `LockService.Pipeline` stream per worker (`lock_client::pipeline`), as the SDK
+    /// sends every lock call.
+    Pipeline,
+}
+
+impl ClientStyle {
+    /// The style's name in tables, plots and messages.
+    pub fn label(self) -> &'static str {
+        match self {
+            ClientStyle::Unary => "lockd, unary client",
+            ClientStyle::Pipeline => "lockd, Pipeline stream",
+        }
+    }
 }
 
 /// A running three-node lockd cluster.
@@ -154,7 +169,8 @@ pub struct LockdCluster {
     nodes: Vec<NodeProcess>,
     leader_addr: String,
     admin: AdminServiceClient<Channel>,
-    calls: LockdCalls,
+    /// How the workers created next send their lock calls ([`LockdCluster::set_client`]).
+    calls: ClientStyle,
     /// The one connection (and pipeline) of every worker, with `Connections::Shared`.
     shared: Option<(Channel, Arc<Pipeline>)>,
     /// Every node's metrics endpoint (`--metrics-listen`), `host:port`.
@@ -165,12 +181,13 @@ pub struct LockdCluster {
 
 impl LockdCluster {
     /// Starts three `lockd run` nodes with data under `data_dir` (node 1 bootstraps) and waits
-    /// until every node knows the same leader. Its workers will send their calls as `calls`.
-    /// With `tls` the nodes serve TLS with a PKI minted under `data_dir`, else `--insecure`.
+    /// until every node knows the same leader. Its workers will send their calls as `calls`
+    /// until [`LockdCluster::set_client`] says otherwise. With `tls` the nodes serve TLS with a
+    /// PKI minted under `data_dir`, else `--insecure`.
     pub async fn start(
         bin: &Path,
         data_dir: &Path,
-        calls: LockdCalls,
+        calls: ClientStyle,
         connections: Connections,
         tls: bool,
     ) -> Result<Self> {
@@ -268,6 +285,12 @@ impl LockdCluster {
         })
     }
 
+    /// Workers created from now on send their lock calls as `style`; workers already created
+    /// keep theirs.
+    pub fn set_client(&mut self, style: ClientStyle) {
+        self.calls = style;
+    }
+
     /// Every node's metrics endpoint, `host:port`.
     pub fn metrics_targets(&self) -> &[String] {
         &self.metrics
@@ -341,11 +364,11 @@ impl LockSystem for LockdCluster {
         )
         .await?;
         let lock = match self.calls {
-            LockdCalls::Pipeline => Calls::Pipeline(match &self.shared {
+            ClientStyle::Pipeline => Calls::Pipeline(match &self.shared {
                 Some((_, pipeline)) => pipeline.clone(),
                 None => Arc::new(Pipeline::new(channel)),
             }),
-            LockdCalls::Unary => Calls::Unary(LockServiceClient::new(channel)),
+            ClientStyle::Unary => Calls::Unary(LockServiceClient::new(channel)),
         };
         Ok(LockdWorker {
             lock,
@@ -540,7 +563,7 @@ fn count_batch(
     }
 }
 
-/// A worker's way of sending lock calls (see [`LockdCalls`]).
+/// A worker's way of sending lock calls (see [`ClientStyle`]).
 #[derive(Debug)]
 enum Calls {
     Pipeline(Arc<Pipeline>),
