@@ -321,6 +321,9 @@ struct Machine {
     cpu_model: String,
     kernel: String,
     load_average_at_start: String,
+    /// /proc/loadavg once every workload has run: with the start's, what the shared machine
+    /// was doing meanwhile.
+    load_average_at_end: String,
     data_root: String,
     data_filesystem: String,
     lockd_bin: Option<String>,
@@ -469,11 +472,12 @@ async fn run(args: Args) -> Result<()> {
         .prefix("lock-bench-")
         .tempdir_in(&data_root)
         .with_context(|| format!("creating a data directory in {}", data_root.display()))?;
-    let machine = Machine {
+    let mut machine = Machine {
         cpus: std::thread::available_parallelism().map_or(0, |n| n.get()),
         cpu_model: cpu_model(),
         kernel: read_trimmed("/proc/sys/kernel/osrelease"),
         load_average_at_start: read_trimmed("/proc/loadavg"),
+        load_average_at_end: String::new(),
         data_root: data_root.display().to_string(),
         data_filesystem,
         lockd_bin: lockd_bin.as_ref().map(|p| p.display().to_string()),
@@ -485,6 +489,7 @@ async fn run(args: Args) -> Result<()> {
     };
 
     let outcome = measure_all(&args, &plan, data.path(), lockd_bin, etcd_bin).await;
+    machine.load_average_at_end = read_trimmed("/proc/loadavg");
     let Measured {
         floors,
         lockd,
@@ -510,6 +515,11 @@ async fn run(args: Args) -> Result<()> {
         String::new()
     };
     let mut table = report::markdown(&headline, &rows, &floors);
+    table.push_str(&report::load_note(
+        machine.cpus,
+        &machine.load_average_at_start,
+        &machine.load_average_at_end,
+    ));
     if let Some(scrape) = &scrape {
         table.push_str(&scraper::markdown(scrape));
     }

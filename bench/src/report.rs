@@ -402,6 +402,17 @@ pub fn markdown(headline: &str, rows: &[Row], floors: &Floors) -> String {
     out
 }
 
+/// The line under the tables that says how busy the machine of `cpus` CPUs was: the 1-minute
+/// load average (the first field of /proc/loadavg) at the start and at the end of the run.
+pub fn load_note(cpus: usize, at_start: &str, at_end: &str) -> String {
+    let first = |l: &str| l.split_whitespace().next().unwrap_or("?").to_owned();
+    format!(
+        "\nLoad average (1 min) on this {cpus}-CPU machine: {} at the start, {} at the end.\n",
+        first(at_start),
+        first(at_end)
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -423,6 +434,10 @@ mod tests {
         assert_eq!(grouped(999.0), "999");
         assert_eq!(grouped(0.632), "0.632");
         assert_eq!(grouped_or_dash(None), "–");
+        assert_eq!(
+            load_note(2, "2.50 3.13 3.10 1/82 13022", ""),
+            "\nLoad average (1 min) on this 2-CPU machine: 2.50 at the start, ? at the end.\n"
+        );
     }
 
     fn system(pairs: u64, latency_ms: u64, w4: bool) -> SystemResults {

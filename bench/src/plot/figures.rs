@@ -49,6 +49,8 @@ fn format_one() -> u32 {
 struct MachineView {
     #[serde(default)]
     load_average_at_start: String,
+    #[serde(default)]
+    load_average_at_end: String,
 }
 
 #[derive(Debug, Deserialize)]
@@ -110,15 +112,21 @@ impl Results {
         Self::parse(&json).with_context(|| format!("reading {}", path.display()))
     }
 
-    /// " (load average 2.50 at the start)", from the machine's first load figure, or "".
+    /// " (load average 2.50 → 3.10)" from the machine's 1-minute load at the start and the
+    /// end of the run, " (load average 2.50 at the start)" without the end's, or "".
     fn load_note(&self) -> String {
-        self.0
-            .machine
-            .as_ref()
-            .and_then(|m| m.load_average_at_start.split_whitespace().next())
-            .map_or_else(String::new, |load| {
-                format!(" (load average {load} at the start)")
-            })
+        let Some(machine) = &self.0.machine else {
+            return String::new();
+        };
+        let first = |l: &str| l.split_whitespace().next().map(str::to_owned);
+        match (
+            first(&machine.load_average_at_start),
+            first(&machine.load_average_at_end),
+        ) {
+            (Some(start), Some(end)) => format!(" (load average {start} → {end})"),
+            (Some(start), None) => format!(" (load average {start} at the start)"),
+            _ => String::new(),
+        }
     }
 
     /// W1 pairs/s against workers, one series per sweep series; `Err` names why there is

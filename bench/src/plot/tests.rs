@@ -146,7 +146,10 @@ fn compact_tick_labels() {
 const FIXED: &str = r#"{
   "tool": "lock-bench",
   "format": 2,
-  "machine": { "load_average_at_start": "2.50 3.13 3.10 1/82 13022" },
+  "machine": {
+    "load_average_at_start": "2.50 3.13 3.10 1/82 13022",
+    "load_average_at_end": "3.75 3.20 3.12 1/82 13090"
+  },
   "lockd": {
     "client": "pipeline",
     "w3": {
@@ -202,7 +205,11 @@ fn the_throughput_plot_has_a_line_per_style_and_etcd_sorted_by_workers() {
         ["lockd, unary client", "lockd, Pipeline stream", "etcd"]
     );
     assert_eq!(chart.series[1].points, vec![(1.0, 750.0), (32.0, 7094.0)]);
-    assert!(chart.title.contains("load average 2.50"), "{}", chart.title);
+    assert!(
+        chart.title.ends_with("(load average 2.50 → 3.75)"),
+        "{}",
+        chart.title
+    );
     let texts = texts(&chart.svg().expect("drawn"));
     for want in names.iter().copied().chain(["acquire → release pairs/s"]) {
         assert!(texts.iter().any(|t| t == want), "no {want:?} in {texts:?}");
