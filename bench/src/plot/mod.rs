@@ -411,7 +411,9 @@ impl LineChart {
 fn ticks(scale: Scale) -> usize {
     match scale {
         Scale::Linear => 10,
-        Scale::Log => 40,
+        // plotters draws the 1–9 ticks of each decade once this is at least ten times the
+        // decades (7 decades at 70: 10^-1 ms to 10^6 locks is covered).
+        Scale::Log => 70,
     }
 }
 
