@@ -53,6 +53,8 @@ const HEARTBEAT_BATCHES_IN_FLIGHT_MAX: usize = 64;
 /// session due within `period / KEEPALIVE_COALESCE_AHEAD_FRACTION` goes out with the sessions
 /// due now, in one `HeartbeatBatch`. The SDK's value (`COALESCE_AHEAD_FRACTION`).
 const KEEPALIVE_COALESCE_AHEAD_FRACTION: u32 = 4;
+/// `OpenSession` calls each W4 keep-alive task has in flight while it opens its share.
+const OPENS_IN_FLIGHT_PER_TASK: usize = 8;
 /// Connect timeout for every channel.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -138,14 +140,29 @@ fn mint_pki(dir: &Path) -> Result<BenchPki> {
     })
 }
 
-/// How a lockd worker sends its lock calls.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+/// How a lockd worker sends its lock calls (`--client`): the two client styles of the table.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,
+)]
 #[serde(rename_all = "lowercase")]
-pub enum LockdCalls {
-    /// On one `LockService.Pipeline` stream per worker (`lock_client::pipeline`), as the SDK.
-    Pipeline,
-    /// One unary call per acquire and per release.
+pub enum ClientStyle {
+    /// What a Go, Java or Python program written from `proto/` alone does: one unary
+    /// `LockService.Acquire` / `Release` call each, with tonic's stubs generated from
+    /// `proto/` (`lock-proto`) and nothing of the SDK, on the worker's own connection.
     Unary,
+    /// On one `LockService.Pipeline` stream per worker (`lock_client::pipeline`), as the SDK
+    /// sends every lock call.
+    Pipeline,
+}
+
+impl ClientStyle {
+    /// The style's name in tables, plots and messages.
+    pub fn label(self) -> &'static str {
+        match self {
+            ClientStyle::Unary => "lockd, unary client",
+            ClientStyle::Pipeline => "lockd, Pipeline stream",
+        }
+    }
 }
 
 /// A running three-node lockd cluster.
@@ -154,7 +171,8 @@ pub struct LockdCluster {
     nodes: Vec<NodeProcess>,
     leader_addr: String,
     admin: AdminServiceClient<Channel>,
-    calls: LockdCalls,
+    /// How the workers created next send their lock calls ([`LockdCluster::set_client`]).
+    calls: ClientStyle,
     /// The one connection (and pipeline) of every worker, with `Connections::Shared`.
     shared: Option<(Channel, Arc<Pipeline>)>,
     /// Every node's metrics endpoint (`--metrics-listen`), `host:port`.
@@ -165,12 +183,13 @@ pub struct LockdCluster {
 
 impl LockdCluster {
     /// Starts three `lockd run` nodes with data under `data_dir` (node 1 bootstraps) and waits
-    /// until every node knows the same leader. Its workers will send their calls as `calls`.
-    /// With `tls` the nodes serve TLS with a PKI minted under `data_dir`, else `--insecure`.
+    /// until every node knows the same leader. Its workers will send their calls as `calls`
+    /// until [`LockdCluster::set_client`] says otherwise. With `tls` the nodes serve TLS with a
+    /// PKI minted under `data_dir`, else `--insecure`.
     pub async fn start(
         bin: &Path,
         data_dir: &Path,
-        calls: LockdCalls,
+        calls: ClientStyle,
         connections: Connections,
         tls: bool,
     ) -> Result<Self> {
@@ -268,6 +287,12 @@ impl LockdCluster {
         })
     }
 
+    /// Workers created from now on send their lock calls as `style`; workers already created
+    /// keep theirs.
+    pub fn set_client(&mut self, style: ClientStyle) {
+        self.calls = style;
+    }
+
     /// Every node's metrics endpoint, `host:port`.
     pub fn metrics_targets(&self) -> &[String] {
         &self.metrics
@@ -341,11 +366,11 @@ impl LockSystem for LockdCluster {
         )
         .await?;
         let lock = match self.calls {
-            LockdCalls::Pipeline => Calls::Pipeline(match &self.shared {
+            ClientStyle::Pipeline => Calls::Pipeline(match &self.shared {
                 Some((_, pipeline)) => pipeline.clone(),
                 None => Arc::new(Pipeline::new(channel)),
             }),
-            LockdCalls::Unary => Calls::Unary(LockServiceClient::new(channel)),
+            ClientStyle::Unary => Calls::Unary(LockServiceClient::new(channel)),
         };
         Ok(LockdWorker {
             lock,
@@ -372,11 +397,27 @@ impl LockSystem for LockdCluster {
             tasks.push(tokio::spawn(async move {
                 let opened = async {
                     let channel = channel_with(&addr, tls.as_ref()).await?;
-                    let mut sessions = SessionServiceClient::new(channel);
+                    let sessions = SessionServiceClient::new(channel);
+                    // A few opens in flight at a time: one after the other, 1,000 sessions took
+                    // 7.5 s to open on a loaded machine, and the first ones opened lapsed (3 s
+                    // TTL with --quick) before the keep-alives began.
                     let mut ids = Vec::with_capacity(share);
-                    for i in 0..share {
-                        let owner = format!("bench-keeper-{task}-{i}");
-                        ids.push(open_session(&mut sessions, &owner, ttl_ms).await?);
+                    let indices: Vec<usize> = (0..share).collect();
+                    for chunk in indices.chunks(OPENS_IN_FLIGHT_PER_TASK) {
+                        let mut opening = tokio::task::JoinSet::new();
+                        for &i in chunk {
+                            let mut sessions = sessions.clone();
+                            let owner = format!("bench-keeper-{task}-{i}");
+                            opening.spawn(async move {
+                                let id = open_session(&mut sessions, &owner, ttl_ms).await;
+                                (i, id)
+                            });
+                        }
+                        let mut opened = opening.join_all().await;
+                        opened.sort_by_key(|(i, _)| *i);
+                        for (_, id) in opened {
+                            ids.push(id?);
+                        }
                     }
                     anyhow::Ok((sessions, ids))
                 }
@@ -540,7 +581,7 @@ fn count_batch(
     }
 }
 
-/// A worker's way of sending lock calls (see [`LockdCalls`]).
+/// A worker's way of sending lock calls (see [`ClientStyle`]).
 #[derive(Debug)]
 enum Calls {
     Pipeline(Arc<Pipeline>),

@@ -1,10 +1,14 @@
 //! `lock-bench`: runs the same lock workloads against a three-node lockd cluster and a
-//! three-node etcd cluster, one after the other in one invocation, and prints one table with
-//! lockd/etcd ratios per row (issue 7). `--help` lists the flags.
+//! three-node etcd cluster, one after the other in one invocation, lockd's W1–W3 with both
+//! client styles (plain unary calls and the `Pipeline` stream); prints one table with
+//! lockd/etcd ratios per row (issues 7 and 23), writes it with every figure as JSON, and draws
+//! the SVG plots of that JSON. `--help` lists the flags; `lock-bench plot` redraws the plots of
+//! a results.json.
 //!
 //! ```text
 //! cargo build --release -p lockd
 //! cargo run --release -p lock-bench -- --out bench-results/
+//! cargo run --release -p lock-bench -- plot --in bench-results/results.json --out plots/
 //! ```
 //!
 //! # Layout
@@ -14,7 +18,10 @@
 //! - `lockd`, `etcd`: the two systems (cluster start/stop, workers, keep-alive loads).
 //! - `workload`: W1–W4, written once against the seam.
 //! - `floors`: fdatasync and gRPC loopback round trip.
-//! - `stats`: percentiles. `report`: rows, targets, markdown and JSON.
+//! - `sweep`: W1 at a list of worker counts (`--sweep-workers`).
+//! - `stats`: percentiles and histograms. `report`: rows, targets, markdown and JSON.
+//! - `plot`: SVG line charts (the API any workload's plots use); `plot::figures`: the plots
+//!   of a results.json.
 //! - `scraper`: a once-a-second scraper of every lockd node's `/metrics`, and W3/W1 with and
 //!   without it (`--scrape-rounds`).
 
@@ -23,10 +30,12 @@
 mod etcd;
 mod floors;
 mod lockd;
+mod plot;
 mod procs;
 mod report;
 mod scraper;
 mod stats;
+mod sweep;
 mod system;
 mod workload;
 
@@ -34,14 +43,16 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use anyhow::{Context, Result};
-use clap::{Parser, ValueEnum};
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand, ValueEnum};
 use serde::Serialize;
 
 use crate::floors::Floors;
+use crate::lockd::ClientStyle;
 use crate::report::{Row, SystemResults};
+use crate::sweep::{SweepPlan, SweepSeries};
 use crate::system::LockSystem;
-use crate::workload::{Keys, LoopSpec};
+use crate::workload::{Keys, LoopResult, LoopSpec};
 
 /// Name of the JSON report in `--out`.
 pub const JSON_FILE: &str = "results.json";
@@ -117,10 +128,27 @@ struct Args {
     /// The lockd binary (default: $LOCKD_BIN, else lockd next to this executable).
     #[arg(long)]
     lockd_bin: Option<PathBuf>,
-    /// How lockd workers send acquire and release: on one `Pipeline` stream per worker, as
-    /// the SDK does, or as unary calls (the comparison behind bench/PERFORMANCE.md).
-    #[arg(long, value_enum, default_value = "pipeline")]
-    lockd_calls: lockd::LockdCalls,
+    /// lockd's client styles, comma-separated; W1, W2 and W3 run once with each, the styles
+    /// taking turns at going first. `unary`: one unary call per acquire and release on the
+    /// worker's own connection, with stubs built from proto/ alone, as a Go, Java or Python
+    /// program calls lockd; `pipeline`: the SDK's `Pipeline` stream. W4 and the scrape
+    /// comparison run with the Pipeline stream (or the one style given).
+    #[arg(
+        long,
+        alias = "lockd-calls",
+        value_enum,
+        value_delimiter = ',',
+        default_value = "unary,pipeline"
+    )]
+    client: Vec<ClientStyle>,
+    /// After W4, W1 at each of these worker counts (comma-separated), for each lockd client
+    /// style and etcd, for the throughput-against-workers plot. Off by default;
+    /// `--sweep-workers` alone runs 1,4,16,32.
+    #[arg(long, value_delimiter = ',', num_args = 0..)]
+    sweep_workers: Option<Vec<usize>>,
+    /// Measured window of each sweep point, in seconds (default 5, 1 with --quick).
+    #[arg(long)]
+    sweep_secs: Option<f64>,
     /// Whether the workers of W1–W3 each have their own connection to the leader or share one
     /// (for both systems alike).
     #[arg(long, value_enum, default_value = "per-worker")]
@@ -148,6 +176,26 @@ struct Args {
     /// measures what TLS costs (bench/PERFORMANCE.md).
     #[arg(long)]
     insecure: bool,
+    /// `plot`: only redraw the plots of an earlier run.
+    #[command(subcommand)]
+    #[serde(skip)]
+    command: Option<Command>,
+}
+
+/// What lock-bench does instead of a run.
+#[derive(Debug, Clone, Subcommand)]
+enum Command {
+    /// Draws the SVG plots of a results.json (throughput against workers when it has a worker
+    /// sweep, W3 acquire latency CDFs when it has W3 histograms) into a directory; a run draws
+    /// the same plots into its --out by itself.
+    Plot {
+        /// The results.json of a run.
+        #[arg(long = "in")]
+        input: PathBuf,
+        /// Directory for the SVG files (created if missing).
+        #[arg(long)]
+        out: PathBuf,
+    },
 }
 
 /// Durations and sizes after applying `--quick` and the per-workload flags.
@@ -165,10 +213,14 @@ struct Plan {
     round_trip_samples: usize,
     /// `--client-threads`; `None` is one per CPU.
     client_threads: Option<u16>,
+    /// lockd's client styles (`--client`), in the order W3 runs them.
+    clients: Vec<ClientStyle>,
+    /// `--sweep-workers`, if asked for.
+    sweep: Option<SweepPlan>,
 }
 
 impl Plan {
-    fn from_args(args: &Args) -> Self {
+    fn from_args(args: &Args) -> Result<Self> {
         let (warmup, w1, w2, w3, w4, sessions, fsyncs, trips) = if args.quick {
             (0.5, 2.0, 2.0, 2.0, 2.0, 1_000, 50, 300)
         } else {
@@ -183,8 +235,30 @@ impl Plan {
                 3_000,
             )
         };
-        Self {
-            warmup_secs: args.warmup_secs.unwrap_or(warmup),
+        if args.client.is_empty() {
+            bail!("--client: name at least one style (unary, pipeline)");
+        }
+        if let Some(twice) = args
+            .client
+            .iter()
+            .enumerate()
+            .find_map(|(i, c)| args.client[..i].contains(c).then_some(c))
+        {
+            bail!("--client: {twice:?} given twice");
+        }
+        let warmup_secs = args.warmup_secs.unwrap_or(warmup);
+        let sweep_secs = args.sweep_secs.unwrap_or(if args.quick {
+            sweep::SECS_QUICK
+        } else {
+            sweep::SECS_DEFAULT
+        });
+        let sweep = args
+            .sweep_workers
+            .as_deref()
+            .map(|workers| SweepPlan::new(workers, sweep_secs, warmup_secs))
+            .transpose()?;
+        Ok(Self {
+            warmup_secs,
             w1_secs: args.w1_secs.unwrap_or(w1),
             w2_secs: args.w2_secs.unwrap_or(w2),
             w3_secs: args.w3_secs.unwrap_or(w3),
@@ -199,6 +273,21 @@ impl Plan {
             fdatasync_samples: fsyncs,
             round_trip_samples: trips,
             client_threads: args.client_threads,
+            clients: args.client.clone(),
+            sweep,
+        })
+    }
+
+    /// The lockd client style W4 and the scrape comparison run with: the Pipeline stream when
+    /// it runs, else the one style given.
+    fn w4_client(&self) -> ClientStyle {
+        if self.clients.contains(&ClientStyle::Pipeline) {
+            ClientStyle::Pipeline
+        } else {
+            self.clients
+                .first()
+                .copied()
+                .unwrap_or(ClientStyle::Pipeline)
         }
     }
 
@@ -232,6 +321,9 @@ struct Machine {
     cpu_model: String,
     kernel: String,
     load_average_at_start: String,
+    /// /proc/loadavg once every workload has run: with the start's, what the shared machine
+    /// was doing meanwhile.
+    load_average_at_end: String,
     data_root: String,
     data_filesystem: String,
     lockd_bin: Option<String>,
@@ -243,14 +335,21 @@ struct Machine {
 #[derive(Debug, Serialize)]
 struct Report {
     tool: &'static str,
+    /// The results format (`plot::figures::FORMAT`; files without it are format 1).
+    format: u32,
     command: String,
     started_unix_ms: u64,
     finished_unix_ms: u64,
     machine: Machine,
     plan: Plan,
     floors: Floors,
+    /// lockd with the Pipeline stream: W1–W4 (W4 too when it is the only style run).
     lockd: Option<SystemResults>,
+    /// lockd with the unary client: W1–W3 (W4 too when it is the only style run).
+    lockd_unary: Option<SystemResults>,
     etcd: Option<SystemResults>,
+    /// `--sweep-workers`: W1 against workers, one series per lockd client style and etcd.
+    sweep: Vec<SweepSeries>,
     /// `--scrape-rounds`: lockd's W3 and W1 with and without a metrics scraper.
     scrape: Option<scraper::ScrapeComparison>,
     rows: Vec<Row>,
@@ -259,6 +358,20 @@ struct Report {
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    if let Some(Command::Plot { input, out }) = &args.command {
+        return match plot::figures::plot_file(input, out) {
+            Ok(written) => {
+                for path in written {
+                    eprintln!("lock-bench plot: wrote {}", path.display());
+                }
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("lock-bench plot: {e:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     if args.tcp_echo {
         return match floors::serve_tcp_echo() {
             Ok(()) => ExitCode::SUCCESS,
@@ -329,7 +442,7 @@ fn unix_ms() -> u64 {
 
 async fn run(args: Args) -> Result<()> {
     let started_unix_ms = unix_ms();
-    let plan = Plan::from_args(&args);
+    let plan = Plan::from_args(&args)?;
     if args.scrape_only && args.scrape_rounds == 0 {
         anyhow::bail!("--scrape-only needs --scrape-rounds N (N > 0)");
     }
@@ -359,11 +472,12 @@ async fn run(args: Args) -> Result<()> {
         .prefix("lock-bench-")
         .tempdir_in(&data_root)
         .with_context(|| format!("creating a data directory in {}", data_root.display()))?;
-    let machine = Machine {
+    let mut machine = Machine {
         cpus: std::thread::available_parallelism().map_or(0, |n| n.get()),
         cpu_model: cpu_model(),
         kernel: read_trimmed("/proc/sys/kernel/osrelease"),
         load_average_at_start: read_trimmed("/proc/loadavg"),
+        load_average_at_end: String::new(),
         data_root: data_root.display().to_string(),
         data_filesystem,
         lockd_bin: lockd_bin.as_ref().map(|p| p.display().to_string()),
@@ -375,7 +489,15 @@ async fn run(args: Args) -> Result<()> {
     };
 
     let outcome = measure_all(&args, &plan, data.path(), lockd_bin, etcd_bin).await;
-    let (floors, lockd, etcd, scrape) = match outcome {
+    machine.load_average_at_end = read_trimmed("/proc/loadavg");
+    let Measured {
+        floors,
+        lockd,
+        lockd_unary,
+        etcd,
+        sweep,
+        scrape,
+    } = match outcome {
         Ok(v) => v,
         Err(e) => {
             let kept = data.keep();
@@ -386,8 +508,18 @@ async fn run(args: Args) -> Result<()> {
         eprintln!("lock-bench: data kept in {}", data.keep().display());
     }
 
-    let rows = report::rows(lockd.as_ref(), etcd.as_ref());
-    let mut table = report::markdown(&rows, &floors);
+    let rows = report::rows(lockd.as_ref(), lockd_unary.as_ref(), etcd.as_ref());
+    let headline = if lockd.is_some() || lockd_unary.is_some() {
+        report::headline(lockd_unary.as_ref(), lockd.as_ref(), etcd.as_ref())
+    } else {
+        String::new()
+    };
+    let mut table = report::markdown(&headline, &rows, &floors);
+    table.push_str(&report::load_note(
+        machine.cpus,
+        &machine.load_average_at_start,
+        &machine.load_average_at_end,
+    ));
     if let Some(scrape) = &scrape {
         table.push_str(&scraper::markdown(scrape));
     }
@@ -395,6 +527,7 @@ async fn run(args: Args) -> Result<()> {
     println!("{table}");
     let report = Report {
         tool: "lock-bench",
+        format: plot::figures::FORMAT,
         command,
         started_unix_ms,
         finished_unix_ms: unix_ms(),
@@ -402,7 +535,9 @@ async fn run(args: Args) -> Result<()> {
         plan,
         floors,
         lockd,
+        lockd_unary,
         etcd,
+        sweep,
         scrape,
         rows,
         table_markdown: table.clone(),
@@ -415,15 +550,32 @@ async fn run(args: Args) -> Result<()> {
         args.out.join(JSON_FILE).display(),
         args.out.join(MARKDOWN_FILE).display()
     );
+    // The plots are drawn from the JSON just written, exactly as `lock-bench plot` would.
+    let results = plot::figures::Results::parse(&json).context("reading back the report")?;
+    for outcome in plot::figures::write_all(&results, &args.out)? {
+        match outcome {
+            plot::figures::Outcome::Written(path) => {
+                eprintln!("lock-bench: wrote {}", path.display());
+            }
+            plot::figures::Outcome::Skipped(file, why) => {
+                eprintln!("lock-bench: no {file}: {why}");
+            }
+        }
+    }
     Ok(())
 }
 
-type Measured = (
-    Floors,
-    Option<SystemResults>,
-    Option<SystemResults>,
-    Option<scraper::ScrapeComparison>,
-);
+/// Everything [`measure_all`] measured.
+struct Measured {
+    floors: Floors,
+    /// lockd with the Pipeline stream.
+    lockd: Option<SystemResults>,
+    /// lockd with the unary client.
+    lockd_unary: Option<SystemResults>,
+    etcd: Option<SystemResults>,
+    sweep: Vec<SweepSeries>,
+    scrape: Option<scraper::ScrapeComparison>,
+}
 
 async fn measure_all(
     args: &Args,
@@ -434,7 +586,14 @@ async fn measure_all(
 ) -> Result<Measured> {
     eprintln!("lock-bench: floors (fdatasync, gRPC loopback)");
     let floors = floors::measure(data, plan.fdatasync_samples, plan.round_trip_samples).await?;
-    let (mut lockd, mut etcd, mut scrape) = (None, None, None);
+    let mut measured = Measured {
+        floors,
+        lockd: None,
+        lockd_unary: None,
+        etcd: None,
+        sweep: Vec::new(),
+        scrape: None,
+    };
     for system in &args.systems {
         match system {
             SystemName::Lockd => {
@@ -443,20 +602,32 @@ async fn measure_all(
                     "lock-bench: lockd: starting three nodes ({})",
                     bin.display()
                 );
-                let cluster = lockd::LockdCluster::start(
+                let mut cluster = lockd::LockdCluster::start(
                     bin,
                     &data.join("lockd"),
-                    args.lockd_calls,
+                    plan.w4_client(),
                     args.connections,
                     !args.insecure,
                 )
                 .await?;
                 let addr = cluster.leader_addr().to_owned();
+                let labels: Vec<&str> = plan.clients.iter().map(|c| c.label()).collect();
+                let w4_on = plan
+                    .clients
+                    .iter()
+                    .position(|c| *c == plan.w4_client())
+                    .unwrap_or(0);
+                let clients = plan.clients.clone();
                 let results = if args.scrape_only {
                     Ok(None)
                 } else {
-                    workloads(&cluster, plan, "lockd", addr).await.map(Some)
+                    workloads(&mut cluster, plan, &labels, w4_on, addr, |cluster, i| {
+                        cluster.set_client(clients[i]);
+                    })
+                    .await
+                    .map(Some)
                 };
+                cluster.set_client(plan.w4_client());
                 let compared = match (&results, args.scrape_rounds) {
                     (Ok(_), rounds) if rounds > 0 => Some(
                         scraper::run(
@@ -471,8 +642,17 @@ async fn measure_all(
                     _ => None,
                 };
                 let stopped = cluster.stop().await;
-                lockd = results?;
-                scrape = compared.transpose()?;
+                if let Some((by_style, sweep)) = results? {
+                    for (style, mut result) in plan.clients.iter().zip(by_style) {
+                        result.client = Some(*style);
+                        match style {
+                            ClientStyle::Pipeline => measured.lockd = Some(result),
+                            ClientStyle::Unary => measured.lockd_unary = Some(result),
+                        }
+                    }
+                    measured.sweep.extend(sweep);
+                }
+                measured.scrape = compared.transpose()?;
                 stopped.context("stopping lockd")?;
             }
             SystemName::Etcd => {
@@ -484,40 +664,69 @@ async fn measure_all(
                     "lock-bench: etcd: starting three members ({})",
                     bin.display()
                 );
-                let cluster =
+                let mut cluster =
                     etcd::EtcdCluster::start(bin, &data.join("etcd"), args.connections).await?;
                 let addr = cluster.leader_addr().to_owned();
-                let results = workloads(&cluster, plan, "etcd", addr).await;
+                let results = workloads(&mut cluster, plan, &["etcd"], 0, addr, |_, _| {}).await;
                 let stopped = cluster.stop().await;
-                etcd = Some(results?);
+                let (mut results, sweep) = results?;
+                measured.etcd = results.pop();
+                measured.sweep.extend(sweep);
                 stopped.context("stopping etcd")?;
             }
         }
     }
-    Ok((floors, lockd, etcd, scrape))
+    Ok(measured)
 }
 
-/// W3 (unloaded) first, then W2, W1 and W4 on one running cluster.
+/// W3 (unloaded) first, then W2 and W1 on one running cluster, each once per variant (lockd's
+/// client styles, etcd's one), the variants taking turns at going first; then W4 with variant
+/// `w4_on` and the worker sweep (`--sweep-workers`), its points taking turns alike.
+/// `labels` names the variants; `switch(system, i)` makes the workers created next those of
+/// variant `i`. Answers one result per variant (W4 only in `w4_on`'s) and one sweep series
+/// per variant.
 async fn workloads<S: LockSystem>(
-    system: &S,
+    system: &mut S,
     plan: &Plan,
-    name: &str,
+    labels: &[&str],
+    w4_on: usize,
     leader_addr: String,
-) -> Result<SystemResults> {
-    eprintln!("lock-bench: {name}: W3 one client");
-    let w3 = workload::run_loop(system, &plan.spec("w3", 1, Keys::Fresh, plan.w3_secs)).await?;
-    eprintln!("lock-bench: {name}: W2 hot key");
-    let w2 = workload::run_loop(
-        system,
-        &plan.spec("w2", workload::W2_WORKERS, Keys::Hot, plan.w2_secs),
-    )
-    .await?;
+    mut switch: impl FnMut(&mut S, usize),
+) -> Result<(Vec<SystemResults>, Vec<SweepSeries>)> {
+    let variants = labels.len();
+    // Round r runs the variants forwards when r is even, backwards when odd.
+    let order = |round: usize| -> Vec<usize> {
+        if round.is_multiple_of(2) {
+            (0..variants).collect()
+        } else {
+            (0..variants).rev().collect()
+        }
+    };
+    let loops = [
+        (
+            "W3 one client",
+            plan.spec("w3", 1, Keys::Fresh, plan.w3_secs),
+        ),
+        (
+            "W2 hot key",
+            plan.spec("w2", workload::W2_WORKERS, Keys::Hot, plan.w2_secs),
+        ),
+        ("W1 uncontended", plan.w1_spec()),
+    ];
+    let mut results: Vec<Vec<Option<LoopResult>>> = vec![vec![None; variants]; loops.len()];
+    for (round, (what, spec)) in loops.iter().enumerate() {
+        for i in order(round) {
+            switch(system, i);
+            eprintln!("lock-bench: {}: {what}", labels[i]);
+            let result = workload::run_loop(system, spec).await?;
+            results[round][i] = Some(result);
+        }
+    }
     let w1_spec = plan.w1_spec();
-    eprintln!("lock-bench: {name}: W1 uncontended");
-    let w1 = workload::run_loop(system, &w1_spec).await?;
+    switch(system, w4_on);
     eprintln!(
-        "lock-bench: {name}: W4 W1 with and without {} sessions, {} rounds",
-        plan.w4_sessions, plan.w4_rounds
+        "lock-bench: {}: W4 W1 with and without {} sessions, {} rounds",
+        labels[w4_on], plan.w4_sessions, plan.w4_rounds
     );
     let w4_spec = LoopSpec {
         name: "w4",
@@ -532,13 +741,50 @@ async fn workloads<S: LockSystem>(
         plan.w4_rounds,
     )
     .await?;
-    Ok(SystemResults {
-        leader_addr,
-        w1,
-        w2,
-        w3,
-        w4,
-    })
+    let mut sweep: Vec<SweepSeries> = labels
+        .iter()
+        .map(|label| SweepSeries {
+            label: (*label).to_owned(),
+            points: Vec::new(),
+        })
+        .collect();
+    if let Some(sweep_plan) = &plan.sweep {
+        for (round, &workers) in sweep_plan.workers.iter().enumerate() {
+            for i in order(round) {
+                switch(system, i);
+                eprintln!(
+                    "lock-bench: {}: sweep, W1 with {workers} workers",
+                    labels[i]
+                );
+                sweep[i]
+                    .points
+                    .push(sweep::point(system, sweep_plan, workers).await?);
+            }
+        }
+    }
+    let mut w4 = Some(w4);
+    let [w3, w2, w1] = results
+        .try_into()
+        .map_err(|_| anyhow::anyhow!("three loops"))?;
+    let by_variant = w3
+        .into_iter()
+        .zip(w2)
+        .zip(w1)
+        .enumerate()
+        .map(|(i, ((w3, w2), w1))| {
+            let missing = || anyhow::anyhow!("variant {} ran no loop", labels[i]);
+            Ok(SystemResults {
+                client: None,
+                leader_addr: leader_addr.clone(),
+                w1: w1.ok_or_else(missing)?,
+                w2: w2.ok_or_else(missing)?,
+                w3: w3.ok_or_else(missing)?.with_acquire_histogram(),
+                w4: if i == w4_on { w4.take() } else { None },
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let sweep = sweep.into_iter().filter(|s| !s.points.is_empty()).collect();
+    Ok((by_variant, sweep))
 }
 
 fn write(path: &Path, bytes: &[u8]) -> Result<()> {
@@ -585,4 +831,50 @@ async fn etcd_version(bin: &Path) -> Option<String> {
         .lines()
         .next()
         .map(str::to_owned)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(args: &[&str]) -> Result<Plan> {
+        let args = Args::try_parse_from(std::iter::once("lock-bench").chain(args.iter().copied()))?;
+        Plan::from_args(&args)
+    }
+
+    #[test]
+    fn both_client_styles_by_default_and_the_old_flag_still_picks_one() {
+        let default = plan(&[]).expect("the defaults");
+        assert_eq!(default.clients, [ClientStyle::Unary, ClientStyle::Pipeline]);
+        assert_eq!(default.w4_client(), ClientStyle::Pipeline);
+        assert!(default.sweep.is_none(), "no sweep unless asked for");
+        let unary = plan(&["--lockd-calls", "unary"]).expect("the hidden alias");
+        assert_eq!(unary.clients, [ClientStyle::Unary]);
+        assert_eq!(unary.w4_client(), ClientStyle::Unary);
+        let error = plan(&["--client", "pipeline,pipeline"]).expect_err("twice");
+        assert!(error.to_string().contains("given twice"), "{error}");
+    }
+
+    #[test]
+    fn sweep_workers_alone_runs_the_default_set() {
+        let sweep = plan(&["--sweep-workers"]).expect("parses").sweep;
+        assert_eq!(
+            sweep.map(|s| s.workers),
+            Some(sweep::DEFAULT_WORKERS.to_vec())
+        );
+        let quick = plan(&["--quick", "--sweep-workers", "2,8"]).expect("parses");
+        let sweep = quick.sweep.expect("asked for");
+        assert_eq!((sweep.workers, sweep.secs), (vec![2, 8], sweep::SECS_QUICK));
+        assert!(plan(&["--sweep-workers", "0"]).is_err());
+    }
+
+    #[test]
+    fn plot_is_a_subcommand_with_its_own_in_and_out() {
+        let args = Args::try_parse_from(["lock-bench", "plot", "--in", "r.json", "--out", "p"])
+            .expect("parses");
+        let Some(Command::Plot { input, out }) = args.command else {
+            panic!("not the plot subcommand: {:?}", args.command);
+        };
+        assert_eq!((input, out), (PathBuf::from("r.json"), PathBuf::from("p")));
+    }
 }

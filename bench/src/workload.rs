@@ -11,7 +11,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-use crate::stats::{Samples, Summary};
+use crate::stats::{Histogram, Samples, Summary};
 use crate::system::{KeeperReport, LockSystem, LockWorker};
 
 /// W1's key space: random keys out of this many, so 32 workers almost never collide.
@@ -71,6 +71,10 @@ pub struct LoopResult {
     pub acquire: Summary,
     /// Release latency of pairs started in the window.
     pub release: Summary,
+    /// Acquire latency of the same pairs in 1 % buckets, for the latency CDF plot; kept only
+    /// where asked for ([`LoopResult::with_acquire_histogram`]: W3).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub acquire_histogram: Option<Histogram>,
     /// Grants whose token was not above every token granted before (fenced-resource check).
     pub token_order_violations: u64,
     /// Grants that arrived while another worker still held the key.
@@ -157,6 +161,7 @@ impl LoopResult {
             },
             acquire: raw.acquire.clone().summary(),
             release: raw.release.clone().summary(),
+            acquire_histogram: None,
             token_order_violations: raw.token_order_violations,
             overlaps: raw.overlaps,
             errors: raw.errors,
@@ -170,6 +175,12 @@ impl LoopResult {
             client_cpu_ms_per_pair: raw.client_cpu_s.and_then(per_pair),
             raw,
         }
+    }
+
+    /// The same result with its acquire latencies kept as a histogram in the report.
+    pub fn with_acquire_histogram(mut self) -> Self {
+        self.acquire_histogram = Some(self.raw.acquire.histogram());
+        self
     }
 
     /// One result for slices of the same workload run one after another: pairs, time, CPU
@@ -443,6 +454,24 @@ pub async fn run_sessions<S: LockSystem>(
 }
 
 #[cfg(test)]
+impl LoopResult {
+    /// For other modules' tests: `pairs` pairs in one second, each acquire and release taking
+    /// `latency_ms`.
+    pub(crate) fn for_test(pairs: u64, latency_ms: u64) -> Self {
+        let mut raw = RawLoop {
+            pairs,
+            pairs_total: pairs,
+            ..RawLoop::default()
+        };
+        for _ in 0..pairs {
+            raw.acquire.push(Duration::from_millis(latency_ms));
+            raw.release.push(Duration::from_millis(latency_ms));
+        }
+        LoopResult::from_raw(1, 1.0, raw)
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -502,6 +531,16 @@ mod tests {
         assert_eq!(all.acquire.count, 400);
         assert_eq!(all.acquire.p50_ms, Some(8.0));
         assert!(LoopResult::combine(Vec::new()).is_none());
+    }
+
+    #[test]
+    fn the_acquire_histogram_is_kept_only_when_asked_for_and_holds_every_sample() {
+        let plain = slice(10.0, 50, 50, 0.1, 3);
+        assert!(plain.acquire_histogram.is_none());
+        let kept = plain.with_acquire_histogram();
+        let histogram = kept.acquire_histogram.as_ref().expect("kept");
+        assert_eq!(histogram.count(), 50);
+        assert_eq!(histogram.buckets.len(), 1, "50 samples of 3 ms");
     }
 
     #[test]
