@@ -132,13 +132,23 @@ impl Backend for RaftBackend {
     ) -> Result<Vec<Result<Option<u64>, LockError>>, LockError> {
         self.leases_ready()?;
         // Another principal's session is that entry's own refusal, and its lease is left alone.
-        let checked: Vec<Result<(), LockError>> = session_ids
-            .iter()
-            .map(|id| {
-                validate::session_id(id)?;
-                self.check_session_owner(caller, id)
-            })
-            .collect();
+        // The owners are read under one read of the applied state for the whole batch, as
+        // `check_session_owner` would read them one by one.
+        let checked: Vec<Result<(), LockError>> = self.inner.reader.read(|table| {
+            session_ids
+                .iter()
+                .map(|id| {
+                    validate::session_id(id)?;
+                    match caller {
+                        None => Ok(()),
+                        Some(_) => validate::session_principal(
+                            caller,
+                            table.session(id).and_then(|s| s.principal()),
+                        ),
+                    }
+                })
+                .collect()
+        });
         let mut ttls = self
             .inner
             .keeper
