@@ -849,6 +849,20 @@ async fn a_follower_far_behind_catches_up_from_a_snapshot() {
 
     // A full restart after the snapshots still keeps the counter: no token is reused.
     cluster.restart_all(Duration::from_secs(20)).await;
+    // The new leader's lease keeper learns the grants and sessions its snapshot holds only from
+    // the promote's reconcile walk, which runs while the term already serves: a renewal and a
+    // heartbeat sent at once are served, never answered LOST or "session gone".
+    let retry = any.with_retry_for(Duration::from_secs(20));
+    let renewed = retry
+        .renew(&owner.id, "kept", kept.fencing_token, TTL)
+        .await
+        .expect("renew")
+        .expect("a grant restored from a snapshot is not lost at the promote");
+    assert_eq!(renewed.fencing_token, kept.fencing_token);
+    assert!(
+        retry.heartbeat(&owner.id).await.expect("heartbeat"),
+        "a session restored from a snapshot is alive after the promote"
+    );
     let next = any
         .try_acquire(&owner.id, "after-restart", TTL)
         .await

@@ -28,6 +28,43 @@ fn ttl_ms(ttl_ms: u64) -> Result<u64, LockError> {
     validate::ttl(Duration::from_millis(ttl_ms))
 }
 
+impl RaftBackend {
+    /// The keeper's renewal of `(key, token)`; one it refuses while the promote's reconcile
+    /// walk runs is tried again once the state's grant is adopted (the walk may not have
+    /// reached it yet: a snapshot install or a restart brings grants without events).
+    fn renew_lease(&self, key: &str, token: u64, ttl: u64) -> RenewCheck {
+        let keeper = &self.inner.keeper;
+        match keeper.renew_grant(key, token, ttl) {
+            RenewCheck::Lost if keeper.adopt_grant(&self.inner.reader, key, token) => {
+                keeper.renew_grant(key, token, ttl)
+            }
+            check => check,
+        }
+    }
+
+    /// [`RaftBackend::renew_lease`] for a session's heartbeat.
+    fn heartbeat_lease(&self, session_id: &str) -> Option<u64> {
+        let keeper = &self.inner.keeper;
+        keeper.heartbeat_session(session_id).or_else(|| {
+            keeper
+                .adopt_session(&self.inner.reader, session_id)
+                .then(|| keeper.heartbeat_session(session_id))
+                .flatten()
+        })
+    }
+
+    /// The owner and session ids of grant `(key, token)` in the applied state, if it is still
+    /// the grant.
+    fn holder_of(&self, key: &str, token: u64) -> Option<(String, String)> {
+        self.inner.reader.read(|table| {
+            table
+                .grant(key)
+                .filter(|g| g.token == token)
+                .map(|g| (g.owner_id.clone(), g.session_id.clone()))
+        })
+    }
+}
+
 impl Backend for RaftBackend {
     /// Opens a session for `owner_id` with a lease of `ttl_ms`; returns its id and TTL.
     async fn open_session(
@@ -72,7 +109,7 @@ impl Backend for RaftBackend {
         validate::session_id(session_id)?;
         self.leases_ready()?;
         self.check_session_owner(caller, session_id)?;
-        let ttl = self.inner.keeper.heartbeat_session(session_id);
+        let ttl = self.heartbeat_lease(session_id);
         // Both answers need the proof that this node still leads: a restarted lease because a
         // deposed leader cannot hand out a deadline its successor will not honour, and "gone"
         // because a deposed leader that has not yet heard of its successor still passes
@@ -98,13 +135,23 @@ impl Backend for RaftBackend {
     ) -> Result<Vec<Result<Option<u64>, LockError>>, LockError> {
         self.leases_ready()?;
         // Another principal's session is that entry's own refusal, and its lease is left alone.
-        let checked: Vec<Result<(), LockError>> = session_ids
-            .iter()
-            .map(|id| {
-                validate::session_id(id)?;
-                self.check_session_owner(caller, id)
-            })
-            .collect();
+        // The owners are read under one read of the applied state for the whole batch, as
+        // `check_session_owner` would read them one by one.
+        let checked: Vec<Result<(), LockError>> = self.inner.reader.read(|table| {
+            session_ids
+                .iter()
+                .map(|id| {
+                    validate::session_id(id)?;
+                    match caller {
+                        None => Ok(()),
+                        Some(_) => validate::session_principal(
+                            caller,
+                            table.session(id).and_then(|s| s.principal()),
+                        ),
+                    }
+                })
+                .collect()
+        });
         let mut ttls = self
             .inner
             .keeper
@@ -118,7 +165,20 @@ impl Backend for RaftBackend {
             .into_iter();
         let answers: Vec<Result<Option<u64>, LockError>> = checked
             .into_iter()
-            .map(|ok| ok.map(|()| ttls.next().flatten()))
+            .zip(session_ids)
+            .map(|(ok, id)| {
+                ok.map(|()| {
+                    ttls.next().flatten().or_else(|| {
+                        // Refused by the keeper: while the promote's reconcile walk runs, the
+                        // state may hold a session the keeper has not met yet.
+                        self.inner
+                            .keeper
+                            .adopt_session(&self.inner.reader, id)
+                            .then(|| self.inner.keeper.heartbeat_session(id))
+                            .flatten()
+                    })
+                })
+            })
             .collect();
         // As in `keep_alive`: the extensions above happened before the round, and every answer
         // (alive or gone) needs the proof that this node still leads; only a batch refused
@@ -374,7 +434,7 @@ impl Backend for RaftBackend {
         // Before the lease is touched: a refused renewal must not extend anyone's lease.
         self.check_session_owner(caller, session_id)?;
         self.check_grant_owner(caller, key, token)?;
-        let (lease, previous_ttl_ms) = match self.inner.keeper.renew_grant(key, token, ttl) {
+        let previous_ttl_ms = match self.renew_lease(key, token, ttl) {
             RenewCheck::Lost => {
                 // "Lost" is terminal for the client, so only a node that still leads may say
                 // it: a deposed leader that has not yet heard of its successor passes
@@ -384,18 +444,22 @@ impl Backend for RaftBackend {
                 return Ok(None);
             }
             RenewCheck::Extended {
-                lease,
-                previous_ttl_ms,
-            } => (lease, previous_ttl_ms),
+                previous_ttl_ms, ..
+            } => previous_ttl_ms,
         };
         let wall_now = self.inner.clock.wall_ms();
         self.confirm_leadership().await?;
         if previous_ttl_ms != ttl {
+            // The holder's session as the state names it (the lease keeps no ids); a grant
+            // gone meanwhile is answered `Lost` by the state machine, as before.
+            let holder = self
+                .holder_of(key, token)
+                .map_or_else(|| session_id.to_owned(), |(_, session)| session);
             match self
                 .propose(as_caller(
                     caller,
                     Command::Renew {
-                        session_id: lease.session_id.clone(),
+                        session_id: holder,
                         request_id,
                         key: key.to_owned(),
                         token,
@@ -411,18 +475,14 @@ impl Backend for RaftBackend {
                 other => return Err(unexpected("Renew", &other)),
             }
         }
-        let held = self
-            .inner
-            .reader
-            .read(|table| table.grant(key).is_some_and(|g| g.token == token));
-        if !held {
+        let Some((owner_id, session_id)) = self.holder_of(key, token) else {
             // Freed between the check and now (released, revoked, session ended).
             return Ok(None);
-        }
+        };
         Ok(Some(Grant {
             key: key.to_owned(),
-            owner_id: lease.owner_id,
-            session_id: lease.session_id,
+            owner_id,
+            session_id,
             token,
             ttl_ms: ttl,
             expires_at_ms: wall_now + ttl,

@@ -68,7 +68,12 @@ impl LockStore for RaftBackend {
         let started = std::time::Instant::now();
         let ttl_ms = validate::ttl(ttl)?;
         self.leases_ready()?;
-        let Some(lease) = self.inner.keeper.grant_lease(key) else {
+        // The key's holder as the state names it; `renew` judges the token.
+        let holder = self
+            .inner
+            .reader
+            .read(|table| table.grant(key).map(|g| g.session_id.clone()));
+        let Some(holder) = holder else {
             validate::key(key)?;
             // A negative verdict from local state only where this node still leads (as in
             // `Backend::renew`).
@@ -78,7 +83,7 @@ impl LockStore for RaftBackend {
         let grant = self
             .renew(
                 None,
-                &lease.session_id,
+                &holder,
                 self.next_request_id(),
                 key,
                 fencing_token,
@@ -92,12 +97,11 @@ impl LockStore for RaftBackend {
         validate::key(key)?;
         validate::fencing_token(fencing_token)?;
         self.leader_check()?;
-        let holder = self.inner.reader.read(|table| {
-            table
-                .grant(key)
-                .filter(|g| g.token == fencing_token)
-                .map(|g| g.session_id.clone())
-        });
+        // The key's holder as the state names it; `renew` judges the token.
+        let holder = self
+            .inner
+            .reader
+            .read(|table| table.grant(key).map(|g| g.session_id.clone()));
         let Some(session_id) = holder else {
             self.confirm_leadership().await?;
             return Ok(false);

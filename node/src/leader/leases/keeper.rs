@@ -14,16 +14,20 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use lock_raft_store::storage::StateReader;
 use lock_raft_store::{Event, Grant};
 
 use super::table::{GrantLease, Lapsed, LeaseTable, RenewCheck};
 use crate::clock::Clock;
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct State {
     table: LeaseTable,
     /// The term whose `Promote` applied on this node while it led; `None` when not leading.
     promoted_term: Option<u64>,
+    /// The generation of the reconcile walk in progress (see [`LeaseKeeper::begin_reconcile`]):
+    /// while it runs, a lease the keeper lacks may still be in the state, and the reaper waits.
+    reconciling: Option<u32>,
 }
 
 /// The in-memory lease deadlines of one node, fed by applied events on every node and
@@ -39,9 +43,13 @@ impl LeaseKeeper {
     /// A keeper measuring time on `clock`; the reaper waits `safety_margin` past a deadline.
     pub fn new(clock: Arc<dyn Clock>, safety_margin: Duration) -> Self {
         Self {
-            clock,
+            clock: clock.clone(),
             safety_margin,
-            state: Mutex::new(State::default()),
+            state: Mutex::new(State {
+                table: LeaseTable::new(clock.now()),
+                promoted_term: None,
+                reconciling: None,
+            }),
         }
     }
 
@@ -74,13 +82,103 @@ impl LeaseKeeper {
         }
     }
 
-    /// Makes the keeper match the replicated state after a promote: grants and sessions that
-    /// the events did not bring (a snapshot install, a restart) start a full lease now; leases
-    /// of grants and sessions that no longer exist are dropped. Existing leases keep the later
-    /// of their deadline and a full lease from now, with the state's lease length.
-    pub fn reconcile(&self, grants: &[Grant], sessions: &[(String, u64)]) {
-        let now = self.clock.now();
-        self.lock().table.reconcile(grants, sessions, now);
+    /// Starts reconciling the keeper with the replicated state after a promote, and returns
+    /// the walk's generation. Until [`LeaseKeeper::finish_reconcile`]: the reaper takes nothing
+    /// (a lease may still carry a lease length older than the state's), and a renewal or
+    /// heartbeat the keeper would refuse is first checked against the state
+    /// ([`LeaseKeeper::adopt_grant`], [`LeaseKeeper::adopt_session`]).
+    pub fn begin_reconcile(&self) -> u32 {
+        let state = &mut *self.lock();
+        let seen = state.table.begin_reconcile();
+        state.reconciling = Some(seen);
+        seen
+    }
+
+    /// Whether a reconcile walk is in progress.
+    pub fn reconciling(&self) -> bool {
+        self.lock().reconciling.is_some()
+    }
+
+    /// One step of reconcile `seen`'s walk over the state's grants: each gets a lease restarted
+    /// at the promote if the keeper lacked it, and the state's lease length if its lease was
+    /// untouched since the promote. Called with the state's read lock held (lock order: state,
+    /// then keeper), so no apply lands between the reading and the writing.
+    pub fn reconcile_grants<'a>(&self, seen: u32, grants: impl IntoIterator<Item = &'a Grant>) {
+        let state = &mut *self.lock();
+        if state.reconciling != Some(seen) {
+            return;
+        }
+        for grant in grants {
+            state
+                .table
+                .reconcile_grant(&grant.key, grant.token, grant.ttl_ms);
+        }
+    }
+
+    /// [`LeaseKeeper::reconcile_grants`] for `(session id, lease length)` of the state's sessions.
+    pub fn reconcile_sessions<'a>(
+        &self,
+        seen: u32,
+        sessions: impl IntoIterator<Item = (&'a str, u64)>,
+    ) {
+        let state = &mut *self.lock();
+        if state.reconciling != Some(seen) {
+            return;
+        }
+        for (id, ttl_ms) in sessions {
+            state.table.reconcile_session(id, ttl_ms);
+        }
+    }
+
+    /// Ends reconcile `seen`: leases of grants and sessions the walk did not find in the state
+    /// are dropped, and the reaper runs again. One pass over the keeper's leases under its
+    /// lock, without allocating.
+    pub fn finish_reconcile(&self, seen: u32) {
+        let state = &mut *self.lock();
+        if state.reconciling == Some(seen) {
+            state.table.finish_reconcile(seen);
+            state.reconciling = None;
+        }
+    }
+
+    /// While a reconcile walk runs: if `reader`'s state holds grant `(key, token)`, gives the
+    /// keeper its lease as the walk would (restarted at the promote, with the state's lease
+    /// length) and returns `true`, so a renewal the keeper refused can be tried once more.
+    /// `false` at once when no walk runs. The state is read first and the keeper written
+    /// under that read, as the walk does.
+    pub fn adopt_grant(&self, reader: &StateReader, key: &str, token: u64) -> bool {
+        if !self.reconciling() {
+            return false;
+        }
+        reader.read(|table| {
+            let Some(grant) = table.grant(key).filter(|g| g.token == token) else {
+                return false;
+            };
+            let state = &mut *self.lock();
+            if state.reconciling.is_none() {
+                return false;
+            }
+            state.table.reconcile_grant(key, token, grant.ttl_ms);
+            true
+        })
+    }
+
+    /// [`LeaseKeeper::adopt_grant`] for session `session_id`.
+    pub fn adopt_session(&self, reader: &StateReader, session_id: &str) -> bool {
+        if !self.reconciling() {
+            return false;
+        }
+        reader.read(|table| {
+            let Some(session) = table.session(session_id) else {
+                return false;
+            };
+            let state = &mut *self.lock();
+            if state.reconciling.is_none() {
+                return false;
+            }
+            state.table.reconcile_session(session_id, session.ttl_ms);
+            true
+        })
     }
 
     /// Records that `term`'s promote applied on this leader: leases are authoritative now.
@@ -136,16 +234,22 @@ impl LeaseKeeper {
 
     /// The live lease of `key`, if any (for building answers).
     pub fn grant_lease(&self, key: &str) -> Option<GrantLease> {
-        self.lock().table.grant_lease(key).cloned()
+        self.lock().table.grant_lease(key)
     }
 
     /// Finds up to `max` leases lapsed for longer than the safety margin, earliest deadline
     /// first, marks them expiring (so a renewal racing the expiry loses) and returns them.
     /// O((taken + 1) · log n) under the lock, so an idle leader's tick is cheap however many
-    /// leases it holds.
+    /// leases it holds. Nothing while a reconcile walk runs (see
+    /// [`LeaseKeeper::begin_reconcile`]): expiry is liveness only, and it waits for the
+    /// state's lease lengths.
     pub fn take_lapsed(&self, max: usize) -> Lapsed {
         let now = self.clock.now();
-        self.lock().table.take_lapsed(max, self.safety_margin, now)
+        let state = &mut *self.lock();
+        if state.reconciling.is_some() {
+            return Lapsed::default();
+        }
+        state.table.take_lapsed(max, self.safety_margin, now)
     }
 
     /// The expiry of grant `(key, token)` was not applied (the proposal failed): let the
@@ -349,14 +453,34 @@ mod tests {
     }
 
     #[test]
-    fn reconcile_adds_missing_and_drops_stale_leases() {
+    fn reconcile_adds_missing_and_drops_stale_leases_while_the_reaper_waits() {
         let (clock, keeper) = keeper();
         clock.advance(Duration::from_millis(500));
-        keeper.reconcile(&[grant("other", 9, 3_000)], &[("s2".into(), 1_000)]);
+        keeper.on_events(&[Event::Promoted { stamp_ms: 500 }]);
+        let promoted = clock.now();
+        let seen = keeper.begin_reconcile();
+        assert!(keeper.reconciling());
+        // "k" restarted at the promote with 1 s and lapsed past the margin: the reaper still
+        // waits for the walk, which may bring the state's lease length.
+        clock.advance(Duration::from_millis(2_000));
+        assert_eq!(keeper.take_lapsed(REAP_PER_TICK_MAX), Lapsed::default());
+        keeper.reconcile_grants(seen, [&grant("other", 9, 3_000)]);
+        keeper.reconcile_sessions(seen, [("s2", 5_000)]);
+        // A stale generation changes nothing.
+        keeper.reconcile_grants(seen.wrapping_sub(1), [&grant("ghost", 1, 3_000)]);
+        keeper.finish_reconcile(seen);
+        assert!(!keeper.reconciling());
         assert!(keeper.grant_lease("k").is_none(), "no longer in the state");
+        assert!(keeper.grant_lease("ghost").is_none());
         let lease = keeper.grant_lease("other").expect("added from the state");
-        assert_eq!(lease.deadline, clock.now() + Duration::from_millis(3_000));
-        assert_eq!(keeper.heartbeat_session("s2"), Some(1_000));
+        assert_eq!(lease.deadline, promoted + Duration::from_millis(3_000));
+        assert_eq!(keeper.heartbeat_session("s2"), Some(5_000));
         assert_eq!(keeper.counts(), (1, 1));
+        // The reaper runs again.
+        clock.advance(Duration::from_millis(1_200));
+        assert_eq!(
+            keeper.take_lapsed(REAP_PER_TICK_MAX).grants,
+            vec![("other".to_owned(), 9)]
+        );
     }
 }

@@ -23,4 +23,4 @@ pub use keeper::LeaseKeeper;
 pub use observer::Observer;
 pub use promoter::run_promoter;
 pub use reaper::{REAP_PER_TICK_MAX, REAP_TICK, reap_once, run_reaper};
-pub use table::{GrantLease, Lapsed, LeaseTable, RenewCheck};
+pub use table::{GrantLease, Lapsed, LeaseTable, MATERIALISE_PER_CALL_MAX, RenewCheck};

@@ -2,10 +2,12 @@
 //! `Command::Promote`, after which this node's lease deadlines are authoritative
 //! (docs/DESIGN.md D-lease, etcd's lessor `Promote`).
 //!
-//! Owns the leadership watch and the promote retry. Never touches a deadline itself: the
-//! `Promoted` event restarts every lease through the keeper, and [`LeaseKeeper::reconcile`]
-//! fills in what the events did not bring. Until the promote applies, the reaper and
-//! leader-local renewals stay off.
+//! Owns the leadership watch, the promote retry and the reconcile walk. Never touches a
+//! deadline itself: the `Promoted` event restarts every lease through the keeper (in O(1), see
+//! `table`), and the walk ([`LeaseKeeper::begin_reconcile`]) then fills in, step by step, what
+//! the events did not bring (a snapshot install, a restart) while the term already serves.
+//! Until the promote applies, the reaper and leader-local renewals stay off; until the walk
+//! ends, the reaper does.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -18,6 +20,12 @@ use openraft::async_runtime::WatchReceiver;
 use super::LeaseKeeper;
 use crate::leader::proposer::Proposer;
 use crate::log_limit::{LogLimit, Note};
+
+/// Most grants (or sessions) one step of the reconcile walk visits under the state's read lock
+/// and the keeper's lock. A step also skips the keys before it (the state offers no seek), so
+/// a step costs about 16k lookups plus a pass over up to every earlier key: a few milliseconds
+/// at a million locks, and 61 steps for all of them.
+const RECONCILE_STEP: usize = 16_384;
 
 /// How often the promoter re-checks leadership when no metrics change arrives, so a failed
 /// promote is retried.
@@ -71,20 +79,26 @@ pub async fn run_promoter(
                             "promote applied after failing"
                         );
                     }
-                    let (grant_list, session_list) = reader.read(|table| {
-                        (
-                            table.grants().cloned().collect::<Vec<_>>(),
-                            table
-                                .sessions()
-                                .map(|(id, s)| (id.to_owned(), s.ttl_ms))
-                                .collect::<Vec<_>>(),
-                        )
-                    });
-                    keeper.reconcile(&grant_list, &session_list);
-                    let still = server.borrow_watched().vote.leader_id.term == term;
-                    if still {
-                        keeper.set_promoted(term);
-                        tracing::info!(term, grants, sessions, "promoted: leases restarted");
+                    // The promote restarted every lease lazily (O(1)); the term serves now,
+                    // and the reconcile walk runs behind it in bounded steps.
+                    let seen = keeper.begin_reconcile();
+                    let leading = || {
+                        let m = server.borrow_watched();
+                        m.state == ServerState::Leader && m.vote.leader_id.term == term
+                    };
+                    if !leading() {
+                        continue;
+                    }
+                    keeper.set_promoted(term);
+                    tracing::info!(term, grants, sessions, "promoted: leases restarted");
+                    let started = keeper.now();
+                    if reconcile(&keeper, &reader, seen, leading).await {
+                        keeper.finish_reconcile(seen);
+                        tracing::info!(
+                            term,
+                            took_ms = (keeper.now() - started).as_millis() as u64,
+                            "leases reconciled with the replicated state"
+                        );
                     }
                     continue;
                 }
@@ -116,6 +130,61 @@ pub async fn run_promoter(
             return;
         }
     }
+}
+
+/// Walks the replicated state's grants, then its sessions, in key order and in steps of
+/// [`RECONCILE_STEP`], handing each step to the keeper under the state's read lock and yielding
+/// between steps, so neither the apply loop nor the renewals and heartbeats wait on more than
+/// one step. Returns `false` (the walk abandoned) once `leading` says this node no longer leads
+/// in the promoted term.
+async fn reconcile(
+    keeper: &LeaseKeeper,
+    reader: &StateReader,
+    seen: u32,
+    leading: impl Fn() -> bool,
+) -> bool {
+    let mut after: Option<String> = None;
+    loop {
+        if !leading() {
+            return false;
+        }
+        let last = reader.read(|table| {
+            let step: Vec<_> = table
+                .grants()
+                .skip_while(|g| after.as_deref().is_some_and(|a| g.key.as_str() <= a))
+                .take(RECONCILE_STEP)
+                .collect();
+            keeper.reconcile_grants(seen, step.iter().copied());
+            (step.len() == RECONCILE_STEP).then(|| step.last().map(|g| g.key.clone()))
+        });
+        match last {
+            Some(last) => after = last,
+            None => break,
+        }
+        tokio::task::yield_now().await;
+    }
+    let mut after: Option<String> = None;
+    loop {
+        if !leading() {
+            return false;
+        }
+        let last = reader.read(|table| {
+            let step: Vec<(&str, u64)> = table
+                .sessions()
+                .skip_while(|(id, _)| after.as_deref().is_some_and(|a| *id <= a))
+                .take(RECONCILE_STEP)
+                .map(|(id, s)| (id, s.ttl_ms))
+                .collect();
+            keeper.reconcile_sessions(seen, step.iter().copied());
+            (step.len() == RECONCILE_STEP).then(|| step.last().map(|(id, _)| (*id).to_owned()))
+        });
+        match last {
+            Some(last) => after = last,
+            None => break,
+        }
+        tokio::task::yield_now().await;
+    }
+    true
 }
 
 /// Logs a failed promote as `failing` says: the first of a run, then a summary a minute. The

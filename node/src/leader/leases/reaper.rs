@@ -47,16 +47,27 @@ pub async fn run_reaper(raft: Raft, proposer: Proposer, keeper: Arc<LeaseKeeper>
         if state != ServerState::Leader || keeper.promoted_term() != Some(term) {
             continue;
         }
-        reap_once(&proposer, &keeper, REAP_PER_TICK_MAX).await;
+        // After a promote the keeper rewrites the index entries of untouched leases in
+        // bounded steps; while it says there is more, go on without waiting a tick.
+        while reap_step(&proposer, &keeper, REAP_PER_TICK_MAX).await.1 {
+            tokio::task::yield_now().await;
+        }
     }
 }
 
 /// Proposes the expiry of up to `max` lapsed leases and waits for the answers; returns how many
 /// grants and sessions the state machine expired.
 pub async fn reap_once(proposer: &Proposer, keeper: &LeaseKeeper, max: usize) -> usize {
+    reap_step(proposer, keeper, max).await.0
+}
+
+/// [`reap_once`], and whether the keeper stopped early with more to look at
+/// ([`crate::leader::leases::Lapsed::more`]).
+async fn reap_step(proposer: &Proposer, keeper: &LeaseKeeper, max: usize) -> (usize, bool) {
     let lapsed = keeper.take_lapsed(max);
+    let more = lapsed.more;
     if lapsed.grants.is_empty() && lapsed.sessions.is_empty() {
-        return 0;
+        return (0, more);
     }
     let grant_expiries = lapsed.grants.into_iter().map(|(key, token)| async move {
         let answer = proposer
@@ -112,5 +123,8 @@ pub async fn reap_once(proposer: &Proposer, keeper: &LeaseKeeper, max: usize) ->
         futures::future::join_all(session_expiries),
     )
     .await;
-    grants.into_iter().sum::<usize>() + sessions.into_iter().sum::<usize>()
+    (
+        grants.into_iter().sum::<usize>() + sessions.into_iter().sum::<usize>(),
+        more,
+    )
 }

@@ -1,45 +1,83 @@
 //! The lease table: every grant's and session's leader-local deadline, with a deadline index so
-//! the reaper finds what lapsed without scanning what did not (docs/DESIGN.md D-lease).
+//! the reaper finds what lapsed without scanning what did not, and a promote that restarts
+//! every lease in O(1) (docs/DESIGN.md D-lease).
 //!
-//! Owns the lease records and the two deadline indexes, and keeps them in step. A pure data
-//! structure: no lock, no clock, no IO. Every operation that needs the time takes `now`, so the
-//! tests drive it with made-up `Instant`s. It never decides a lock outcome; it only says which
-//! leases are alive and which have lapsed.
+//! Owns the lease records, the two deadline indexes, the keys handed to the reaper, and the
+//! promote instant, and keeps them in step. A pure data structure: no lock, no clock, no IO.
+//! Every operation that needs the time takes `now`, so the tests drive it with made-up
+//! `Instant`s. It never decides a lock outcome; it only says which leases are alive and which
+//! have lapsed.
 //!
-//! Invariant ([`LeaseTable::check_invariants`]): `(deadline, key)` is in the grant index exactly
-//! when `key` has a grant lease with that deadline that is not expiring; the same for sessions.
-//! An expiring lease has been handed to the reaper, so it leaves the index until its expiry
-//! fails and it may be taken again.
+//! # The lazy restart
+//!
+//! A promote restarts every lease in full (etcd's lessor `Promote`): no lease ends early because
+//! leadership moved. Walking a million leases to do that held the table for over a second on a
+//! new leader (issue 23). Instead [`LeaseTable::restart_all`] only records the promote instant
+//! `P` and starts a new epoch. A record of an older epoch has not been touched since the
+//! promote, and its *effective* deadline is `max(deadline, P + ttl)`; a record of the current
+//! epoch has its effective deadline stored. Every read goes through the effective deadline, and
+//! a record is rewritten to the current epoch ("materialised") when it is next touched: a
+//! renewal, a heartbeat, the reconcile walk, or the reaper reaching it in the index.
+//!
+//! # Invariant ([`LeaseTable::check_invariants`])
+//!
+//! For each kind: a key is in the expiring set, or the index holds `(deadline, key)` with the
+//! record's stored deadline, never both, and nothing else is in either. The stored deadline is
+//! never later than the effective one, so the index front is a lower bound of every lease's
+//! effective deadline; an expiring record is always of the current epoch. An expiring lease has
+//! been handed to the reaper, so it leaves the index until its expiry fails and it may be taken
+//! again, or a promote gives it a fresh lease.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lock_raft_store::Grant;
 
-/// A grant's live lease on this node.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// Most index entries one [`LeaseTable::take_lapsed`] call rewrites to the current epoch
+/// (materialises) before it returns. After a promote every entry of an untouched lease may lie
+/// before `now` in the index; rewriting them in bounded steps keeps each call's hold of the
+/// table short, and [`Lapsed::more`] tells the reaper to call again without waiting a tick.
+pub const MATERIALISE_PER_CALL_MAX: usize = 16_384;
+
+/// An instant as nanoseconds since the table's base instant: half the size of an `Instant`,
+/// exact for every instant at or after the base.
+type Tick = u64;
+
+/// A grant's live lease on this node, as the table answers it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GrantLease {
     /// The grant's fencing token.
     pub token: u64,
-    /// Holder's owner id.
-    pub owner_id: String,
-    /// Holder's session.
-    pub session_id: String,
     /// Lease length in force.
     pub ttl_ms: u64,
     /// Past this instant the lease has lapsed.
     pub deadline: Instant,
-    /// The reaper proposed its expiry: it can no longer be renewed.
-    pub expiring: bool,
 }
 
-/// A session's live lease on this node.
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct SessionLease {
-    ttl_ms: u64,
-    deadline: Instant,
-    expiring: bool,
+/// The time part of one lease record: 20 bytes.
+///
+/// `ttl_ms` is a `u32`: every TTL is validated to at most an hour (`lock_api::limits::TTL_MAX`)
+/// before it reaches the log; a longer one is kept as `u32::MAX` ms (49 days), which can only
+/// make a lease longer, never shorter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Life {
+    /// The stored deadline; the effective one is later for a record of an older epoch.
+    deadline: Tick,
+    ttl_ms: u32,
+    /// The promote epoch this record was last written in.
+    epoch: u32,
+    /// The reconcile generation that last saw this record in the replicated state (or in an
+    /// applied event).
+    seen: u32,
+}
+
+/// A grant's record: 32 bytes, next to its 16-byte key. The holder's owner and session ids are
+/// not kept here: whoever needs them reads the replicated state, which holds them anyway.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct GrantRecord {
+    token: u64,
+    life: Life,
 }
 
 /// What renewing a grant's lease found.
@@ -64,12 +102,15 @@ pub struct Lapsed {
     pub grants: Vec<(String, u64)>,
     /// Ids of lapsed sessions, earliest deadline first.
     pub sessions: Vec<String>,
+    /// The call stopped after [`MATERIALISE_PER_CALL_MAX`] rewrites: more may have lapsed, call
+    /// again soon.
+    pub more: bool,
 }
 
 /// The deadline index of one kind of lease: `(deadline, key)` of every lease that is not
-/// expiring, earliest first.
+/// expiring, earliest first, with the record's stored deadline.
 ///
-/// Why a `BTreeSet<(Instant, Arc<str>)>` (the shape of mini-redis's `db.rs` expirations):
+/// Why a `BTreeSet<(Tick, Arc<str>)>` (the shape of mini-redis's `db.rs` expirations):
 /// - The reaper's question is "the earliest deadlines, while they are past", which an ordered
 ///   set answers from its front in O(log n) per lapsed lease; an idle leader with a million
 ///   held locks pays O(log n) a tick, not a walk over every lease under the mutex heartbeats
@@ -78,167 +119,421 @@ pub struct Lapsed {
 ///   removes an arbitrary entry in O(log n); a `BinaryHeap` cannot, and with lazy deletion it
 ///   would grow by one stale entry per renewal until compacted.
 /// - Pairing the deadline with the key makes every entry unique, so two leases with the same
-///   deadline (one clock reading for a whole heartbeat batch, a promote) are both kept, and
-///   the order is total, which makes `take_lapsed` deterministic.
-/// - The key is an `Arc<str>` shared with the lease map, so the index costs 32 bytes plus tree
+///   deadline (one clock reading for a whole heartbeat batch) are both kept, and the order is
+///   total, which makes `take_lapsed` deterministic.
+/// - The key is an `Arc<str>` shared with the lease map, so the index costs 24 bytes plus tree
 ///   overhead per lease and no second copy of the key.
-type DeadlineIndex = BTreeSet<(Instant, Arc<str>)>;
+type DeadlineIndex = BTreeSet<(Tick, Arc<str>)>;
+
+/// A record that has a [`Life`]: grants and sessions share every index operation.
+trait HasLife {
+    fn life(&self) -> &Life;
+    fn life_mut(&mut self) -> &mut Life;
+}
+
+impl HasLife for GrantRecord {
+    fn life(&self) -> &Life {
+        &self.life
+    }
+    fn life_mut(&mut self) -> &mut Life {
+        &mut self.life
+    }
+}
+
+impl HasLife for Life {
+    fn life(&self) -> &Life {
+        self
+    }
+    fn life_mut(&mut self) -> &mut Life {
+        self
+    }
+}
+
+/// One kind of lease: the records by key, their deadline index, and the keys handed to the
+/// reaper (which are not in the index).
+#[derive(Debug)]
+struct Leases<R> {
+    records: HashMap<Arc<str>, R>,
+    index: DeadlineIndex,
+    expiring: HashSet<Arc<str>>,
+}
+
+impl<R> Default for Leases<R> {
+    fn default() -> Self {
+        Self {
+            records: HashMap::new(),
+            index: DeadlineIndex::new(),
+            expiring: HashSet::new(),
+        }
+    }
+}
+
+/// The promote the table is in: its epoch and instant.
+#[derive(Clone, Copy, Debug)]
+struct Promote {
+    epoch: u32,
+    at: Tick,
+}
+
+impl Promote {
+    /// The deadline `life` has now: its stored one, or for a record untouched since the promote,
+    /// the later of that and a full lease from the promote.
+    fn effective(&self, life: &Life) -> Tick {
+        if life.epoch == self.epoch {
+            life.deadline
+        } else {
+            life.deadline
+                .max(self.at.saturating_add(ms_ticks(life.ttl_ms)))
+        }
+    }
+}
+
+impl<R: HasLife> Leases<R> {
+    /// Adds `record` under `key`, replacing (and unindexing) any record the key had.
+    fn insert(&mut self, key: Arc<str>, record: R) {
+        self.remove(&key);
+        self.index.insert((record.life().deadline, key.clone()));
+        self.records.insert(key, record);
+    }
+
+    /// Removes `key`'s record and its index entry or expiring mark.
+    fn remove(&mut self, key: &str) -> Option<R> {
+        let (key, record) = self.records.remove_entry(key)?;
+        if !self.expiring.remove(&key) {
+            self.index.remove(&(record.life().deadline, key));
+        }
+        Some(record)
+    }
+
+    /// Sets `key`'s stored deadline to `deadline` in the current epoch and moves its index
+    /// entry. The key must be present and not expiring.
+    fn set_deadline(&mut self, key: &str, promote: Promote, deadline: Tick) {
+        let Some((key, record)) = self.records.get_key_value(key) else {
+            return;
+        };
+        let key = key.clone();
+        let old = record.life().deadline;
+        if old != deadline {
+            self.index.remove(&(old, key.clone()));
+            self.index.insert((deadline, key.clone()));
+        }
+        if let Some(record) = self.records.get_mut(&key) {
+            let life = record.life_mut();
+            life.deadline = deadline;
+            life.epoch = promote.epoch;
+        }
+    }
+
+    /// A promote: every expiring key goes back to the index at its stored deadline (its record
+    /// is now of an older epoch, so its effective deadline is a full lease from the promote).
+    fn unmark_expiring(&mut self) {
+        for key in self.expiring.drain() {
+            if let Some(record) = self.records.get(&key) {
+                self.index.insert((record.life().deadline, key));
+            }
+        }
+    }
+
+    /// Pops the key whose lease lapsed earliest, if its effective deadline is more than
+    /// `margin` before `now`, and marks it expiring. Entries of older epochs met on the way are
+    /// materialised and put back, at most `budget` of them: `Err(())` once the budget is spent.
+    fn pop_lapsed(
+        &mut self,
+        promote: Promote,
+        margin: Tick,
+        now: Tick,
+        budget: &mut usize,
+    ) -> Result<Option<Arc<str>>, ()> {
+        loop {
+            let Some((deadline, _)) = self.index.first() else {
+                return Ok(None);
+            };
+            if now <= deadline.saturating_add(margin) {
+                return Ok(None);
+            }
+            let Some((deadline, key)) = self.index.pop_first() else {
+                return Ok(None);
+            };
+            let Some(record) = self.records.get_mut(&key) else {
+                // Unreachable while the invariant holds; dropping the stray entry keeps it.
+                continue;
+            };
+            let life = record.life_mut();
+            if life.epoch != promote.epoch {
+                if *budget == 0 {
+                    self.index.insert((deadline, key));
+                    return Err(());
+                }
+                *budget -= 1;
+                life.deadline = promote.effective(life);
+                life.epoch = promote.epoch;
+                self.index.insert((life.deadline, key));
+                continue;
+            }
+            self.expiring.insert(key.clone());
+            return Ok(Some(key));
+        }
+    }
+
+    /// The expiry of `key` was not applied: back in the index so the reaper may take it again.
+    fn expiry_failed(&mut self, key: &str) {
+        if let Some(key) = self.expiring.take(key)
+            && let Some(record) = self.records.get(&key)
+        {
+            self.index.insert((record.life().deadline, key));
+        }
+    }
+
+    /// Drops every record not seen in reconcile generation `seen`.
+    fn sweep(&mut self, seen: u32) {
+        let Self {
+            records,
+            index,
+            expiring,
+        } = self;
+        records.retain(|key, record| {
+            if record.life().seen == seen {
+                return true;
+            }
+            if !expiring.remove(key) {
+                index.remove(&(record.life().deadline, key.clone()));
+            }
+            false
+        });
+    }
+
+    /// Panics unless the index and the expiring set hold exactly what the invariant says.
+    fn check(&self, promote: Promote, what: &str) {
+        let expected: DeadlineIndex = self
+            .records
+            .iter()
+            .filter(|(key, _)| !self.expiring.contains(*key))
+            .map(|(key, record)| (record.life().deadline, key.clone()))
+            .collect();
+        assert_eq!(expected, self.index, "{what} deadline index");
+        for key in &self.expiring {
+            let record = self
+                .records
+                .get(key)
+                .unwrap_or_else(|| panic!("{what} {key:?} is expiring but has no record"));
+            assert_eq!(
+                record.life().epoch,
+                promote.epoch,
+                "{what} {key:?} is expiring in an older epoch"
+            );
+        }
+        for (key, record) in &self.records {
+            let life = record.life();
+            assert!(
+                life.deadline <= promote.effective(life),
+                "{what} {key:?}: stored deadline after the effective one"
+            );
+        }
+    }
+}
 
 /// Every grant and session lease this node tracks, indexed by deadline.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct LeaseTable {
-    grants: HashMap<Arc<str>, GrantLease>,
-    sessions: HashMap<Arc<str>, SessionLease>,
+    /// Tick 0.
+    base: Instant,
+    promote: Promote,
+    /// The reconcile generation: records written from now on are "seen" in it.
+    seen: u32,
     /// Grants and sessions have separate indexes so the reaper keeps taking grants first and
     /// fills the rest of a tick with sessions, as it always has.
-    grant_deadlines: DeadlineIndex,
-    session_deadlines: DeadlineIndex,
+    grants: Leases<GrantRecord>,
+    sessions: Leases<Life>,
+}
+
+impl Default for LeaseTable {
+    /// A table whose base instant is now.
+    fn default() -> Self {
+        Self::new(Instant::now())
+    }
 }
 
 impl LeaseTable {
+    /// An empty table measuring time from `base`: every `now` given later must be at or after
+    /// it (an earlier one reads as `base`).
+    pub fn new(base: Instant) -> Self {
+        Self {
+            base,
+            promote: Promote { epoch: 0, at: 0 },
+            seen: 0,
+            grants: Leases::default(),
+            sessions: Leases::default(),
+        }
+    }
+
+    fn tick(&self, at: Instant) -> Tick {
+        u64::try_from(at.saturating_duration_since(self.base).as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    fn instant(&self, tick: Tick) -> Instant {
+        self.base + Duration::from_nanos(tick)
+    }
+
+    fn fresh(&self, ttl_ms: u64, now: Instant) -> Life {
+        let ttl_ms = ttl_u32(ttl_ms);
+        Life {
+            deadline: self.tick(now).saturating_add(ms_ticks(ttl_ms)),
+            ttl_ms,
+            epoch: self.promote.epoch,
+            seen: self.seen,
+        }
+    }
+
     /// Starts a full lease of `grant` at `now`, replacing any lease its key had.
     pub fn insert_grant(&mut self, grant: &Grant, now: Instant) {
-        let key: Arc<str> = Arc::from(grant.key.as_str());
-        if let Some(old) = self.grants.remove(&key)
-            && !old.expiring
-        {
-            self.grant_deadlines.remove(&(old.deadline, key.clone()));
-        }
-        let lease = lease_of(grant, now);
-        self.grant_deadlines.insert((lease.deadline, key.clone()));
-        self.grants.insert(key, lease);
+        let record = GrantRecord {
+            token: grant.token,
+            life: self.fresh(grant.ttl_ms, now),
+        };
+        self.grants.insert(Arc::from(grant.key.as_str()), record);
     }
 
     /// Drops the lease of grant `(key, token)`; a lease of another token stays.
     pub fn remove_grant(&mut self, key: &str, token: u64) {
-        if let Some((key, lease)) = self.grants.get_key_value(key)
-            && lease.token == token
+        if self
+            .grants
+            .records
+            .get(key)
+            .is_some_and(|r| r.token == token)
         {
-            let key = key.clone();
-            if let Some(lease) = self.grants.remove(&key)
-                && !lease.expiring
-            {
-                self.grant_deadlines.remove(&(lease.deadline, key));
-            }
+            self.grants.remove(key);
         }
     }
 
     /// Starts a full lease of session `session_id` at `now`, replacing any it had.
     pub fn insert_session(&mut self, session_id: &str, ttl_ms: u64, now: Instant) {
-        self.remove_session(session_id);
-        let id: Arc<str> = Arc::from(session_id);
-        let deadline = now + Duration::from_millis(ttl_ms);
-        self.session_deadlines.insert((deadline, id.clone()));
-        self.sessions.insert(
-            id,
-            SessionLease {
-                ttl_ms,
-                deadline,
-                expiring: false,
-            },
-        );
+        let life = self.fresh(ttl_ms, now);
+        self.sessions.insert(Arc::from(session_id), life);
     }
 
     /// Drops the lease of session `session_id`.
     pub fn remove_session(&mut self, session_id: &str) {
-        if let Some((id, lease)) = self.sessions.remove_entry(session_id)
-            && !lease.expiring
-        {
-            self.session_deadlines.remove(&(lease.deadline, id));
-        }
+        self.sessions.remove(session_id);
     }
 
     /// etcd's lessor `Promote`: every lease restarts in full at `now` and none is expiring, so
-    /// no lease ends early because leadership moved.
+    /// no lease ends early because leadership moved. O(expiring leases): the restart of the
+    /// others is lazy (see the module docs). A lease already running past `now + ttl` keeps its
+    /// later deadline.
     pub fn restart_all(&mut self, now: Instant) {
-        for lease in self.grants.values_mut() {
-            lease.deadline = now + Duration::from_millis(lease.ttl_ms);
-            lease.expiring = false;
-        }
-        for lease in self.sessions.values_mut() {
-            lease.deadline = now + Duration::from_millis(lease.ttl_ms);
-            lease.expiring = false;
-        }
-        self.reindex();
+        self.promote = Promote {
+            epoch: self.promote.epoch.wrapping_add(1),
+            at: self.tick(now),
+        };
+        self.grants.unmark_expiring();
+        self.sessions.unmark_expiring();
     }
 
-    /// Makes the table match the replicated state: grants and sessions it did not have start a
-    /// full lease at `now`; leases of grants and sessions not in the state are dropped.
-    /// Existing leases keep the later of their deadline and a full lease from `now`, with the
-    /// state's lease length, and none stays expiring.
-    pub fn reconcile(&mut self, grants: &[Grant], sessions: &[(String, u64)], now: Instant) {
-        let mut next_grants = HashMap::with_capacity(grants.len());
-        for grant in grants {
-            let fresh = lease_of(grant, now);
-            let lease = match self.grants.remove(grant.key.as_str()) {
-                Some(old) if old.token == grant.token => GrantLease {
-                    deadline: old.deadline.max(fresh.deadline),
-                    ..fresh
-                },
-                _ => fresh,
-            };
-            next_grants.insert(Arc::from(grant.key.as_str()), lease);
-        }
-        let mut next_sessions = HashMap::with_capacity(sessions.len());
-        for (id, ttl_ms) in sessions {
-            let full = now + Duration::from_millis(*ttl_ms);
-            let deadline = self
-                .sessions
-                .get(id.as_str())
-                .map_or(full, |old| old.deadline.max(full));
-            next_sessions.insert(
-                Arc::from(id.as_str()),
-                SessionLease {
-                    ttl_ms: *ttl_ms,
-                    deadline,
-                    expiring: false,
-                },
-            );
-        }
-        self.grants = next_grants;
-        self.sessions = next_sessions;
-        self.reindex();
+    /// Starts a reconcile with the replicated state and returns its generation: records that
+    /// [`LeaseTable::reconcile_grant`], [`LeaseTable::reconcile_session`] or an insert touch
+    /// from now on count as seen, and [`LeaseTable::finish_reconcile`] drops the others.
+    pub fn begin_reconcile(&mut self) -> u32 {
+        self.seen = self.seen.wrapping_add(1);
+        self.seen
     }
 
-    /// Rebuilds both indexes from the leases: after a promote or a reconcile every deadline
-    /// has moved, and one bulk build is cheaper than a remove and an insert per lease.
-    fn reindex(&mut self) {
-        self.grant_deadlines = index_of(
-            self.grants
-                .iter()
-                .filter(|(_, l)| !l.expiring)
-                .map(|(k, l)| (l.deadline, k.clone())),
-        );
-        self.session_deadlines = index_of(
-            self.sessions
-                .iter()
-                .filter(|(_, l)| !l.expiring)
-                .map(|(k, l)| (l.deadline, k.clone())),
-        );
+    /// The replicated state holds grant `(key, token)` with lease length `ttl_ms`: a lease of
+    /// another token, or none, is replaced by a full lease from the last promote; a lease of
+    /// this token untouched since the promote takes the state's lease length (renewals that
+    /// changed it were applied here without an event) and restarts from the promote with it.
+    /// Either way it is no longer expiring and counts as seen.
+    pub fn reconcile_grant(&mut self, key: &str, token: u64, ttl_ms: u64) {
+        let promote = self.promote;
+        let ttl_ms = ttl_u32(ttl_ms);
+        let restarted = promote.at.saturating_add(ms_ticks(ttl_ms));
+        match self.grants.records.get_mut(key) {
+            Some(record) if record.token == token => {
+                record.life.seen = self.seen;
+                if record.life.epoch != promote.epoch {
+                    record.life.ttl_ms = ttl_ms;
+                    let deadline = record.life.deadline.max(restarted);
+                    self.grants.expiry_failed(key);
+                    self.grants.set_deadline(key, promote, deadline);
+                }
+            }
+            _ => {
+                let record = GrantRecord {
+                    token,
+                    life: Life {
+                        deadline: restarted,
+                        ttl_ms,
+                        epoch: promote.epoch,
+                        seen: self.seen,
+                    },
+                };
+                self.grants.insert(Arc::from(key), record);
+            }
+        }
+    }
+
+    /// [`LeaseTable::reconcile_grant`] for session `session_id` with lease length `ttl_ms`.
+    pub fn reconcile_session(&mut self, session_id: &str, ttl_ms: u64) {
+        let promote = self.promote;
+        let ttl_ms = ttl_u32(ttl_ms);
+        let restarted = promote.at.saturating_add(ms_ticks(ttl_ms));
+        match self.sessions.records.get_mut(session_id) {
+            Some(life) => {
+                life.seen = self.seen;
+                if life.epoch != promote.epoch {
+                    life.ttl_ms = ttl_ms;
+                    let deadline = life.deadline.max(restarted);
+                    self.sessions.expiry_failed(session_id);
+                    self.sessions.set_deadline(session_id, promote, deadline);
+                }
+            }
+            None => {
+                let life = Life {
+                    deadline: restarted,
+                    ttl_ms,
+                    epoch: promote.epoch,
+                    seen: self.seen,
+                };
+                self.sessions.insert(Arc::from(session_id), life);
+            }
+        }
+    }
+
+    /// Ends reconcile generation `seen`: drops the lease of every grant and session the walk
+    /// did not find in the state and no event brought since it began. O(leases), once per
+    /// promote. A stale generation (another reconcile began since) drops nothing.
+    pub fn finish_reconcile(&mut self, seen: u32) {
+        if seen != self.seen {
+            return;
+        }
+        self.grants.sweep(seen);
+        self.sessions.sweep(seen);
     }
 
     /// Renews the lease of grant `(key, token)` to `ttl_ms` from `now`, if it is alive:
     /// present, same token, not expiring and its deadline not passed. A lapsed lease is never
     /// revived (D-lease), so a late renewal and the reaper cannot both win.
     pub fn renew_grant(&mut self, key: &str, token: u64, ttl_ms: u64, now: Instant) -> RenewCheck {
-        let Some((key, _)) = self.grants.get_key_value(key) else {
+        let now = self.tick(now);
+        let promote = self.promote;
+        let Some(record) = self.grants.records.get_mut(key) else {
             return RenewCheck::Lost;
         };
-        let key = key.clone();
-        let Some(lease) = self.grants.get_mut(&key) else {
-            return RenewCheck::Lost;
-        };
-        if lease.token != token || lease.expiring || now > lease.deadline {
+        if record.token != token
+            || now > promote.effective(&record.life)
+            || self.grants.expiring.contains(key)
+        {
             return RenewCheck::Lost;
         }
-        let previous_ttl_ms = lease.ttl_ms;
-        let old_deadline = lease.deadline;
-        lease.ttl_ms = ttl_ms;
-        lease.deadline = now + Duration::from_millis(ttl_ms);
-        let lease = lease.clone();
-        move_deadline(&mut self.grant_deadlines, key, old_deadline, lease.deadline);
+        let previous_ttl_ms = u64::from(record.life.ttl_ms);
+        record.life.ttl_ms = ttl_u32(ttl_ms);
+        let deadline = now.saturating_add(ms_ticks(record.life.ttl_ms));
+        self.grants.set_deadline(key, promote, deadline);
         RenewCheck::Extended {
-            lease,
+            lease: GrantLease {
+                token,
+                ttl_ms,
+                deadline: self.instant(deadline),
+            },
             previous_ttl_ms,
         }
     }
@@ -246,53 +541,65 @@ impl LeaseTable {
     /// Restarts session `session_id`'s lease at `now` if it is alive (present, not expiring,
     /// its deadline not passed) and returns its TTL; a lapsed lease is never revived (D-lease).
     pub fn restart_session(&mut self, session_id: &str, now: Instant) -> Option<u64> {
-        let id = self.sessions.get_key_value(session_id)?.0.clone();
-        let lease = self.sessions.get_mut(&id)?;
-        if lease.expiring || now > lease.deadline {
+        let now = self.tick(now);
+        let promote = self.promote;
+        let life = self.sessions.records.get(session_id)?;
+        if now > promote.effective(life) || self.sessions.expiring.contains(session_id) {
             return None;
         }
-        let old_deadline = lease.deadline;
-        lease.deadline = now + Duration::from_millis(lease.ttl_ms);
-        let (ttl_ms, deadline) = (lease.ttl_ms, lease.deadline);
-        move_deadline(&mut self.session_deadlines, id, old_deadline, deadline);
-        Some(ttl_ms)
+        let ttl_ms = life.ttl_ms;
+        self.sessions
+            .set_deadline(session_id, promote, now.saturating_add(ms_ticks(ttl_ms)));
+        Some(u64::from(ttl_ms))
     }
 
-    /// The lease of `key`, if any.
-    pub fn grant_lease(&self, key: &str) -> Option<&GrantLease> {
-        self.grants.get(key)
+    /// The lease of `key`, if any, with its effective deadline.
+    pub fn grant_lease(&self, key: &str) -> Option<GrantLease> {
+        let record = self.grants.records.get(key)?;
+        Some(GrantLease {
+            token: record.token,
+            ttl_ms: u64::from(record.life.ttl_ms),
+            deadline: self.instant(self.promote.effective(&record.life)),
+        })
     }
 
     /// Takes up to `max` leases lapsed for longer than `margin` at `now`, earliest deadline
     /// first, grants before sessions; marks them expiring (so a renewal racing the expiry
     /// loses) and drops them from the index so the next tick does not take them again.
     ///
-    /// Costs O((taken + 1) · log n): it reads the index from its front and stops at the first
-    /// deadline that has not lapsed.
+    /// Costs O((taken + materialised + 1) · log n): it reads the index from its front and stops
+    /// at the first deadline that has not lapsed. Index entries of leases untouched since a
+    /// promote are rewritten on the way, at most [`MATERIALISE_PER_CALL_MAX`] a call
+    /// ([`Lapsed::more`] then says to call again).
     pub fn take_lapsed(&mut self, max: usize, margin: Duration, now: Instant) -> Lapsed {
+        let now = self.tick(now);
+        let margin = u64::try_from(margin.as_nanos()).unwrap_or(u64::MAX);
+        let promote = self.promote;
+        let mut budget = MATERIALISE_PER_CALL_MAX;
         let mut lapsed = Lapsed::default();
         while lapsed.grants.len() < max {
-            let Some(key) = pop_lapsed(&mut self.grant_deadlines, margin, now) else {
-                break;
-            };
-            let lease = self
-                .grants
-                .get_mut(&key)
-                .unwrap_or_else(|| panic!("indexed grant lease {key:?} is not in the table"));
-            lease.expiring = true;
-            lapsed.grants.push((key.to_string(), lease.token));
+            match self.grants.pop_lapsed(promote, margin, now, &mut budget) {
+                Ok(Some(key)) => {
+                    let token = self.grants.records.get(&key).map_or(0, |r| r.token);
+                    lapsed.grants.push((key.to_string(), token));
+                }
+                Ok(None) => break,
+                Err(()) => {
+                    lapsed.more = true;
+                    return lapsed;
+                }
+            }
         }
         let room = max.saturating_sub(lapsed.grants.len());
         while lapsed.sessions.len() < room {
-            let Some(id) = pop_lapsed(&mut self.session_deadlines, margin, now) else {
-                break;
-            };
-            let lease = self
-                .sessions
-                .get_mut(&id)
-                .unwrap_or_else(|| panic!("indexed session lease {id:?} is not in the table"));
-            lease.expiring = true;
-            lapsed.sessions.push(id.to_string());
+            match self.sessions.pop_lapsed(promote, margin, now, &mut budget) {
+                Ok(Some(id)) => lapsed.sessions.push(id.to_string()),
+                Ok(None) => break,
+                Err(()) => {
+                    lapsed.more = true;
+                    return lapsed;
+                }
+            }
         }
         lapsed
     }
@@ -300,105 +607,57 @@ impl LeaseTable {
     /// The expiry of grant `(key, token)` was not applied: the reaper may take it again. Its
     /// deadline has passed, so a renewal still loses.
     pub fn grant_expiry_failed(&mut self, key: &str, token: u64) {
-        if let Some((key, lease)) = self.grants.get_key_value(key)
-            && lease.token == token
-            && lease.expiring
+        if self
+            .grants
+            .records
+            .get(key)
+            .is_some_and(|r| r.token == token)
         {
-            let key = key.clone();
-            let deadline = lease.deadline;
-            if let Some(lease) = self.grants.get_mut(&key) {
-                lease.expiring = false;
-            }
-            self.grant_deadlines.insert((deadline, key));
+            self.grants.expiry_failed(key);
         }
     }
 
     /// The expiry of session `session_id` was not applied: the reaper may take it again.
     pub fn session_expiry_failed(&mut self, session_id: &str) {
-        if let Some((id, lease)) = self.sessions.get_key_value(session_id)
-            && lease.expiring
-        {
-            let id = id.clone();
-            let deadline = lease.deadline;
-            if let Some(lease) = self.sessions.get_mut(&id) {
-                lease.expiring = false;
-            }
-            self.session_deadlines.insert((deadline, id));
-        }
+        self.sessions.expiry_failed(session_id);
     }
 
     /// How many grant and session leases are tracked.
     pub fn counts(&self) -> (usize, usize) {
-        (self.grants.len(), self.sessions.len())
+        (self.grants.records.len(), self.sessions.records.len())
     }
 
-    /// Panics with context unless each index holds exactly the `(deadline, key)` of the leases
-    /// that are not expiring. O(n); for tests.
+    /// Panics with context unless each index holds exactly the `(stored deadline, key)` of the
+    /// leases that are not expiring, every expiring lease is of the current epoch, and no stored
+    /// deadline is after its effective one. O(n); for tests.
     pub fn check_invariants(&self) {
-        let grants = index_of(
-            self.grants
-                .iter()
-                .filter(|(_, l)| !l.expiring)
-                .map(|(k, l)| (l.deadline, k.clone())),
-        );
-        assert_eq!(grants, self.grant_deadlines, "grant deadline index");
-        let sessions = index_of(
-            self.sessions
-                .iter()
-                .filter(|(_, l)| !l.expiring)
-                .map(|(k, l)| (l.deadline, k.clone())),
-        );
-        assert_eq!(sessions, self.session_deadlines, "session deadline index");
+        self.grants.check(self.promote, "grant");
+        self.sessions.check(self.promote, "session");
     }
 
     /// Marks session `session_id` expiring as if the reaper had taken it.
     #[cfg(test)]
     pub fn mark_session_expiring(&mut self, session_id: &str) {
-        if let Some((id, lease)) = self.sessions.remove_entry(session_id) {
-            self.session_deadlines.remove(&(lease.deadline, id.clone()));
-            self.sessions.insert(
-                id,
-                SessionLease {
-                    expiring: true,
-                    ..lease
-                },
-            );
+        let promote = self.promote;
+        if let Some(life) = self.sessions.records.get(session_id).copied() {
+            let deadline = promote.effective(&life);
+            self.sessions.set_deadline(session_id, promote, deadline);
+            self.sessions
+                .index
+                .remove(&(deadline, Arc::from(session_id)));
+            self.sessions.expiring.insert(Arc::from(session_id));
         }
     }
 }
 
-fn lease_of(grant: &Grant, now: Instant) -> GrantLease {
-    GrantLease {
-        token: grant.token,
-        owner_id: grant.owner_id.clone(),
-        session_id: grant.session_id.clone(),
-        ttl_ms: grant.ttl_ms,
-        deadline: now + Duration::from_millis(grant.ttl_ms),
-        expiring: false,
-    }
+/// `ttl_ms` as stored: at most `u32::MAX` (49 days), which only lengthens an invalid TTL.
+fn ttl_u32(ttl_ms: u64) -> u32 {
+    u32::try_from(ttl_ms).unwrap_or(u32::MAX)
 }
 
-fn index_of(entries: impl Iterator<Item = (Instant, Arc<str>)>) -> DeadlineIndex {
-    entries.collect()
-}
-
-/// Moves `key`'s entry in `index` from `old` to `new`.
-fn move_deadline(index: &mut DeadlineIndex, key: Arc<str>, old: Instant, new: Instant) {
-    if old == new {
-        return;
-    }
-    index.remove(&(old, key.clone()));
-    index.insert((new, key));
-}
-
-/// Removes and returns the key with the earliest deadline if it lapsed longer than `margin`
-/// before `now`.
-fn pop_lapsed(index: &mut DeadlineIndex, margin: Duration, now: Instant) -> Option<Arc<str>> {
-    let (deadline, _) = index.first()?;
-    if now <= *deadline + margin {
-        return None;
-    }
-    index.pop_first().map(|(_, key)| key)
+/// `ms` milliseconds in ticks.
+fn ms_ticks(ms: u32) -> Tick {
+    u64::from(ms) * 1_000_000
 }
 
 #[cfg(test)]
@@ -429,18 +688,22 @@ pub(super) mod tests {
         Duration::from_millis(n)
     }
 
-    fn indexed(index: &DeadlineIndex) -> Vec<(Instant, String)> {
-        index.iter().map(|(d, k)| (*d, k.to_string())).collect()
+    fn indexed<R>(table: &LeaseTable, leases: &Leases<R>) -> Vec<(Instant, String)> {
+        leases
+            .index
+            .iter()
+            .map(|(d, k)| (table.instant(*d), k.to_string()))
+            .collect()
     }
 
     #[test]
     fn renew_moves_the_deadline_in_the_index() {
         let t0 = Instant::now();
-        let mut table = LeaseTable::default();
+        let mut table = LeaseTable::new(t0);
         table.insert_grant(&grant("a", 1, 1_000), t0);
         table.insert_grant(&grant("b", 2, 1_000), t0 + ms(10));
         assert_eq!(
-            indexed(&table.grant_deadlines),
+            indexed(&table, &table.grants),
             vec![(t0 + ms(1_000), "a".into()), (t0 + ms(1_010), "b".into())]
         );
         let renewed = table.renew_grant("a", 1, 2_000, t0 + ms(500));
@@ -452,14 +715,14 @@ pub(super) mod tests {
             }
         ));
         assert_eq!(
-            indexed(&table.grant_deadlines),
+            indexed(&table, &table.grants),
             vec![(t0 + ms(1_010), "b".into()), (t0 + ms(2_500), "a".into())],
             "the old entry is gone and the new one sorts after b"
         );
         table.insert_session("s", 1_000, t0);
         assert_eq!(table.restart_session("s", t0 + ms(700)), Some(1_000));
         assert_eq!(
-            indexed(&table.session_deadlines),
+            indexed(&table, &table.sessions),
             vec![(t0 + ms(1_700), "s".into())]
         );
         table.check_invariants();
@@ -468,25 +731,21 @@ pub(super) mod tests {
     #[test]
     fn removal_removes_the_index_entry_and_another_token_keeps_it() {
         let t0 = Instant::now();
-        let mut table = LeaseTable::default();
+        let mut table = LeaseTable::new(t0);
         table.insert_grant(&grant("a", 1, 1_000), t0);
         table.insert_session("s", 1_000, t0);
         table.remove_grant("a", 9);
-        assert_eq!(
-            table.grant_deadlines.len(),
-            1,
-            "another token's free keeps it"
-        );
+        assert_eq!(table.grants.index.len(), 1, "another token's free keeps it");
         table.remove_grant("a", 1);
         table.remove_session("s");
-        assert!(table.grant_deadlines.is_empty());
-        assert!(table.session_deadlines.is_empty());
+        assert!(table.grants.index.is_empty());
+        assert!(table.sessions.index.is_empty());
         assert_eq!(table.counts(), (0, 0));
         // A new grant of the same key replaces the old entry instead of adding a second.
         table.insert_grant(&grant("a", 2, 1_000), t0);
         table.insert_grant(&grant("a", 3, 5_000), t0 + ms(1));
         assert_eq!(
-            indexed(&table.grant_deadlines),
+            indexed(&table, &table.grants),
             vec![(t0 + ms(5_001), "a".into())]
         );
         table.check_invariants();
@@ -495,7 +754,7 @@ pub(super) mod tests {
     #[test]
     fn take_lapsed_returns_exactly_the_lapsed_in_deadline_order() {
         let t0 = Instant::now();
-        let mut table = LeaseTable::default();
+        let mut table = LeaseTable::new(t0);
         // Inserted out of deadline order; "c" and "d" share a deadline.
         table.insert_grant(&grant("e", 5, 900), t0);
         table.insert_grant(&grant("d", 4, 300), t0);
@@ -539,137 +798,339 @@ pub(super) mod tests {
     }
 
     #[test]
-    fn promote_restarts_every_lease_in_the_index() {
+    fn promote_restarts_every_lease_without_touching_it() {
         let t0 = Instant::now();
-        let mut table = LeaseTable::default();
+        let mut table = LeaseTable::new(t0);
         table.insert_grant(&grant("a", 1, 100), t0);
         table.insert_grant(&grant("b", 2, 300), t0);
+        table.insert_grant(&grant("c", 3, 9_000), t0);
         table.insert_session("s", 200, t0);
         assert_eq!(table.take_lapsed(10, ms(0), t0 + ms(1_000)).grants.len(), 2);
         let later = t0 + ms(5_000);
         table.restart_all(later);
         table.check_invariants();
+        // The index still holds the old deadlines (a lower bound); the leases answer the new.
+        assert_eq!(table.grants.index.len(), 3, "the expiring ones are back");
         assert_eq!(
-            indexed(&table.grant_deadlines),
-            vec![(later + ms(100), "a".into()), (later + ms(300), "b".into())]
+            table.grant_lease("a").map(|l| l.deadline),
+            Some(later + ms(100))
         );
+        assert_eq!(
+            table.grant_lease("b").map(|l| l.deadline),
+            Some(later + ms(300))
+        );
+        assert_eq!(
+            table.grant_lease("c").map(|l| l.deadline),
+            Some(later + ms(9_000))
+        );
+        // Alive up to the new deadline, not one tick past it, as for any lease.
+        assert_eq!(table.restart_session("s", later + ms(201)), None);
         assert!(matches!(
-            table.renew_grant("a", 1, 100, later + ms(100)),
+            table.renew_grant("a", 1, 5_000, later + ms(100)),
             RenewCheck::Extended { .. }
         ));
+        assert_eq!(
+            table.renew_grant("b", 2, 300, later + ms(301)),
+            RenewCheck::Lost
+        );
+        // The reaper rewrites the untouched entries as it meets them and takes what lapsed.
+        let lapsed = table.take_lapsed(10, ms(0), later + ms(400));
+        assert_eq!(lapsed.grants, vec![("b".into(), 2)]);
+        assert_eq!(lapsed.sessions, vec!["s".to_owned()]);
+        table.check_invariants();
+        assert_eq!(
+            indexed(&table, &table.grants),
+            vec![
+                (t0 + ms(9_000), "c".into()),
+                (later + ms(5_100), "a".into())
+            ],
+            "c is not rewritten before its old deadline lapses"
+        );
+        assert!(
+            table
+                .take_lapsed(10, ms(0), later + ms(4_100))
+                .grants
+                .is_empty()
+        );
+        assert_eq!(
+            indexed(&table, &table.grants),
+            vec![
+                (later + ms(5_100), "a".into()),
+                (later + ms(9_000), "c".into())
+            ]
+        );
     }
 
-    /// The behaviour the table must keep: the lease keeper before the deadline index, a map
-    /// scanned in full on every `take_lapsed`, taking the lapsed in `(deadline, key)` order.
-    #[derive(Debug, Default)]
+    #[test]
+    fn take_lapsed_rewrites_a_bounded_number_of_entries_per_call() {
+        let t0 = Instant::now();
+        let mut table = LeaseTable::new(t0);
+        let leases = MATERIALISE_PER_CALL_MAX as u64 + 10;
+        for i in 0..leases {
+            table.insert_grant(&grant(&format!("k{i:06}"), i + 1, 100), t0);
+        }
+        let promote = t0 + ms(1_000);
+        table.restart_all(promote);
+        // Every entry lies before `now` in the index: the first call rewrites as many as it
+        // may and says there is more, the second the rest; nothing has lapsed yet.
+        let first = table.take_lapsed(REAP_PER_TICK_MAX, ms(0), promote + ms(50));
+        assert!(first.more && first.grants.is_empty(), "{first:?}");
+        table.check_invariants();
+        let second = table.take_lapsed(REAP_PER_TICK_MAX, ms(0), promote + ms(50));
+        assert_eq!(second, Lapsed::default());
+        table.check_invariants();
+        let at = promote + ms(150);
+        let third = table.take_lapsed(REAP_PER_TICK_MAX, ms(0), at);
+        assert!(!third.more);
+        assert_eq!(third.grants.len(), REAP_PER_TICK_MAX);
+        assert_eq!(third.grants[0], ("k000000".into(), 1));
+        table.check_invariants();
+    }
+
+    #[test]
+    fn reconcile_adopts_restarts_and_sweeps() {
+        let t0 = Instant::now();
+        let mut table = LeaseTable::new(t0);
+        table.insert_grant(&grant("kept", 1, 100), t0);
+        table.insert_grant(&grant("stale", 2, 100), t0);
+        table.insert_grant(&grant("retoken", 3, 100), t0);
+        table.insert_session("gone", 100, t0);
+        let promote = t0 + ms(1_000);
+        table.restart_all(promote);
+        // Touched after the promote: its lease length is this leader's, not the state's.
+        table.insert_grant(&grant("fresh", 9, 100), promote + ms(10));
+        let seen = table.begin_reconcile();
+        table.reconcile_grant("kept", 1, 5_000);
+        table.reconcile_grant("retoken", 4, 200);
+        table.reconcile_grant("missing", 5, 300);
+        table.reconcile_grant("fresh", 9, 700);
+        table.reconcile_session("new", 400);
+        // An event during the walk counts as seen.
+        table.insert_session("opened", 100, promote + ms(20));
+        table.finish_reconcile(seen);
+        table.check_invariants();
+        let deadline = |table: &LeaseTable, key: &str| table.grant_lease(key).map(|l| l.deadline);
+        assert_eq!(deadline(&table, "kept"), Some(promote + ms(5_000)));
+        assert_eq!(table.grant_lease("kept").map(|l| l.ttl_ms), Some(5_000));
+        assert_eq!(table.grant_lease("retoken").map(|l| l.token), Some(4));
+        assert_eq!(deadline(&table, "retoken"), Some(promote + ms(200)));
+        assert_eq!(deadline(&table, "missing"), Some(promote + ms(300)));
+        assert_eq!(deadline(&table, "fresh"), Some(promote + ms(110)));
+        assert_eq!(table.grant_lease("stale"), None);
+        assert_eq!(table.counts(), (4, 2));
+        assert_eq!(table.restart_session("gone", promote), None);
+        assert_eq!(table.restart_session("new", promote + ms(400)), Some(400));
+        // A generation another reconcile replaced drops nothing.
+        let old = table.begin_reconcile();
+        let _new = table.begin_reconcile();
+        table.finish_reconcile(old);
+        assert_eq!(table.counts(), (4, 2));
+    }
+
+    /// A lease as the model keeps it: `stale` is "untouched since the last promote".
+    #[derive(Clone, Debug, PartialEq, Eq)]
+    struct ModelLease {
+        token: u64,
+        ttl_ms: u64,
+        deadline: Instant,
+        expiring: bool,
+        stale: bool,
+    }
+
+    /// The behaviour the table must keep: a map scanned in full on every `take_lapsed`, taking
+    /// the lapsed in `(deadline, key)` order, with a promote that restarts every lease at once.
+    /// Sessions are leases with token 0.
+    #[derive(Debug)]
     struct Model {
-        grants: BTreeMap<String, GrantLease>,
-        sessions: BTreeMap<String, SessionLease>,
+        grants: BTreeMap<String, ModelLease>,
+        sessions: BTreeMap<String, ModelLease>,
+        promoted_at: Instant,
+        /// A promote applied and its reconcile has not (the keeper's reaper waits meanwhile).
+        reconcile_pending: bool,
     }
 
     impl Model {
+        fn new(base: Instant) -> Self {
+            Self {
+                grants: BTreeMap::new(),
+                sessions: BTreeMap::new(),
+                promoted_at: base,
+                reconcile_pending: false,
+            }
+        }
+
+        fn effective(&self, l: &ModelLease) -> Instant {
+            if l.stale {
+                l.deadline.max(self.promoted_at + ms(l.ttl_ms))
+            } else {
+                l.deadline
+            }
+        }
+
+        fn lease(token: u64, ttl_ms: u64, deadline: Instant) -> ModelLease {
+            ModelLease {
+                token,
+                ttl_ms,
+                deadline,
+                expiring: false,
+                stale: false,
+            }
+        }
+
         fn renew_grant(&mut self, key: &str, token: u64, ttl_ms: u64, now: Instant) -> RenewCheck {
-            match self.grants.get_mut(key) {
-                Some(l) if l.token == token && !l.expiring && now <= l.deadline => {
-                    let previous_ttl_ms = l.ttl_ms;
-                    l.ttl_ms = ttl_ms;
-                    l.deadline = now + ms(ttl_ms);
-                    RenewCheck::Extended {
-                        lease: l.clone(),
-                        previous_ttl_ms,
-                    }
-                }
-                _ => RenewCheck::Lost,
+            let Some(l) = self.grants.get(key) else {
+                return RenewCheck::Lost;
+            };
+            if l.token != token || l.expiring || now > self.effective(l) {
+                return RenewCheck::Lost;
+            }
+            let previous_ttl_ms = l.ttl_ms;
+            let l = Self::lease(token, ttl_ms, now + ms(ttl_ms));
+            self.grants.insert(key.to_owned(), l);
+            RenewCheck::Extended {
+                lease: GrantLease {
+                    token,
+                    ttl_ms,
+                    deadline: now + ms(ttl_ms),
+                },
+                previous_ttl_ms,
             }
         }
 
         fn restart_session(&mut self, id: &str, now: Instant) -> Option<u64> {
-            let l = self.sessions.get_mut(id)?;
-            if l.expiring || now > l.deadline {
+            let l = self.sessions.get(id)?;
+            if l.expiring || now > self.effective(l) {
                 return None;
             }
-            l.deadline = now + ms(l.ttl_ms);
-            Some(l.ttl_ms)
+            let ttl_ms = l.ttl_ms;
+            self.sessions
+                .insert(id.to_owned(), Self::lease(0, ttl_ms, now + ms(ttl_ms)));
+            Some(ttl_ms)
+        }
+
+        fn restart_all(&mut self, now: Instant) {
+            self.promoted_at = now;
+            for l in self.grants.values_mut().chain(self.sessions.values_mut()) {
+                l.stale = true;
+                l.expiring = false;
+            }
+            self.reconcile_pending = true;
+        }
+
+        fn lapsed_of(
+            &self,
+            leases: &BTreeMap<String, ModelLease>,
+            margin: Duration,
+            now: Instant,
+        ) -> Vec<(Instant, String)> {
+            let mut lapsed: Vec<_> = leases
+                .iter()
+                .filter(|(_, l)| !l.expiring && now > self.effective(l) + margin)
+                .map(|(k, l)| (self.effective(l), k.clone()))
+                .collect();
+            lapsed.sort();
+            lapsed
         }
 
         fn take_lapsed(&mut self, max: usize, margin: Duration, now: Instant) -> Lapsed {
-            let mut grants: Vec<_> = self
-                .grants
-                .iter()
-                .filter(|(_, l)| !l.expiring && now > l.deadline + margin)
-                .map(|(k, l)| (l.deadline, k.clone()))
-                .collect();
-            grants.sort();
+            let mut grants = self.lapsed_of(&self.grants, margin, now);
             grants.truncate(max);
-            let mut sessions: Vec<_> = self
-                .sessions
-                .iter()
-                .filter(|(_, l)| !l.expiring && now > l.deadline + margin)
-                .map(|(k, l)| (l.deadline, k.clone()))
-                .collect();
-            sessions.sort();
+            let mut sessions = self.lapsed_of(&self.sessions, margin, now);
             sessions.truncate(max - grants.len());
             let mut lapsed = Lapsed::default();
-            for (_, k) in grants {
+            for (deadline, k) in grants {
                 let l = self.grants.get_mut(&k).expect("listed");
-                l.expiring = true;
+                (l.expiring, l.stale, l.deadline) = (true, false, deadline);
                 lapsed.grants.push((k, l.token));
             }
-            for (_, k) in sessions {
-                self.sessions.get_mut(&k).expect("listed").expiring = true;
+            for (deadline, k) in sessions {
+                let l = self.sessions.get_mut(&k).expect("listed");
+                (l.expiring, l.stale, l.deadline) = (true, false, deadline);
                 lapsed.sessions.push(k);
             }
             lapsed
         }
 
-        fn reconcile(&mut self, grants: &[Grant], sessions: &[(String, u64)], now: Instant) {
+        fn reconcile(&mut self, grants: &[Grant], sessions: &[(String, u64)]) {
+            let p = self.promoted_at;
             let mut next = BTreeMap::new();
             for g in grants {
-                let fresh = lease_of(g, now);
                 let lease = match self.grants.remove(&g.key) {
-                    Some(old) if old.token == g.token => GrantLease {
-                        deadline: old.deadline.max(fresh.deadline),
-                        ..fresh
-                    },
-                    _ => fresh,
+                    Some(old) if old.token == g.token && !old.stale => old,
+                    Some(old) if old.token == g.token => {
+                        Self::lease(g.token, g.ttl_ms, old.deadline.max(p + ms(g.ttl_ms)))
+                    }
+                    _ => Self::lease(g.token, g.ttl_ms, p + ms(g.ttl_ms)),
                 };
                 next.insert(g.key.clone(), lease);
             }
             self.grants = next;
-            self.sessions = sessions
-                .iter()
-                .map(|(id, ttl_ms)| {
-                    let full = now + ms(*ttl_ms);
-                    let deadline = self.sessions.get(id).map_or(full, |o| o.deadline.max(full));
-                    let lease = SessionLease {
-                        ttl_ms: *ttl_ms,
-                        deadline,
-                        expiring: false,
-                    };
-                    (id.clone(), lease)
-                })
-                .collect();
+            let mut next = BTreeMap::new();
+            for (id, ttl_ms) in sessions {
+                let lease = match self.sessions.remove(id) {
+                    Some(old) if !old.stale => old,
+                    Some(old) => Self::lease(0, *ttl_ms, old.deadline.max(p + ms(*ttl_ms))),
+                    None => Self::lease(0, *ttl_ms, p + ms(*ttl_ms)),
+                };
+                next.insert(id.clone(), lease);
+            }
+            self.sessions = next;
+            self.reconcile_pending = false;
         }
+    }
+
+    /// `(token, ttl, effective deadline, expiring)` of every lease of one kind.
+    type View = BTreeMap<String, (u64, u64, Instant, bool)>;
+
+    fn table_view(
+        table: &LeaseTable,
+        leases: &Leases<impl HasLife>,
+        token: impl Fn(&str) -> u64,
+    ) -> View {
+        leases
+            .records
+            .iter()
+            .map(|(k, r)| {
+                let life = r.life();
+                let deadline = table.instant(table.promote.effective(life));
+                let expiring = leases.expiring.contains(k);
+                (
+                    k.to_string(),
+                    (token(k), u64::from(life.ttl_ms), deadline, expiring),
+                )
+            })
+            .collect()
+    }
+
+    fn model_view(model: &Model, leases: &BTreeMap<String, ModelLease>) -> View {
+        leases
+            .iter()
+            .map(|(k, l)| {
+                let view = (l.token, l.ttl_ms, model.effective(l), l.expiring);
+                (k.clone(), view)
+            })
+            .collect()
     }
 
     fn assert_same(table: &LeaseTable, model: &Model, context: &str) {
         table.check_invariants();
-        let grants: BTreeMap<String, GrantLease> = table
-            .grants
-            .iter()
-            .map(|(k, l)| (k.to_string(), l.clone()))
-            .collect();
-        assert_eq!(grants, model.grants, "grants after {context}");
-        let sessions: BTreeMap<String, SessionLease> = table
-            .sessions
-            .iter()
-            .map(|(k, l)| (k.to_string(), l.clone()))
-            .collect();
-        assert_eq!(sessions, model.sessions, "sessions after {context}");
+        let token = |k: &str| table.grants.records.get(k).map_or(0, |r| r.token);
+        assert_eq!(
+            table_view(table, &table.grants, token),
+            model_view(model, &model.grants),
+            "grants after {context}"
+        );
+        assert_eq!(
+            table_view(table, &table.sessions, |_| 0),
+            model_view(model, &model.sessions),
+            "sessions after {context}"
+        );
     }
 
     /// Random operations on the table and on the full-scan model from one seed; every answer
     /// and the whole state must agree after every step. Rerun a failure with `SEED=<seed>`.
+    /// The operations follow the keeper's protocol: a reconcile only after a promote, and no
+    /// `take_lapsed` between the two.
     #[test]
     fn matches_a_full_scan_model_under_random_operations() {
         const CASES: u64 = 64;
@@ -682,9 +1143,9 @@ pub(super) mod tests {
         for case in 0..CASES {
             let seed = base.wrapping_add(case);
             let mut rng = StdRng::seed_from_u64(seed);
-            let mut table = LeaseTable::default();
-            let mut model = Model::default();
             let mut now = Instant::now();
+            let mut table = LeaseTable::new(now);
+            let mut model = Model::new(now);
             let ttls = [50, 100, 300, 1_000];
             for step in 0..STEPS {
                 // Often no time passes, so equal deadlines are common.
@@ -699,9 +1160,8 @@ pub(super) mod tests {
                 match op {
                     0 => {
                         table.insert_grant(&grant(&key, token, ttl), now);
-                        model
-                            .grants
-                            .insert(key.clone(), lease_of(&grant(&key, token, ttl), now));
+                        let lease = Model::lease(token, ttl, now + ms(ttl));
+                        model.grants.insert(key.clone(), lease);
                     }
                     1 => {
                         table.remove_grant(&key, token);
@@ -711,11 +1171,7 @@ pub(super) mod tests {
                     }
                     2 => {
                         table.insert_session(&id, ttl, now);
-                        let lease = SessionLease {
-                            ttl_ms: ttl,
-                            deadline: now + ms(ttl),
-                            expiring: false,
-                        };
+                        let lease = Model::lease(0, ttl, now + ms(ttl));
                         model.sessions.insert(id.clone(), lease);
                     }
                     3 => {
@@ -724,19 +1180,13 @@ pub(super) mod tests {
                     }
                     4 => {
                         table.restart_all(now);
-                        for l in model.grants.values_mut() {
-                            l.deadline = now + ms(l.ttl_ms);
-                            l.expiring = false;
-                        }
-                        for l in model.sessions.values_mut() {
-                            l.deadline = now + ms(l.ttl_ms);
-                            l.expiring = false;
-                        }
+                        model.restart_all(now);
                     }
-                    5 => {
+                    5 if model.reconcile_pending => {
                         let grants: Vec<Grant> = (0..6)
                             .filter_map(|k| {
                                 let token = rng.gen_range(1..=3);
+                                let ttl = ttls[rng.gen_range(0..ttls.len())];
                                 rng.gen_bool(0.5)
                                     .then(|| grant(&format!("k{k}"), token, ttl))
                             })
@@ -745,8 +1195,15 @@ pub(super) mod tests {
                             .filter(|_| rng.gen_bool(0.5))
                             .map(|s| (format!("s{s}"), ttl))
                             .collect();
-                        table.reconcile(&grants, &sessions, now);
-                        model.reconcile(&grants, &sessions, now);
+                        let seen = table.begin_reconcile();
+                        for g in &grants {
+                            table.reconcile_grant(&g.key, g.token, g.ttl_ms);
+                        }
+                        for (id, ttl_ms) in &sessions {
+                            table.reconcile_session(id, *ttl_ms);
+                        }
+                        table.finish_reconcile(seen);
+                        model.reconcile(&grants, &sessions);
                     }
                     6 => assert_eq!(
                         table.renew_grant(&key, token, ttl, now),
@@ -758,7 +1215,7 @@ pub(super) mod tests {
                         model.restart_session(&id, now),
                         "seed {seed} step {step}: heartbeat {id}"
                     ),
-                    8 => {
+                    8 if !model.reconcile_pending => {
                         let max = rng.gen_range(0..=4);
                         let margin = ms([0, 50][rng.gen_range(0..2)]);
                         assert_eq!(
@@ -775,12 +1232,13 @@ pub(super) mod tests {
                             l.expiring = false;
                         }
                     }
-                    _ => {
+                    10 => {
                         table.session_expiry_failed(&id);
                         if let Some(l) = model.sessions.get_mut(&id) {
                             l.expiring = false;
                         }
                     }
+                    _ => {}
                 }
                 assert_same(&table, &model, &format!("seed {seed} step {step} op {op}"));
             }
@@ -788,26 +1246,35 @@ pub(super) mod tests {
     }
 
     /// Not an assertion on speed: prints what one idle `take_lapsed` costs with many leases,
-    /// against the full scan it replaced (the old loop, verbatim over a `HashMap`), and checks
-    /// both find nothing and then the same number once everything lapsed. 1M leases in a
-    /// release build (`cargo test --release -p lockd --lib idle_take_lapsed -- --nocapture`),
-    /// fewer in a debug build so the ordinary test run stays quick.
+    /// against the full scan it replaced (the old loop over a `HashMap`), and checks both find
+    /// nothing and then the same number once everything lapsed; and what a promote costs now
+    /// against the walk it replaced. 1M leases in a release build
+    /// (`cargo test --release -p lockd --lib idle_take_lapsed -- --nocapture`), fewer in a
+    /// debug build so the ordinary test run stays quick.
     #[test]
     fn idle_take_lapsed_cost_at_many_leases() {
+        struct Scanned {
+            deadline: Instant,
+            expiring: bool,
+        }
         let leases: u64 = if cfg!(debug_assertions) {
             20_000
         } else {
             1_000_000
         };
         let t0 = Instant::now();
-        let mut table = LeaseTable::default();
-        let mut scanned: HashMap<String, GrantLease> = HashMap::new();
+        let mut table = LeaseTable::new(t0);
+        let mut scanned: HashMap<String, Scanned> = HashMap::new();
         for i in 0..leases {
             // Deadlines spread over 10 s, as renewals at different moments leave them.
             let g = grant(&format!("key-{i}"), i + 1, 10_000);
             let at = t0 + ms(i % 10_000);
             table.insert_grant(&g, at);
-            scanned.insert(g.key.clone(), lease_of(&g, at));
+            let lease = Scanned {
+                deadline: at + ms(10_000),
+                expiring: false,
+            };
+            scanned.insert(g.key.clone(), lease);
         }
         let margin = ms(100);
         let idle = t0 + ms(5_000);
@@ -863,13 +1330,85 @@ pub(super) mod tests {
             "renew_grant, {leases} leases: with the index {indexed_renew:?}, map only {map_renew:?}"
         );
         table.check_invariants();
-        let all = t0 + ms(30_000);
-        assert_eq!(
-            table
-                .take_lapsed(REAP_PER_TICK_MAX, margin, all)
-                .grants
-                .len(),
-            REAP_PER_TICK_MAX
-        );
+        // A promote: O(1) now; the walk it replaced rewrote every deadline and rebuilt the index.
+        let promote = t0 + ms(20_000);
+        let started = Instant::now();
+        table.restart_all(promote);
+        let lazy = started.elapsed();
+        let started = Instant::now();
+        for lease in scanned.values_mut() {
+            lease.deadline = promote + ms(10_000);
+        }
+        let rebuilt: BTreeSet<(Instant, &str)> = scanned
+            .iter()
+            .map(|(k, l)| (l.deadline, k.as_str()))
+            .collect();
+        let walk = started.elapsed();
+        assert_eq!(rebuilt.len(), leases as usize);
+        println!("promote, {leases} leases: lazy restart {lazy:?}, walk and rebuild {walk:?}");
+        let all = promote + ms(30_000);
+        let mut taken = 0;
+        loop {
+            let lapsed = table.take_lapsed(REAP_PER_TICK_MAX, margin, all);
+            taken += lapsed.grants.len();
+            if !lapsed.more {
+                break;
+            }
+        }
+        assert_eq!(taken, REAP_PER_TICK_MAX);
+        table.check_invariants();
+    }
+
+    /// Resident bytes of this process (`VmRSS` in /proc/self/status), if the system says.
+    fn resident_bytes() -> Option<u64> {
+        let status = std::fs::read_to_string("/proc/self/status").ok()?;
+        let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+        let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kib * 1024)
+    }
+
+    /// Not an assertion on size: prints what the table costs per grant lease (keys as W5 names
+    /// them, 32-character session ids, owner ids shared by 1,000 sessions) and per session lease,
+    /// measured as the growth of this process's resident memory. 1M grant leases in a release
+    /// build (`cargo test --release -p lockd --lib lease_table_memory -- --nocapture`), fewer
+    /// in a debug build.
+    #[test]
+    fn lease_table_memory_per_lease() {
+        let leases: u64 = if cfg!(debug_assertions) {
+            20_000
+        } else {
+            1_000_000
+        };
+        let sessions: u64 = leases / 10;
+        let t0 = Instant::now();
+        let before = resident_bytes();
+        let mut table = LeaseTable::new(t0);
+        for i in 0..leases {
+            let session = i % 1_000;
+            let g = Grant {
+                key: format!("w5/{session:04}/{i:07}"),
+                owner_id: format!("owner-{session:04}"),
+                session_id: format!("{session:032x}"),
+                request_id: i,
+                token: i + 1,
+                ttl_ms: 30_000,
+                acquired_at_ms: 0,
+                expires_at_ms: 30_000,
+            };
+            table.insert_grant(&g, t0 + ms(i % 10_000));
+        }
+        let grants = resident_bytes();
+        for i in 0..sessions {
+            table.insert_session(&format!("{i:032x}"), 30_000, t0 + ms(i % 10_000));
+        }
+        let all = resident_bytes();
+        if let (Some(before), Some(grants), Some(all)) = (before, grants, all) {
+            println!(
+                "lease table: {leases} grant leases {} bytes each, {sessions} session leases {} bytes each (resident growth)",
+                grants.saturating_sub(before) / leases,
+                all.saturating_sub(grants) / sessions,
+            );
+        }
+        assert_eq!(table.counts(), (leases as usize, sessions as usize));
     }
 }
