@@ -1,0 +1,261 @@
+//! Keeping W5's held locks alive: a heartbeat task that beats every session at a third of its
+//! TTL in `HeartbeatBatch` calls (following the leader across a failover), and a renewer that
+//! renews each grant once half its TTL has passed (with W5's default one-hour grant TTL that
+//! is never within a run; a short `--w5-grant-ttl-secs` exercises it). Both count what they
+//! did; a session answered `alive = false` or a renewal answered "lost" is a lost lock.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use lock_proto::session::HEARTBEAT_BATCH_SESSIONS_MAX;
+use lock_proto::v1::heartbeat_batch_result::Outcome;
+use lock_proto::v1::{HeartbeatBatchRequest, RenewRequest};
+use serde::Serialize;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use super::held::Held;
+use super::router::{CALL_TIMEOUT, Router};
+
+/// Most renewer passes per second, however short the TTL.
+const RENEW_PASS_MIN: Duration = Duration::from_millis(500);
+
+#[derive(Debug, Default)]
+struct Counts {
+    beats_ok: AtomicU64,
+    batches_failed: AtomicU64,
+    renewals: AtomicU64,
+    renewals_failed: AtomicU64,
+    lost: Mutex<BTreeSet<String>>,
+    first_error: Mutex<Option<String>>,
+}
+
+impl Counts {
+    fn error(&self, what: String) {
+        self.first_error
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_or_insert(what);
+    }
+
+    fn lost(&self, what: String) {
+        self.lost
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(what);
+    }
+}
+
+/// What keeping the held locks alive did.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct KeepAliveReport {
+    /// Sessions kept alive.
+    pub sessions: usize,
+    /// Session TTL, in milliseconds (beats every third of it).
+    pub session_ttl_ms: u64,
+    /// Session beats answered alive.
+    pub beats_ok: u64,
+    /// `HeartbeatBatch` calls that failed after their retries.
+    pub batches_failed: u64,
+    /// Grants renewed.
+    pub renewals: u64,
+    /// Renewals that failed after their retries (not lost: an error).
+    pub renewals_failed: u64,
+    /// Sessions answered `alive = false` and grants a renewal found lost.
+    pub lost: Vec<String>,
+    /// The first failure.
+    pub first_error: Option<String>,
+}
+
+/// The running heartbeat and renewal tasks.
+#[derive(Debug)]
+pub struct KeepAlive {
+    counts: Arc<Counts>,
+    stop: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+    sessions: usize,
+    session_ttl: Duration,
+}
+
+impl KeepAlive {
+    /// Starts beating every session of `held` each `session_ttl / 3` and renewing each of its
+    /// granted locks once `grant_ttl / 2` has passed since it was granted or renewed.
+    pub fn start(
+        router: Arc<Router>,
+        held: Arc<Held>,
+        session_ttl: Duration,
+        grant_ttl: Duration,
+    ) -> Self {
+        let counts = Arc::new(Counts::default());
+        let (stop, stopped) = watch::channel(false);
+        let beats = tokio::spawn(beat(
+            router.clone(),
+            held.clone(),
+            session_ttl / 3,
+            counts.clone(),
+            stopped.clone(),
+        ));
+        let renewals = tokio::spawn(renew(
+            router,
+            held.clone(),
+            grant_ttl,
+            counts.clone(),
+            stopped,
+        ));
+        Self {
+            counts,
+            stop,
+            tasks: vec![beats, renewals],
+            sessions: held.sessions.len(),
+            session_ttl,
+        }
+    }
+
+    /// What the tasks did so far.
+    pub fn report(&self) -> KeepAliveReport {
+        let c = &self.counts;
+        KeepAliveReport {
+            sessions: self.sessions,
+            session_ttl_ms: self.session_ttl.as_millis() as u64,
+            beats_ok: c.beats_ok.load(Ordering::Relaxed),
+            batches_failed: c.batches_failed.load(Ordering::Relaxed),
+            renewals: c.renewals.load(Ordering::Relaxed),
+            renewals_failed: c.renewals_failed.load(Ordering::Relaxed),
+            lost: c
+                .lost
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .iter()
+                .cloned()
+                .collect(),
+            first_error: c
+                .first_error
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
+        }
+    }
+
+    /// Stops both tasks and answers what they did.
+    pub async fn stop(mut self) -> KeepAliveReport {
+        let _ = self.stop.send(true);
+        for task in std::mem::take(&mut self.tasks) {
+            let _ = task.await;
+        }
+        self.report()
+    }
+}
+
+/// Beats every session of `held` each `period`.
+async fn beat(
+    router: Arc<Router>,
+    held: Arc<Held>,
+    period: Duration,
+    counts: Arc<Counts>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut next = Instant::now() + period;
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep_until(next.into()) => {}
+            _ = stop.changed() => return,
+        }
+        for chunk in held.sessions.chunks(HEARTBEAT_BATCH_SESSIONS_MAX) {
+            let ids = chunk.to_vec();
+            let answer = router
+                .call("HeartbeatBatch", |node| {
+                    let mut sessions = router.session(node);
+                    let session_ids = ids.clone();
+                    async move {
+                        sessions
+                            .heartbeat_batch(HeartbeatBatchRequest { session_ids })
+                            .await
+                    }
+                })
+                .await;
+            let results = match answer {
+                Ok(answer) => answer.results,
+                Err(e) => {
+                    counts.batches_failed.fetch_add(1, Ordering::Relaxed);
+                    counts.error(format!("{e:#}"));
+                    continue;
+                }
+            };
+            for (id, result) in ids.iter().zip(results) {
+                match result.outcome {
+                    Some(Outcome::Heartbeat(h)) if h.alive => {
+                        counts.beats_ok.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Some(Outcome::Heartbeat(_)) => {
+                        counts.lost(format!("session {id}: alive=false"))
+                    }
+                    Some(Outcome::Error(detail)) => counts.error(format!(
+                        "HeartbeatBatch of {id}: {}",
+                        lock_proto::error::lock_error_from_detail(detail)
+                    )),
+                    None => counts.error("HeartbeatBatch: a result without an outcome".into()),
+                }
+            }
+        }
+        // A beat that took longer than its period goes out again at once, not twice.
+        next = (next + period).max(Instant::now());
+    }
+}
+
+/// Renews each granted lock of `held` whose grant is older than half of `ttl`.
+async fn renew(
+    router: Arc<Router>,
+    held: Arc<Held>,
+    ttl: Duration,
+    counts: Arc<Counts>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let half_ms = ttl.as_millis() as u64 / 2;
+    let pass = (ttl / 4).max(RENEW_PASS_MIN);
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(pass) => {}
+            _ = stop.changed() => return,
+        }
+        for n in 0..held.filled() {
+            if *stop.borrow() {
+                return;
+            }
+            let token = held.token(n);
+            if token == 0 || held.age_ms(n) < half_ms {
+                continue;
+            }
+            let session = held.session_of(n);
+            let request = RenewRequest {
+                session_id: held.sessions[session].clone(),
+                request_id: held.request_id(session),
+                key: held.key(n),
+                fencing_token: token,
+                ttl_ms: ttl.as_millis() as u64,
+            };
+            let answer = router
+                .call("Renew", |node| {
+                    let pipeline = router.pipeline(node);
+                    let request = request.clone();
+                    async move { pipeline.renew(request, CALL_TIMEOUT).await }
+                })
+                .await;
+            match answer {
+                Ok(answer) if answer.grant.is_some() => {
+                    held.granted(n, token);
+                    counts.renewals.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok(_) => counts.lost(format!(
+                    "grant {} token {token}: renewal answered lost",
+                    request.key
+                )),
+                Err(e) => {
+                    counts.renewals_failed.fetch_add(1, Ordering::Relaxed);
+                    counts.error(format!("{e:#}"));
+                }
+            }
+        }
+    }
+}
