@@ -106,22 +106,34 @@ async fn settle(cluster: &Cluster) -> f64 {
     started.elapsed().as_secs_f64()
 }
 
-/// Measures a checkpoint with `held` locks held; `fill` is the stretch that led here.
+/// Longest wait for a leader before a checkpoint.
+const LEADER_WAIT: Duration = Duration::from_secs(60);
+
+/// Measures a checkpoint with `held` locks held; `fill` is the stretch that led here. First
+/// finds the leader (it may have moved during the fill) and points the workloads at it.
 pub async fn measure(
-    cluster: &Cluster,
+    cluster: &mut Cluster,
     held: usize,
     fill: Option<FillStretch>,
     idle_window: Duration,
     load_secs: f64,
 ) -> Checkpoint {
     let load_average = procfs::load_average();
+    let leader_error = cluster
+        .await_leader(None, LEADER_WAIT)
+        .await
+        .err()
+        .map(|e| format!("{e:#}"));
     let settle_secs = settle(cluster).await;
     let idle_cpu = idle_cpu::measure(cluster, idle_window).await;
     let memory = memory::measure(cluster);
     let nodes = node_states(cluster).await;
-    let (loads, loads_error) = match loads::measure(cluster, load_secs).await {
-        Ok(loads) => (Some(loads), None),
-        Err(e) => (None, Some(format!("{e:#}"))),
+    let (loads, loads_error) = match leader_error {
+        Some(e) => (None, Some(e)),
+        None => match loads::measure(cluster, load_secs).await {
+            Ok(loads) => (Some(loads), None),
+            Err(e) => (None, Some(format!("{e:#}"))),
+        },
     };
     Checkpoint {
         held,

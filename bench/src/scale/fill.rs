@@ -21,9 +21,11 @@ const FILL_LANES: usize = 512;
 /// Concurrent `OpenSession` calls while opening the fill's sessions.
 const OPEN_LANES: usize = 64;
 
-/// Opens `count` sessions of `ttl_ms` through `routers`, concurrently; answers their ids.
+/// Opens `count` sessions of `ttl_ms` for owners `<owner>-<i>` through `routers`,
+/// concurrently; answers their ids.
 pub async fn open_sessions(
     routers: &[Arc<Router>],
+    owner: &str,
     count: usize,
     ttl_ms: u64,
 ) -> Result<Vec<String>> {
@@ -31,7 +33,7 @@ pub async fn open_sessions(
     let mut lanes = JoinSet::new();
     for lane in 0..OPEN_LANES.min(count) {
         let router = routers[lane % routers.len()].clone();
-        let next = next.clone();
+        let (next, owner) = (next.clone(), owner.to_owned());
         lanes.spawn(async move {
             let mut opened = Vec::new();
             loop {
@@ -39,15 +41,14 @@ pub async fn open_sessions(
                 if i >= count {
                     return anyhow::Ok(opened);
                 }
+                let owner_id = format!("{owner}-{i}");
                 let answer = router
                     .call("OpenSession", |node| {
                         let mut sessions = router.session(node);
+                        let owner_id = owner_id.clone();
                         async move {
                             sessions
-                                .open_session(OpenSessionRequest {
-                                    owner_id: format!("w5-holder-{i}"),
-                                    ttl_ms,
-                                })
+                                .open_session(OpenSessionRequest { owner_id, ttl_ms })
                                 .await
                         }
                     })
@@ -84,12 +85,14 @@ pub struct FillStretch {
     pub first_failure: Option<String>,
 }
 
-/// Grants locks `held.filled()..to` through `routers` with [`FILL_LANES`] calls in flight.
+/// Grants locks `held.filled()..to` through `routers` with [`FILL_LANES`] calls in flight;
+/// at `deadline` it stops taking new locks, and the stretch ends where the fill got to.
 pub async fn fill_to(
     routers: &[Arc<Router>],
     held: &Arc<Held>,
     to: usize,
     grant_ttl_ms: u64,
+    deadline: Instant,
 ) -> Result<FillStretch> {
     let from = held.filled();
     if to < from || to > held.total() {
@@ -111,6 +114,9 @@ pub async fn fill_to(
         );
         lanes.spawn(async move {
             loop {
+                if Instant::now() > deadline {
+                    return;
+                }
                 let n = next.fetch_add(1, Ordering::Relaxed);
                 if n >= to {
                     return;
@@ -152,7 +158,10 @@ pub async fn fill_to(
     while let Some(lane) = lanes.join_next().await {
         lane.context("a fill lane panicked")?;
     }
-    held.set_filled(to);
+    // Every lock a lane took is answered once the lanes are done: the ones below `reached`.
+    let reached = next.load(Ordering::Relaxed).min(to);
+    held.set_filled(reached);
+    let to = reached;
     let secs = started.elapsed().as_secs_f64();
     let first_failure = first_failure
         .lock()

@@ -13,12 +13,14 @@ use lock_proto::session::HEARTBEAT_BATCH_SESSIONS_MAX;
 use lock_proto::v1::heartbeat_batch_result::Outcome;
 use lock_proto::v1::{HeartbeatBatchRequest, RenewRequest};
 use serde::Serialize;
-use tokio::sync::watch;
+use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinHandle;
 
 use super::held::Held;
 use super::router::{CALL_TIMEOUT, Router};
 
+/// Heartbeat batches unanswered at once; more wait for one of them.
+const BATCHES_IN_FLIGHT_MAX: usize = 16;
 /// Most renewer passes per second, however short the TTL.
 const RENEW_PASS_MIN: Duration = Duration::from_millis(500);
 
@@ -148,7 +150,9 @@ impl KeepAlive {
     }
 }
 
-/// Beats every session of `held` each `period`.
+/// Beats every session of `held` each `period`: the sessions in `HeartbeatBatch` calls of at
+/// most [`HEARTBEAT_BATCH_SESSIONS_MAX`], spread evenly over the period (as many sessions'
+/// own timers would be), at most [`BATCHES_IN_FLIGHT_MAX`] unanswered at once.
 async fn beat(
     router: Arc<Router>,
     held: Arc<Held>,
@@ -156,51 +160,69 @@ async fn beat(
     counts: Arc<Counts>,
     mut stop: watch::Receiver<bool>,
 ) {
+    let chunks: Vec<Vec<String>> = held
+        .sessions
+        .chunks(HEARTBEAT_BATCH_SESSIONS_MAX)
+        .map(<[String]>::to_vec)
+        .collect();
+    let slot = period / chunks.len().max(1) as u32;
+    let in_flight = Arc::new(Semaphore::new(BATCHES_IN_FLIGHT_MAX));
     let mut next = Instant::now() + period;
-    loop {
-        tokio::select! {
-            _ = tokio::time::sleep_until(next.into()) => {}
-            _ = stop.changed() => return,
-        }
-        for chunk in held.sessions.chunks(HEARTBEAT_BATCH_SESSIONS_MAX) {
-            let ids = chunk.to_vec();
-            let answer = router
-                .call("HeartbeatBatch", |node| {
-                    let mut sessions = router.session(node);
-                    let session_ids = ids.clone();
-                    async move {
-                        sessions
-                            .heartbeat_batch(HeartbeatBatchRequest { session_ids })
-                            .await
-                    }
-                })
-                .await;
-            let results = match answer {
-                Ok(answer) => answer.results,
-                Err(e) => {
-                    counts.batches_failed.fetch_add(1, Ordering::Relaxed);
-                    counts.error(format!("{e:#}"));
-                    continue;
-                }
-            };
-            for (id, result) in ids.iter().zip(results) {
-                match result.outcome {
-                    Some(Outcome::Heartbeat(h)) if h.alive => {
-                        counts.beats_ok.fetch_add(1, Ordering::Relaxed);
-                    }
-                    Some(Outcome::Heartbeat(_)) => {
-                        counts.lost(format!("session {id}: alive=false"))
-                    }
-                    Some(Outcome::Error(detail)) => counts.error(format!(
-                        "HeartbeatBatch of {id}: {}",
-                        lock_proto::error::lock_error_from_detail(detail)
-                    )),
-                    None => counts.error("HeartbeatBatch: a result without an outcome".into()),
-                }
+    'beat: loop {
+        for ids in &chunks {
+            tokio::select! {
+                _ = tokio::time::sleep_until(next.into()) => {}
+                _ = stop.changed() => break 'beat,
             }
+            // A beat that fell behind goes out at once, not twice.
+            next = (next + slot).max(Instant::now());
+            let Ok(permit) = in_flight.clone().acquire_owned().await else {
+                break 'beat;
+            };
+            let (router, counts, ids) = (router.clone(), counts.clone(), ids.clone());
+            tokio::spawn(async move {
+                beat_batch(&router, &counts, &ids).await;
+                drop(permit);
+            });
         }
-        // A beat that took longer than its period goes out again at once, not twice.
-        next = (next + period).max(Instant::now());
+    }
+    // Every batch in flight answered before the report is read.
+    let _ = in_flight.acquire_many(BATCHES_IN_FLIGHT_MAX as u32).await;
+}
+
+/// One `HeartbeatBatch` of `ids`, retried as the router does, counted into `counts`.
+async fn beat_batch(router: &Router, counts: &Counts, ids: &[String]) {
+    let answer = router
+        .call("HeartbeatBatch", |node| {
+            let mut sessions = router.session(node);
+            let session_ids = ids.to_vec();
+            async move {
+                sessions
+                    .heartbeat_batch(HeartbeatBatchRequest { session_ids })
+                    .await
+            }
+        })
+        .await;
+    let results = match answer {
+        Ok(answer) => answer.results,
+        Err(e) => {
+            counts.batches_failed.fetch_add(1, Ordering::Relaxed);
+            counts.error(format!("{e:#}"));
+            return;
+        }
+    };
+    for (id, result) in ids.iter().zip(results) {
+        match result.outcome {
+            Some(Outcome::Heartbeat(h)) if h.alive => {
+                counts.beats_ok.fetch_add(1, Ordering::Relaxed);
+            }
+            Some(Outcome::Heartbeat(_)) => counts.lost(format!("session {id}: alive=false")),
+            Some(Outcome::Error(detail)) => counts.error(format!(
+                "HeartbeatBatch of {id}: {}",
+                lock_proto::error::lock_error_from_detail(detail)
+            )),
+            None => counts.error("HeartbeatBatch: a result without an outcome".into()),
+        }
     }
 }
 

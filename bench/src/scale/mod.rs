@@ -94,9 +94,14 @@ pub struct ScaleArgs {
     /// W5: TTL of the many sessions, in seconds (keep-alives every third of it).
     #[arg(long, default_value_t = 15)]
     pub w5_many_sessions_ttl_secs: u64,
-    /// W5: W1 time with the many sessions (and as much without), in seconds, over two rounds.
+    /// W5: W1 time with the many sessions (and as much without), in seconds, in two slices each.
     #[arg(long, default_value_t = 20.0)]
     pub w5_many_sessions_secs: f64,
+    /// W5: longest the whole fill may take, in seconds; a fill that has not reached its size
+    /// by then stops where it got to (and the report says so), and the steps after it run at
+    /// that size.
+    #[arg(long, default_value_t = 900.0)]
+    pub w5_fill_max_secs: f64,
     /// W5: held keys checked after the failover.
     #[arg(long, default_value_t = 1_000)]
     pub w5_sample: usize,
@@ -135,6 +140,7 @@ impl ScaleArgs {
             ("--w5-idle-secs", self.w5_idle_secs),
             ("--w5-load-secs", self.w5_load_secs),
             ("--w5-many-sessions-secs", self.w5_many_sessions_secs),
+            ("--w5-fill-max-secs", self.w5_fill_max_secs),
         ] {
             if !(0.1..=3_600.0).contains(&secs) {
                 bail!("{flag} {secs}: must be 0.1..=3600 seconds");
@@ -293,6 +299,8 @@ async fn steps(
             Ok(m) => report.many_sessions = Some(m),
             Err(e) => report.errors.push(format!("many sessions: {e:#}")),
         }
+        // Whoever leads now leads the fill (a refusing leader may have lost its term).
+        cluster.await_leader(None, LEADER_WAIT).await?;
         write_report(report, out)?;
     }
 
@@ -303,9 +311,14 @@ async fn steps(
         .map(|_| Router::new(cluster, fill_refusals.clone()).map(Arc::new))
         .collect::<Result<Vec<_>>>()?;
     eprintln!("lock-bench w5: opening {} sessions", args.w5_sessions);
-    let ids = fill::open_sessions(&routers, args.w5_sessions, session_ttl.as_millis() as u64)
-        .await
-        .context("opening the fill's sessions")?;
+    let ids = fill::open_sessions(
+        &routers,
+        "w5-holder",
+        args.w5_sessions,
+        session_ttl.as_millis() as u64,
+    )
+    .await
+    .context("opening the fill's sessions")?;
     let held = Arc::new(held::Held::new(
         ids,
         args.w5_locks_per_session,
@@ -340,10 +353,20 @@ async fn fill_and_measure(
         .collect();
     targets.dedup();
     let (mut secs, mut failed) = (0.0, 0);
+    let deadline = Instant::now() + Duration::from_secs_f64(args.w5_fill_max_secs);
     for target in targets {
+        if held.filled() < target && Instant::now() > deadline {
+            report.errors.push(format!(
+                "fill: stopped at {} of {} locks after --w5-fill-max-secs {} s",
+                held.filled(),
+                held.total(),
+                args.w5_fill_max_secs
+            ));
+            break;
+        }
         let stretch = if target > held.filled() {
             eprintln!("lock-bench w5: filling to {target} locks");
-            let stretch = fill::fill_to(routers, held, target, held.grant_ttl_ms).await?;
+            let stretch = fill::fill_to(routers, held, target, held.grant_ttl_ms, deadline).await?;
             eprintln!(
                 "lock-bench w5: {} locks in {:.1} s ({:.0}/s), refusals {:?}",
                 stretch.to - stretch.from,
@@ -361,10 +384,10 @@ async fn fill_and_measure(
         } else {
             None
         };
-        eprintln!("lock-bench w5: checkpoint at {target} held locks");
+        eprintln!("lock-bench w5: checkpoint at {} held locks", held.filled());
         let checkpoint = checkpoint::measure(
             cluster,
-            target,
+            held.filled(),
             stretch,
             Duration::from_secs_f64(args.w5_idle_secs),
             args.w5_load_secs,
@@ -405,6 +428,7 @@ async fn fill_and_measure(
     write_report(report, out)?;
 
     eprintln!("lock-bench w5: follower catch-up");
+    cluster.await_leader(None, LEADER_WAIT).await?;
     let entries = snapshot_logs_since_last() * 3 / 2 + 100;
     match catchup::measure(cluster, &routers[0], held, 0, entries).await {
         Ok(c) => report.catch_up = Some(c),
@@ -413,6 +437,7 @@ async fn fill_and_measure(
     write_report(report, out)?;
 
     eprintln!("lock-bench w5: failover with {} locks held", held.filled());
+    cluster.await_leader(None, LEADER_WAIT).await?;
     match failover::measure(cluster, held.clone(), args.w5_sample).await {
         Ok(f) => report.failover = Some(f),
         Err(e) => {

@@ -308,28 +308,27 @@ impl ScaleReport {
             }
         }
         if let Some(m) = &self.many_sessions {
-            let k = &m.result.keepers;
+            let k = &m.keepalive;
             let _ = writeln!(
                 out,
-                "\nMany sessions: {} sessions kept alive at TTL/3 (TTL {} s; {} live at the peak, \
-                 {} before), opened in {:.1} s: W1 {:.0} pairs/s with them, {:.0} without \
-                 (**{:+.1} %**, {} rounds); {:.0} keep-alives/s answered of {:.0} due; {} failed \
-                 or lost{}.",
-                k.sessions,
-                m.result.session_ttl_ms / 1000,
+                "\nMany sessions: {} sessions kept alive at TTL/3 (TTL {} s, {:.0} beats/s due; {} \
+                 live at the peak, {} before), opened in {:.1} s, closed in {:.1} s: W1 {:.0} \
+                 pairs/s with them, {:.0} without (**{:+.1} %**); {} beats answered, {} batches \
+                 failed, **{} sessions lost**; refusals {}.",
+                m.sessions,
+                m.session_ttl_ms / 1000,
+                m.beats_offered_per_sec,
                 m.live_peak,
                 m.live_before,
-                k.open_secs,
-                m.result.w1.pairs_per_sec,
-                m.result.baseline.pairs_per_sec,
+                m.open_secs,
+                m.close_secs,
+                m.w1_with.pairs_per_sec,
+                m.w1_without.pairs_per_sec,
                 -m.w1_cost_pct,
-                m.result.rounds,
-                k.keepalives_per_sec,
-                k.keepalives_offered_per_sec,
-                k.keepalive_errors,
-                k.first_error
-                    .as_deref()
-                    .map_or(String::new(), |e| format!(" (first: {e})")),
+                k.beats_ok,
+                k.batches_failed,
+                k.lost.len(),
+                kinds(&m.refusals),
             );
         }
         if let Some(k) = &self.keepalive {
