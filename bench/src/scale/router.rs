@@ -1,7 +1,9 @@
 //! W5's clients to the cluster: one connection to each node, the calls W5 makes (pipelined
 //! lock calls, heartbeat batches, sessions, confirmed reads), each sent to the node believed to
 //! lead and retried while the answer is retry-safe — following a `NotLeader` hint, moving to
-//! another node when the connection fails — and every refusal counted by kind. The count of
+//! another node when the connection fails, after the SDK's jittered exponential backoff
+//! (`lock_client::backoff`, its default 25 ms doubling to 1 s), as an SDK client would, so a
+//! refusing leader is not answered with a retry storm — and every refusal counted by kind. The count of
 //! refusals a healthy leader gives (`NotLeader` with no election) is one of W5's figures.
 
 use std::collections::BTreeMap;
@@ -10,8 +12,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, anyhow};
-use lock_client::LockError;
+use lock_client::backoff::Backoff;
 use lock_client::pipeline::Pipeline;
+use lock_client::{BackoffConfig, LockError};
 use lock_proto::v1::lock_service_client::LockServiceClient;
 use lock_proto::v1::session_service_client::SessionServiceClient;
 use serde::Serialize;
@@ -22,8 +25,6 @@ use super::cluster::{Cluster, LeaderCell};
 
 /// How long a call is retried before it fails.
 pub const RETRY_FOR: Duration = Duration::from_secs(60);
-/// Pause before retrying a refused call (not after following a leader hint).
-const RETRY_PAUSE: Duration = Duration::from_millis(10);
 /// The server-side bound every pipelined call carries.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -161,13 +162,15 @@ impl Router {
 
     /// Makes `call` at the node believed to lead, retrying retry-safe refusals for up to
     /// [`RETRY_FOR`]: a `NotLeader` with a hint at the hinted node at once, one without after
-    /// a pause, a failed connection at the next node. `what` names the call in errors.
+    /// the backoff's next delay, a failed connection at the next node after it. `what` names
+    /// the call in errors.
     pub async fn call<T, F, Fut>(&self, what: &str, call: F) -> Result<T>
     where
         F: Fn(usize) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, Status>>,
     {
         let deadline = Instant::now() + RETRY_FOR;
+        let mut backoff = Backoff::new(BackoffConfig::default(), None);
         let mut node = self.leader.get();
         loop {
             let status = match call(node).await {
@@ -205,7 +208,7 @@ impl Router {
             } else {
                 node = self.leader.get();
             }
-            tokio::time::sleep(RETRY_PAUSE).await;
+            tokio::time::sleep(backoff.next_delay()).await;
         }
     }
 }
