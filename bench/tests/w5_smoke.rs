@@ -25,7 +25,7 @@ fn a_tiny_w5_run_reports_every_figure_and_keeps_every_sampled_lock() {
             "--w5-idle-secs",
             "0.5",
             "--w5-load-secs",
-            "0.5",
+            "2",
             "--w5-many-sessions",
             "200",
             "--w5-many-sessions-secs",

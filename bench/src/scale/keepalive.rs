@@ -19,6 +19,8 @@ use tokio::task::JoinHandle;
 use super::held::Held;
 use super::router::{CALL_TIMEOUT, Router};
 
+/// Lost sessions and grants named in a report (the rest are counted).
+pub const LOST_LISTED_MAX: usize = 10;
 /// Heartbeat batches unanswered at once; more wait for one of them.
 const BATCHES_IN_FLIGHT_MAX: usize = 16;
 /// Most renewer passes per second, however short the TTL.
@@ -66,6 +68,8 @@ pub struct KeepAliveReport {
     /// Renewals that failed after their retries (not lost: an error).
     pub renewals_failed: u64,
     /// Sessions answered `alive = false` and grants a renewal found lost.
+    pub lost_count: usize,
+    /// The first [`LOST_LISTED_MAX`] of them.
     pub lost: Vec<String>,
     /// The first failure.
     pub first_error: Option<String>,
@@ -118,6 +122,7 @@ impl KeepAlive {
     /// What the tasks did so far.
     pub fn report(&self) -> KeepAliveReport {
         let c = &self.counts;
+        let lost = c.lost.lock().unwrap_or_else(|p| p.into_inner());
         KeepAliveReport {
             sessions: self.sessions,
             session_ttl_ms: self.session_ttl.as_millis() as u64,
@@ -125,13 +130,8 @@ impl KeepAlive {
             batches_failed: c.batches_failed.load(Ordering::Relaxed),
             renewals: c.renewals.load(Ordering::Relaxed),
             renewals_failed: c.renewals_failed.load(Ordering::Relaxed),
-            lost: c
-                .lost
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .iter()
-                .cloned()
-                .collect(),
+            lost_count: lost.len(),
+            lost: lost.iter().take(LOST_LISTED_MAX).cloned().collect(),
             first_error: c
                 .first_error
                 .lock()
@@ -279,5 +279,27 @@ async fn renew(
                 }
             }
         }
+    }
+}
+
+impl KeepAliveReport {
+    /// One report for keep-alive loads that ran side by side: counts add up.
+    pub fn combine(loads: Vec<KeepAliveReport>) -> KeepAliveReport {
+        let mut all = KeepAliveReport::default();
+        for l in loads {
+            all.session_ttl_ms = l.session_ttl_ms;
+            all.sessions += l.sessions;
+            all.beats_ok += l.beats_ok;
+            all.batches_failed += l.batches_failed;
+            all.renewals += l.renewals;
+            all.renewals_failed += l.renewals_failed;
+            all.lost_count += l.lost_count;
+            let room = LOST_LISTED_MAX.saturating_sub(all.lost.len());
+            all.lost.extend(l.lost.into_iter().take(room));
+            if all.first_error.is_none() {
+                all.first_error = l.first_error;
+            }
+        }
+        all
     }
 }

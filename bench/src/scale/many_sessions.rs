@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
+use lock_proto::session::HEARTBEAT_BATCH_SESSIONS_MAX;
 use lock_proto::v1::CloseSessionRequest;
 use serde::Serialize;
 use tokio::task::JoinSet;
@@ -114,20 +115,39 @@ pub async fn measure(
         ];
         eprintln!("lock-bench w5: opening {count} sessions");
         let opened = Instant::now();
-        let ids = super::fill::open_sessions(&routers, "w5-many", count, ttl.as_millis() as u64)
-            .await
-            .context("opening the sessions")?;
+        // Each group starts beating as soon as it is open: opening 100,000 sessions can take
+        // longer than their TTL, and a session opened first must not lapse meanwhile.
+        let (mut keepers, mut groups) = (Vec::new(), Vec::new());
+        let mut left = count;
+        while left > 0 {
+            let group = left.min(HEARTBEAT_BATCH_SESSIONS_MAX);
+            left -= group;
+            let ids =
+                super::fill::open_sessions(&routers, "w5-many", group, ttl.as_millis() as u64)
+                    .await
+                    .context("opening the sessions")?;
+            let held = Arc::new(Held::new(ids, 0, ttl.as_millis() as u64));
+            let router = routers[keepers.len() % routers.len()].clone();
+            keepers.push(KeepAlive::start(router, held.clone(), ttl, ttl));
+            groups.push(held);
+        }
         let open_secs = opened.elapsed().as_secs_f64();
-        let held = Arc::new(Held::new(ids, 0, ttl.as_millis() as u64));
-        let keepalive = KeepAlive::start(routers[0].clone(), held.clone(), ttl, ttl);
         let mut with = Vec::new();
         for n in 1..=2 {
             let slice = workload::run_loop(&cluster.lockd, &slice).await;
             with.push(slice.with_context(|| format!("W1 with the sessions ({n})"))?);
         }
-        let keepalive = keepalive.stop().await;
+        let mut reports = Vec::with_capacity(keepers.len());
+        for keeper in keepers {
+            reports.push(keeper.stop().await);
+        }
+        let keepalive = KeepAliveReport::combine(reports);
         let closed = Instant::now();
-        close_sessions(&routers, &held.sessions).await?;
+        let ids: Vec<String> = groups
+            .iter()
+            .flat_map(|g| g.sessions.iter().cloned())
+            .collect();
+        close_sessions(&routers, &ids).await?;
         let close_secs = closed.elapsed().as_secs_f64();
         without.push(
             workload::run_loop(&cluster.lockd, &slice)

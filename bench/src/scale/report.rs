@@ -327,7 +327,7 @@ impl ScaleReport {
                 -m.w1_cost_pct,
                 k.beats_ok,
                 k.batches_failed,
-                k.lost.len(),
+                k.lost_count,
                 kinds(&m.refusals),
             );
         }
@@ -340,7 +340,7 @@ impl ScaleReport {
                 k.batches_failed,
                 k.renewals,
                 k.renewals_failed,
-                k.lost.len(),
+                k.lost_count,
                 kinds(&self.keepalive_refusals)
             );
         }
