@@ -32,6 +32,10 @@ use crate::system::{
     Connections, KEEPER_TASKS, KeeperCounters, Keepers, LockSystem, LockWorker, keepalive_due,
 };
 
+/// W5's hands on a running cluster's nodes (kill, restart, re-point at a new leader).
+#[path = "scale/cluster_access.rs"]
+mod cluster_access;
+
 /// Nodes in the cluster.
 const NODES: usize = 3;
 /// How long the cluster gets to elect a leader that every node knows.

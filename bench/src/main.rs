@@ -33,6 +33,7 @@ mod lockd;
 mod plot;
 mod procs;
 mod report;
+mod scale;
 mod scraper;
 mod stats;
 mod sweep;
@@ -180,6 +181,9 @@ struct Args {
     #[command(subcommand)]
     #[serde(skip)]
     command: Option<Command>,
+    /// W5 (`--w5` and its `--w5-*` flags): lockd at scale, instead of the table.
+    #[command(flatten)]
+    scale: scale::ScaleArgs,
 }
 
 /// What lock-bench does instead of a run.
@@ -441,6 +445,21 @@ fn unix_ms() -> u64 {
 }
 
 async fn run(args: Args) -> Result<()> {
+    if args.scale.w5 {
+        let (out, data_root, bin) = (
+            &args.out,
+            args.data_root.as_deref(),
+            args.lockd_bin.as_deref(),
+        );
+        let common = scale::Common {
+            out,
+            data_root,
+            lockd_bin: bin,
+            insecure: args.insecure,
+            keep_data: args.keep_data,
+        };
+        return scale::run(&args.scale, common).await;
+    }
     let started_unix_ms = unix_ms();
     let plan = Plan::from_args(&args)?;
     if args.scrape_only && args.scrape_rounds == 0 {

@@ -108,6 +108,42 @@ const USER_HZ: f64 = 100.0;
 pub struct NodeProcess {
     name: String,
     child: Child,
+    /// How it was started, so that [`NodeProcess::restart`] can start it again.
+    launch: Launch,
+}
+
+/// The command line, environment and log file of a node process.
+#[derive(Debug, Clone)]
+struct Launch {
+    program: PathBuf,
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+    log_path: PathBuf,
+}
+
+impl Launch {
+    /// Starts the process with stdout and stderr to the log: a new log, or appended to it.
+    fn spawn(&self, name: &str, append: bool) -> Result<Child> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .write(true)
+            .append(append)
+            .truncate(!append)
+            .open(&self.log_path)
+            .with_context(|| format!("opening {}", self.log_path.display()))?;
+        let log_err = log
+            .try_clone()
+            .with_context(|| format!("duplicating {}", self.log_path.display()))?;
+        Command::new(&self.program)
+            .args(&self.args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(log))
+            .stderr(Stdio::from(log_err))
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("starting {name}: {}", self.program.display()))
+    }
 }
 
 impl NodeProcess {
@@ -126,25 +162,66 @@ impl NodeProcess {
     ) -> Result<Self> {
         std::fs::create_dir_all(log_dir)
             .with_context(|| format!("creating {}", log_dir.display()))?;
-        let log_path = log_dir.join(format!("{name}.log"));
-        let log = std::fs::File::create(&log_path)
-            .with_context(|| format!("creating {}", log_path.display()))?;
-        let log_err = log
-            .try_clone()
-            .with_context(|| format!("duplicating {}", log_path.display()))?;
-        let child = Command::new(program)
-            .args(args)
-            .envs(env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::null())
-            .stdout(Stdio::from(log))
-            .stderr(Stdio::from(log_err))
-            .kill_on_drop(true)
-            .spawn()
-            .with_context(|| format!("starting {name}: {}", program.display()))?;
+        let launch = Launch {
+            program: program.to_path_buf(),
+            args: args.to_vec(),
+            env: env.to_vec(),
+            log_path: log_dir.join(format!("{name}.log")),
+        };
+        let child = launch.spawn(name, false)?;
         Ok(Self {
             name: name.to_owned(),
             child,
+            launch,
         })
+    }
+
+    /// The process id while the process runs (`None` once it has been reaped).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+
+    /// SIGKILL, and wait until the process is gone (a crash, as far as the node can tell).
+    pub async fn kill(&mut self) -> Result<()> {
+        self.child
+            .kill()
+            .await
+            .with_context(|| format!("killing {}", self.name))
+    }
+
+    /// SIGTERM, and wait up to [`STOP_GRACE`] for the process to exit (then SIGKILL); the
+    /// process can be started again with [`NodeProcess::restart`].
+    pub async fn terminate(&mut self) -> Result<()> {
+        let Some(pid) = self.child.id() else {
+            return Ok(());
+        };
+        let pid = rustix::process::Pid::from_raw(pid as i32)
+            .with_context(|| format!("{} has an invalid pid {pid}", self.name))?;
+        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        match tokio::time::timeout(STOP_GRACE, self.child.wait()).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => bail!("waiting for {} to exit: {e}", self.name),
+            Err(_) => {
+                self.kill().await?;
+                bail!(
+                    "{} ignored SIGTERM for {STOP_GRACE:?} and was killed",
+                    self.name
+                )
+            }
+        }
+    }
+
+    /// Starts the process again with the same command line and environment, its output
+    /// appended to the same log. Fails if it is still running.
+    pub fn restart(&mut self) -> Result<()> {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            bail!(
+                "{} is still running; stop it before restarting it",
+                self.name
+            );
+        }
+        self.child = self.launch.spawn(&self.name, true)?;
+        Ok(())
     }
 
     /// Fails if the process has already exited (it crashed or rejected its flags).

@@ -1,0 +1,196 @@
+//! W5's follower catch-up figure: stop a follower, write enough log entries that the leader
+//! takes a new snapshot (and purges the log the follower would need), restart the follower and
+//! time how long it takes to catch up — until its applied index reaches the leader's commit
+//! index of the restart, and until the leader sees it matched (replication lag 0).
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use lock_proto::v1::{ReleaseRequest, TryAcquireRequest};
+use serde::Serialize;
+
+use super::cluster::Cluster;
+use super::held::Held;
+use super::router::{CALL_TIMEOUT, Router};
+use super::snapshots;
+
+/// Longest the entries are written, whether or not a snapshot came.
+const WRITE_MAX: Duration = Duration::from_secs(180);
+/// Longest wait for the restarted follower to catch up.
+const CATCH_UP_MAX: Duration = Duration::from_secs(180);
+/// Pause between two polls of the follower.
+const POLL: Duration = Duration::from_millis(20);
+
+/// What the catch-up measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct CatchUp {
+    /// The follower stopped and restarted.
+    pub node_id: u64,
+    /// Its applied index when stopped.
+    pub stopped_at_index: u64,
+    /// Log entries written meanwhile (leader's commit index growth).
+    pub entries_written: u64,
+    /// Time taken to write them, in seconds.
+    pub write_secs: f64,
+    /// The leader's newest snapshot at the restart: its index and size.
+    pub leader_snapshot_index: Option<u64>,
+    /// Its size in bytes.
+    pub leader_snapshot_bytes: Option<u64>,
+    /// Whether that snapshot is past the stopped follower's index (so it had to be sent one,
+    /// unless the leader kept the log it needed).
+    pub snapshot_past_follower: bool,
+    /// The leader's commit index at the restart: the target.
+    pub target_index: u64,
+    /// From the restart until the follower's metrics answered (the process is up).
+    pub up_secs: Option<f64>,
+    /// From the restart until its applied index reached the target.
+    pub caught_up_secs: Option<f64>,
+    /// From the restart until the leader's replication lag for it was 0.
+    pub leader_matched_secs: Option<f64>,
+    /// The follower's newest snapshot after catching up (its index).
+    pub follower_snapshot_index_after: Option<u64>,
+    /// Snapshots the follower built itself since the restart (0 with a newer snapshot file:
+    /// it installed the leader's).
+    pub follower_snapshot_builds_after: Option<u64>,
+    /// The follower's resident memory after catching up, in MiB (state rebuilt from the
+    /// snapshot): now and peak.
+    pub follower_memory_after: Option<super::procfs::Memory>,
+}
+
+/// Stops the follower after the leader, writes about `entries` log entries (at least until a
+/// new leader snapshot is past the follower), restarts it and times its catch-up. `session` is
+/// a held session's index whose request ids the writes use.
+pub async fn measure(
+    cluster: &mut Cluster,
+    router: &Router,
+    held: &Held,
+    session: usize,
+    entries: u64,
+) -> Result<CatchUp> {
+    let leader = cluster.leader.get();
+    let follower = (leader + 1) % cluster.nodes.len();
+    let node_id = cluster.nodes[follower].id;
+    let stopped_at_index = cluster
+        .scrape(follower)
+        .await?
+        .view()
+        .applied_index
+        .context("the follower's applied index")?;
+    cluster
+        .lockd
+        .node_process_mut(follower)
+        .context("the follower's process")?
+        .terminate()
+        .await?;
+    let target = cluster.nodes[leader].metrics.clone();
+    let commit = || {
+        let target = target.clone();
+        async move {
+            super::metrics::scrape(&target)
+                .await
+                .ok()
+                .and_then(|s| s.view().commit_index)
+        }
+    };
+    let start_commit = commit().await.context("the leader's commit index")?;
+    let started = Instant::now();
+    let session_id = held.sessions[session].clone();
+    let mut written = 0u64;
+    loop {
+        let now_commit = commit().await.unwrap_or(start_commit);
+        let past = snapshots::current(&cluster.nodes[leader].data_dir)
+            .is_some_and(|s| s.index > stopped_at_index);
+        if (now_commit.saturating_sub(stopped_at_index) >= entries && past)
+            || started.elapsed() > WRITE_MAX
+        {
+            break;
+        }
+        // Fifty acquire/release pairs between two polls: one call at a time, so each is its
+        // own log entry.
+        for _ in 0..50 {
+            let key = format!("w5/catch-up/{written}");
+            written += 1;
+            let request = TryAcquireRequest {
+                session_id: session_id.clone(),
+                request_id: held.request_id(session),
+                key: key.clone(),
+                ttl_ms: 60_000,
+            };
+            let grant = router
+                .call("TryAcquire", |node| {
+                    let (pipeline, request) = (router.pipeline(node), request.clone());
+                    async move { pipeline.try_acquire(request, CALL_TIMEOUT).await }
+                })
+                .await?
+                .grant
+                .with_context(|| format!("{key}: not granted"))?;
+            let request = ReleaseRequest {
+                session_id: session_id.clone(),
+                request_id: held.request_id(session),
+                key,
+                fencing_token: grant.fencing_token,
+            };
+            router
+                .call("Release", |node| {
+                    let (pipeline, request) = (router.pipeline(node), request.clone());
+                    async move { pipeline.release(request, CALL_TIMEOUT).await }
+                })
+                .await?;
+        }
+    }
+    let write_secs = started.elapsed().as_secs_f64();
+    let target_index = commit().await.context("the leader's commit index")?;
+    let leader_snapshot = snapshots::current(&cluster.nodes[leader].data_dir);
+    cluster
+        .lockd
+        .node_process_mut(follower)
+        .context("the follower's process")?
+        .restart()?;
+    let restarted = Instant::now();
+    let lag_series = format!("lockd_raft_replication_lag_entries{{peer=\"{node_id}\"}}");
+    let (mut up_secs, mut caught_up_secs, mut leader_matched_secs) = (None, None, None);
+    while restarted.elapsed() < CATCH_UP_MAX
+        && (caught_up_secs.is_none() || leader_matched_secs.is_none())
+    {
+        let at = restarted.elapsed().as_secs_f64();
+        if let Ok(scrape) = cluster.scrape(follower).await {
+            up_secs.get_or_insert(at);
+            if caught_up_secs.is_none()
+                && scrape
+                    .view()
+                    .applied_index
+                    .is_some_and(|a| a >= target_index)
+            {
+                caught_up_secs = Some(at);
+            }
+        }
+        if leader_matched_secs.is_none()
+            && let Ok(scrape) = cluster.scrape(leader).await
+            && scrape.get(&lag_series) == Some(0.0)
+        {
+            leader_matched_secs = Some(at);
+        }
+        tokio::time::sleep(POLL).await;
+    }
+    if caught_up_secs.is_none() {
+        bail!("node {node_id} did not catch up to index {target_index} within {CATCH_UP_MAX:?}");
+    }
+    let after = cluster.scrape(follower).await.ok().map(|s| s.view());
+    Ok(CatchUp {
+        node_id,
+        stopped_at_index,
+        entries_written: target_index.saturating_sub(start_commit),
+        write_secs,
+        leader_snapshot_index: leader_snapshot.as_ref().map(|s| s.index),
+        leader_snapshot_bytes: leader_snapshot.as_ref().map(|s| s.bytes),
+        snapshot_past_follower: leader_snapshot.is_some_and(|s| s.index > stopped_at_index),
+        target_index,
+        up_secs,
+        caught_up_secs,
+        leader_matched_secs,
+        follower_snapshot_index_after: snapshots::current(&cluster.nodes[follower].data_dir)
+            .map(|s| s.index),
+        follower_snapshot_builds_after: after.and_then(|v| v.snapshot_builds),
+        follower_memory_after: cluster.pid(follower).and_then(super::procfs::memory),
+    })
+}

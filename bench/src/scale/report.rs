@@ -1,0 +1,352 @@
+//! W5's report: every figure of the run as JSON (`w5.json`) and the tables of
+//! bench/PERFORMANCE.md's W5 section as markdown (`w5.md`). Owns formatting; measures nothing.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use super::catchup::CatchUp;
+use super::checkpoint::{Checkpoint, NodeState};
+use super::failover::{Failover, Probe};
+use super::keepalive::KeepAliveReport;
+use super::many_sessions::ManySessions;
+use super::router::{RefusalCount, total};
+use super::snapshots::SnapshotEvent;
+
+/// Name of the JSON report in `--out`.
+pub const JSON_FILE: &str = "w5.json";
+/// Name of the markdown tables in `--out`.
+pub const MARKDOWN_FILE: &str = "w5.md";
+
+/// Where and how W5 ran.
+#[derive(Debug, Clone, Serialize)]
+pub struct Setup {
+    /// The command line.
+    pub command: String,
+    /// The lockd binary.
+    pub lockd_bin: String,
+    /// CPUs of the machine.
+    pub cpus: usize,
+    /// Load average (1, 5, 15 min) at the start.
+    pub load_average_at_start: String,
+    /// Load average at the end.
+    pub load_average_at_end: String,
+    /// Filesystem of the nodes' data.
+    pub data_filesystem: String,
+    /// Sessions of the fill.
+    pub sessions: usize,
+    /// Locks per session.
+    pub locks_per_session: usize,
+    /// `snapshot_logs_since_last` of the nodes.
+    pub snapshot_logs_since_last: u64,
+    /// Whole run, in seconds.
+    pub run_secs: f64,
+}
+
+/// The whole fill, all stretches together.
+#[derive(Debug, Clone, Serialize)]
+pub struct FillSummary {
+    /// Locks granted.
+    pub locks: usize,
+    /// Time spent granting them (the stretches, without the checkpoints), in seconds.
+    pub secs: f64,
+    /// `locks / secs`.
+    pub locks_per_sec: f64,
+    /// Every refusal the fill met, by kind (each was retried).
+    pub refusals: BTreeMap<String, RefusalCount>,
+    /// Locks that could not be granted.
+    pub failed: u64,
+    /// Each node's term before the fill and after it: equal means no election.
+    pub terms: Vec<(u64, Option<u64>, Option<u64>)>,
+    /// Leaders each node learned of during the fill (0: no election).
+    pub leader_changes: Vec<(u64, Option<u64>)>,
+}
+
+/// Snapshots taken during the run.
+#[derive(Debug, Clone, Serialize)]
+pub struct SnapshotSummary {
+    /// Every new snapshot file seen, on every node, in order.
+    pub events: Vec<SnapshotEvent>,
+    /// Per node: (id, snapshots seen, largest size in bytes).
+    pub per_node: Vec<(u64, usize, u64)>,
+}
+
+impl SnapshotSummary {
+    /// Summarises `events` for the nodes `ids`.
+    pub fn new(events: Vec<SnapshotEvent>, ids: &[u64]) -> Self {
+        let per_node = ids
+            .iter()
+            .map(|&id| {
+                let mine = events.iter().filter(|e| e.node_id == id);
+                let (count, largest) = mine.fold((0, 0), |(c, l), e| (c + 1, l.max(e.bytes)));
+                (id, count, largest)
+            })
+            .collect();
+        Self { events, per_node }
+    }
+}
+
+/// Everything W5 measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct ScaleReport {
+    /// `"lock-bench w5"`.
+    pub tool: &'static str,
+    /// Where and how.
+    pub setup: Setup,
+    /// Every node before anything ran.
+    pub nodes_at_start: Vec<NodeState>,
+    /// W1 with and without ~`SESSIONS_MAX` sessions.
+    pub many_sessions: Option<ManySessions>,
+    /// The fill.
+    pub fill: Option<FillSummary>,
+    /// The growth curve: one entry per checkpoint.
+    pub checkpoints: Vec<Checkpoint>,
+    /// Follower catch-up from a snapshot.
+    pub catch_up: Option<CatchUp>,
+    /// Failover at full size.
+    pub failover: Option<Failover>,
+    /// What keeping the held locks alive did, the whole run.
+    pub keepalive: Option<KeepAliveReport>,
+    /// Refusals the keep-alive calls met, by kind.
+    pub keepalive_refusals: BTreeMap<String, RefusalCount>,
+    /// Snapshots taken.
+    pub snapshots: SnapshotSummary,
+    /// Every node at the end.
+    pub nodes_at_end: Vec<NodeState>,
+    /// Steps that failed, with why.
+    pub errors: Vec<String>,
+}
+
+fn opt(v: Option<f64>, digits: usize) -> String {
+    v.map_or("–".to_owned(), |v| format!("{v:.digits$}"))
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{:.1}", bytes as f64 / (1024.0 * 1024.0))
+}
+
+fn kinds(refusals: &BTreeMap<String, RefusalCount>) -> String {
+    if refusals.is_empty() {
+        return "none".to_owned();
+    }
+    refusals
+        .iter()
+        .map(|(k, c)| format!("{k} {}", c.count))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn probe_row(out: &mut String, name: &str, p: &Probe) {
+    let _ = writeln!(
+        out,
+        "| {name} | {} | {} | {} | {} |",
+        opt(p.served_secs, 3),
+        opt(p.after_first_grant_secs, 3),
+        kinds(&p.refusals),
+        p.lost.as_deref().unwrap_or("no"),
+    );
+}
+
+impl ScaleReport {
+    /// The markdown tables.
+    pub fn markdown(&self) -> String {
+        let mut out = String::new();
+        let s = &self.setup;
+        let _ = writeln!(
+            out,
+            "W5: {} sessions × {} locks, {} CPUs, data on {}, load average {} at the start and {} \
+             at the end, {:.0} s in all.\n\n`{}`\n",
+            s.sessions,
+            s.locks_per_session,
+            s.cpus,
+            s.data_filesystem,
+            s.load_average_at_start,
+            s.load_average_at_end,
+            s.run_secs,
+            s.command
+        );
+        out.push_str(
+            "| held locks | fill locks/s | RSS leader / followers (MiB) | peak (MiB) | idle CPU leader (% core) | \
+             W1 pairs/s | W3 acquire p50 / p99 (ms) | fill refusals | leader snapshot (MiB) | load avg |\n",
+        );
+        out.push_str("|---:|---:|---|---|---:|---:|---|---|---:|---|\n");
+        for c in &self.checkpoints {
+            let leader = c.memory.iter().find(|m| m.leader);
+            let rss: Vec<String> = c
+                .memory
+                .iter()
+                .map(|m| opt(m.memory.map(|m| m.rss_mib), 0))
+                .collect();
+            let peak: Vec<String> = c
+                .memory
+                .iter()
+                .map(|m| opt(m.memory.map(|m| m.peak_mib), 0))
+                .collect();
+            let snapshot = leader
+                .and_then(|l| c.nodes.iter().find(|n| n.node_id == l.node_id))
+                .and_then(|n| n.snapshot.as_ref())
+                .map_or("–".to_owned(), |f| mib(f.bytes));
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} (node {}) | {} | {} | {} | {} / {} | {} | {} | {} |",
+                c.held,
+                opt(c.fill.as_ref().map(|f| f.locks_per_sec), 0),
+                rss.join(" / "),
+                leader.map_or(0, |l| l.node_id),
+                peak.join(" / "),
+                opt(c.idle_cpu.leader_pct, 1),
+                opt(c.loads.as_ref().map(|l| l.w1.pairs_per_sec), 0),
+                opt(c.loads.as_ref().and_then(|l| l.w3.acquire.p50_ms), 3),
+                opt(c.loads.as_ref().and_then(|l| l.w3.acquire.p99_ms), 3),
+                c.fill
+                    .as_ref()
+                    .map_or("–".to_owned(), |f| kinds(&f.refusals)),
+                snapshot,
+                c.load_average,
+            );
+        }
+        out.push_str("\n(RSS and peak are in node order 1 / 2 / 3.)\n");
+        if let Some(f) = &self.fill {
+            let elections = f
+                .leader_changes
+                .iter()
+                .any(|(_, c)| c.is_some_and(|c| c > 0))
+                || f.terms.iter().any(|(_, a, b)| a != b);
+            let _ = writeln!(
+                out,
+                "\nFill: {} locks in {:.1} s, **{:.0} locks/s**; refusals {} ({} in all, each \
+                 retried); {} locks not granted; {}.",
+                f.locks,
+                f.secs,
+                f.locks_per_sec,
+                kinds(&f.refusals),
+                total(&f.refusals),
+                f.failed,
+                if elections {
+                    "**the term changed during the fill (an election)**"
+                } else {
+                    "term unchanged on every node (no election)"
+                }
+            );
+        }
+        let snapshot_list: Vec<String> = self
+            .snapshots
+            .per_node
+            .iter()
+            .map(|(id, count, largest)| {
+                format!(
+                    "node {id}: {count} snapshots, largest {} MiB",
+                    mib(*largest)
+                )
+            })
+            .collect();
+        let _ = writeln!(
+            out,
+            "\nSnapshots during the run: {}.",
+            snapshot_list.join("; ")
+        );
+        if let Some(c) = &self.catch_up {
+            let _ = writeln!(
+                out,
+                "\nCatch-up: node {} stopped at index {}, {} entries written in {:.1} s, leader's \
+                 snapshot at {} ({} MiB, past the follower: {}); after the restart it was up in {} s, \
+                 **caught up in {} s** (applied ≥ {}), matched by the leader in {} s; its snapshot \
+                 then at {}, {} built by itself; RSS after {} MiB (peak {}).",
+                c.node_id,
+                c.stopped_at_index,
+                c.entries_written,
+                c.write_secs,
+                c.leader_snapshot_index
+                    .map_or("–".to_owned(), |i| i.to_string()),
+                c.leader_snapshot_bytes.map_or("–".to_owned(), mib),
+                c.snapshot_past_follower,
+                opt(c.up_secs, 2),
+                opt(c.caught_up_secs, 2),
+                c.target_index,
+                opt(c.leader_matched_secs, 2),
+                c.follower_snapshot_index_after
+                    .map_or("–".to_owned(), |i| i.to_string()),
+                c.follower_snapshot_builds_after
+                    .map_or("–".to_owned(), |b| b.to_string()),
+                opt(c.follower_memory_after.map(|m| m.rss_mib), 0),
+                opt(c.follower_memory_after.map(|m| m.peak_mib), 0),
+            );
+        }
+        if let Some(f) = &self.failover {
+            let _ = writeln!(
+                out,
+                "\nFailover with {} locks held: node {} killed (SIGKILL), node {} leads (term {} → {}).\n",
+                f.held,
+                f.killed_node_id,
+                f.new_leader_node_id
+                    .map_or("–".to_owned(), |i| i.to_string()),
+                f.term_before.map_or("–".to_owned(), |t| t.to_string()),
+                f.term_after.map_or("–".to_owned(), |t| t.to_string()),
+            );
+            out.push_str("| call | served after the kill (s) | after the first grant (s) | refusals before | lost |\n");
+            out.push_str("|---|---:|---:|---|---|\n");
+            probe_row(&mut out, "first grant of a new key (TryAcquire)", &f.grant);
+            probe_row(&mut out, "heartbeat (HeartbeatBatch)", &f.heartbeat);
+            probe_row(&mut out, "renew", &f.renew);
+            probe_row(
+                &mut out,
+                "confirmed read (Inspect leader_confirmed)",
+                &f.confirmed_read,
+            );
+            let _ = writeln!(
+                out,
+                "\nEvery kind served {} s after the kill, {} s after the first grant. Sampled held \
+                 keys that kept their holder and token: **{} of {}**.",
+                opt(f.all_served_secs, 3),
+                opt(f.all_served_after_first_grant_secs, 3),
+                f.kept,
+                f.sampled
+            );
+            for what in &f.not_kept {
+                let _ = writeln!(out, "- not kept: {what}");
+            }
+        }
+        if let Some(m) = &self.many_sessions {
+            let k = &m.keepalive;
+            let _ = writeln!(
+                out,
+                "\nMany sessions: {} sessions kept alive at TTL/3 (TTL {} s, {:.0} beats/s due; {} \
+                 live at the peak, {} before), opened in {:.1} s, closed in {:.1} s: W1 {:.0} \
+                 pairs/s with them, {:.0} without (**{:+.1} %**); {} beats answered, {} batches \
+                 failed, **{} sessions lost**; refusals {}.",
+                m.sessions,
+                m.session_ttl_ms / 1000,
+                m.beats_offered_per_sec,
+                m.live_peak,
+                m.live_before,
+                m.open_secs,
+                m.close_secs,
+                m.w1_with.pairs_per_sec,
+                m.w1_without.pairs_per_sec,
+                -m.w1_cost_pct,
+                k.beats_ok,
+                k.batches_failed,
+                k.lost_count,
+                kinds(&m.refusals),
+            );
+        }
+        if let Some(k) = &self.keepalive {
+            let _ = writeln!(
+                out,
+                "\nHeld locks kept alive: {} session beats answered, {} batches failed, {} renewals \
+                 ({} failed), {} sessions or grants lost; keep-alive refusals {}.",
+                k.beats_ok,
+                k.batches_failed,
+                k.renewals,
+                k.renewals_failed,
+                k.lost_count,
+                kinds(&self.keepalive_refusals)
+            );
+        }
+        for e in &self.errors {
+            let _ = writeln!(out, "\n**step failed**: {e}");
+        }
+        out
+    }
+}

@@ -1,0 +1,144 @@
+//! Smoke test of W5 (`lock-bench --w5`) at a tiny size: 20 sessions × 50 locks, short windows,
+//! a few hundred extra sessions, snapshots every 200 entries so the catch-up step needs few
+//! writes. It checks that the report carries every figure W5 promises and that no sampled key
+//! lost its holder or token across the failover; it asserts no speed.
+
+use std::process::Command;
+
+fn number(value: &serde_json::Value, what: &str) -> f64 {
+    value
+        .as_f64()
+        .unwrap_or_else(|| panic!("{what} is not a number: {value}"))
+}
+
+#[test]
+fn a_tiny_w5_run_reports_every_figure_and_keeps_every_sampled_lock() {
+    let out = tempfile::tempdir().expect("a temporary output directory");
+    let output = Command::new(env!("CARGO_BIN_EXE_lock-bench"))
+        .env("LOCKD_SNAPSHOT_LOGS_SINCE_LAST", "200")
+        .args([
+            "--w5",
+            "--w5-sessions",
+            "20",
+            "--w5-locks-per-session",
+            "50",
+            "--w5-idle-secs",
+            "0.5",
+            "--w5-load-secs",
+            "2",
+            "--w5-many-sessions",
+            "200",
+            "--w5-many-sessions-secs",
+            "1",
+            "--w5-many-sessions-ttl-secs",
+            "6",
+            "--w5-session-ttl-secs",
+            "10",
+            "--w5-sample",
+            "100",
+            "--out",
+        ])
+        .arg(out.path())
+        .output()
+        .expect("running lock-bench --w5");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "lock-bench --w5 failed ({}):\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        output.status
+    );
+    let markdown = std::fs::read_to_string(out.path().join("w5.md")).expect("w5.md");
+    assert!(stdout.contains(markdown.trim()), "stdout lacks the tables");
+    let json = std::fs::read_to_string(out.path().join("w5.json")).expect("w5.json");
+    let report: serde_json::Value = serde_json::from_str(&json).expect("w5.json is JSON");
+    assert_eq!(report["errors"], serde_json::json!([]), "{report:#}");
+
+    // The growth curve: checkpoints at 0, 10, 25, 50 and 100 % of the 1,000 locks.
+    let checkpoints = report["checkpoints"].as_array().expect("checkpoints");
+    let held: Vec<f64> = checkpoints
+        .iter()
+        .map(|c| number(&c["held"], "held"))
+        .collect();
+    assert_eq!(held, [0.0, 100.0, 250.0, 500.0, 1000.0]);
+    for c in checkpoints {
+        let at = number(&c["held"], "held");
+        let memory = c["memory"].as_array().expect("memory");
+        assert_eq!(memory.len(), 3, "a memory figure per node at {at}");
+        for m in memory {
+            let rss = number(&m["memory"]["rss_mib"], "rss");
+            assert!(rss > 0.0 && number(&m["memory"]["peak_mib"], "peak") >= rss);
+        }
+        assert_eq!(memory.iter().filter(|m| m["leader"] == true).count(), 1);
+        assert!(number(&c["idle_cpu"]["leader_pct"], "idle leader CPU") >= 0.0);
+        assert!(
+            number(&c["loads"]["w1"]["pairs"], "W1 pairs") > 0.0,
+            "W1 at {at}"
+        );
+        assert!(number(&c["loads"]["w3"]["acquire"]["p50_ms"], "W3 p50") > 0.0);
+        number(&c["loads"]["w3"]["acquire"]["p99_ms"], "W3 p99");
+        assert_eq!(number(&c["loads"]["w1"]["errors"], "W1 errors"), 0.0);
+        for node in c["nodes"].as_array().expect("nodes") {
+            number(&node["metrics"]["term"], "term");
+            number(&node["data_dir_bytes"], "data dir bytes");
+        }
+        if at > 0.0 {
+            assert!(number(&c["fill"]["locks_per_sec"], "fill speed") > 0.0);
+            assert!(c["fill"]["refusals"].is_object());
+        }
+    }
+
+    // The fill: every lock granted, its speed and refusals, each node's term around it.
+    let fill = &report["fill"];
+    assert_eq!(number(&fill["locks"], "filled"), 1000.0);
+    assert_eq!(number(&fill["failed"], "failed"), 0.0);
+    assert!(number(&fill["locks_per_sec"], "fill locks/s") > 0.0);
+    assert_eq!(fill["terms"].as_array().expect("terms").len(), 3);
+
+    // Snapshots: with one every 200 entries, every node took some, and their sizes are known.
+    let per_node = report["snapshots"]["per_node"]
+        .as_array()
+        .expect("per node");
+    assert_eq!(per_node.len(), 3);
+    for node in per_node {
+        assert!(number(&node[1], "snapshots") > 0.0, "no snapshot: {node}");
+        assert!(number(&node[2], "snapshot bytes") > 0.0);
+    }
+
+    // Catch-up: past a snapshot the follower did not have, and caught up.
+    let catch_up = &report["catch_up"];
+    assert_eq!(catch_up["snapshot_past_follower"], true, "{catch_up:#}");
+    number(&catch_up["caught_up_secs"], "catch-up time");
+    number(&catch_up["leader_matched_secs"], "leader matched time");
+
+    // Failover: a new leader, every kind of call served, and no sampled key lost.
+    let failover = &report["failover"];
+    assert_ne!(failover["killed_node_id"], failover["new_leader_node_id"]);
+    for probe in ["grant", "heartbeat", "renew", "confirmed_read"] {
+        number(&failover[probe]["served_secs"], probe);
+        assert!(failover[probe]["lost"].is_null(), "{probe}: {failover:#}");
+    }
+    number(&failover["all_served_secs"], "all served");
+    assert_eq!(number(&failover["sampled"], "sampled"), 100.0);
+    assert_eq!(
+        number(&failover["kept"], "kept"),
+        100.0,
+        "sampled keys lost their holder: {}",
+        failover["not_kept"]
+    );
+
+    // The held locks' sessions were kept alive throughout, none lost.
+    let keepalive = &report["keepalive"];
+    assert!(number(&keepalive["beats_ok"], "beats") > 0.0);
+    assert_eq!(keepalive["lost"], serde_json::json!([]));
+
+    // Many sessions: W1 with and without them, none lost.
+    let many = &report["many_sessions"];
+    assert_eq!(number(&many["sessions"], "sessions"), 200.0);
+    assert!(number(&many["live_peak"], "live peak") >= 200.0);
+    assert_eq!(many["keepalive"]["lost"], serde_json::json!([]), "{many:#}");
+    assert_eq!(number(&many["keepalive"]["batches_failed"], "failed"), 0.0);
+    assert!(number(&many["w1_with"]["pairs"], "W1 with") > 0.0);
+    assert!(number(&many["w1_without"]["pairs"], "W1 without") > 0.0);
+    number(&many["w1_cost_pct"], "W1 cost");
+}
