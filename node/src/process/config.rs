@@ -35,8 +35,10 @@ pub const CLUSTER_NAME_LEN_MAX: usize = 64;
 /// Most voters a cluster may be configured with. Raft clusters beyond 7 voters gain no
 /// availability and pay for every extra replica on every write.
 pub const PEERS_MAX: usize = 7;
-/// Most `raft_dial` overrides: one per other member at most, so the voter limit bounds it.
-pub const RAFT_DIAL_MAX: usize = PEERS_MAX;
+/// Most `raft_dial` overrides: one per other node id a test network may route (the members,
+/// and the spare ids a fault-injection run adds and rebuilds members under over a long run:
+/// `lock-jepsen` uses ids 1..=16). Bounded so a typo cannot make the node keep thousands.
+pub const RAFT_DIAL_MAX: usize = 15;
 /// Shortest heartbeat interval (ms): below this a 2-core machine spends its time on heartbeats.
 pub const HEARTBEAT_INTERVAL_MS_MIN: u64 = 10;
 /// Longest tolerated safety margin (ms): it must stay well inside the shortest lease.
