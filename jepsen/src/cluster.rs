@@ -42,20 +42,25 @@ pub const STATUS_TIMEOUT: Duration = Duration::from_millis(500);
 /// Port every node listens on (each on its own address inside the namespace).
 pub const NETNS_PORT: u16 = 7101;
 
-/// Ports outside a namespace: all nodes on 127.0.0.1, node n on `BASE_PORT + 10 * slot + n`
-/// where `slot` comes from the harness's pid, so concurrent runs (parallel tests) rarely
+/// Ports outside a namespace: all nodes on 127.0.0.1, node n on
+/// `BASE_PORT + PORT_STRIDE * slot + n` where `slot` comes from the harness's pid, so concurrent runs (parallel tests) rarely
 /// collide; a collision fails the start with an error naming the node's log.
 pub const BASE_PORT: u16 = 20000;
+
+/// Ports per slot outside a namespace (see [`BASE_PORT`]): node ids 1..=`PORT_STRIDE - 1`, which
+/// covers every id a run uses (`crate::runner::NODE_ID_MAX`).
+const PORT_STRIDE: u16 = 20;
 
 /// Number of port slots outside a namespace (see [`BASE_PORT`]). Every node port stays below
 /// `EPHEMERAL_PORT_MIN`, so no ephemeral port — a proxy's listener, the source port of any
 /// connection — can take a node's port before the node binds it or while it restarts.
-const PORT_SLOTS: u32 = 1200;
+const PORT_SLOTS: u32 = 600;
 
 /// Start of Linux's default ephemeral port range (`net.ipv4.ip_local_port_range`).
 const EPHEMERAL_PORT_MIN: u32 = 32768;
 
-const _: () = assert!(BASE_PORT as u32 + 10 * PORT_SLOTS < EPHEMERAL_PORT_MIN);
+const _: () = assert!(BASE_PORT as u32 + PORT_STRIDE as u32 * PORT_SLOTS < EPHEMERAL_PORT_MIN);
+const _: () = assert!(crate::runner::NODE_ID_MAX < PORT_STRIDE as u64);
 
 /// Raft timings given to every node: lockd's defaults, spelled out so a run's report says
 /// what it ran with.
@@ -298,9 +303,14 @@ pub fn node_addr(in_netns: bool, id: u64) -> anyhow::Result<String> {
     let slot = u16::try_from(std::process::id() % PORT_SLOTS).unwrap_or(0);
     let id = u16::try_from(id)
         .ok()
-        .filter(|&id| id < 10)
-        .with_context(|| format!("node {id}: at most 9 nodes outside a namespace"))?;
-    Ok(format!("127.0.0.1:{}", BASE_PORT + 10 * slot + id))
+        .filter(|&id| id < PORT_STRIDE)
+        .with_context(|| {
+            format!(
+                "node {id}: ids go up to {} outside a namespace",
+                PORT_STRIDE - 1
+            )
+        })?;
+    Ok(format!("127.0.0.1:{}", BASE_PORT + PORT_STRIDE * slot + id))
 }
 
 /// Awaits every future, concurrently, in order (a tiny `join_all`, to keep dependencies
