@@ -582,7 +582,9 @@ async fn the_dashboard_is_well_formed_and_queries_only_metrics_a_node_exports() 
     // grant so the labelled gRPC families have samples too.
     let mut cluster = Cluster::start_with(metrics_cluster()).await;
     let leader = cluster.leader().await;
-    let client = cluster.client(leader);
+    // Leader-following and retrying: a loaded leader may refuse a write for a moment
+    // (openraft's leader lease, answered NotLeader with no leader named).
+    let client = cluster.cluster_client();
     let session = client.open_session("dashboard", LONG_TTL).await.unwrap();
     client
         .try_acquire(&session.id, "k", LONG_TTL)
