@@ -67,8 +67,9 @@ pub async fn channel(addr: &str) -> Result<Channel> {
     channel_with(addr, None).await
 }
 
-/// Opens an HTTP/2 channel to `addr` (`host:port`), Nagle off: TLS with `tls`, else plaintext.
-pub async fn channel_with(addr: &str, tls: Option<&ClientTlsConfig>) -> Result<Channel> {
+/// The endpoint of `addr` (`host:port`) every lock-bench channel uses: Nagle off, a bounded
+/// connect, TLS with `tls`, else plaintext.
+pub fn endpoint(addr: &str, tls: Option<&ClientTlsConfig>) -> Result<tonic::transport::Endpoint> {
     let scheme = if tls.is_some() { "https" } else { "http" };
     let mut endpoint = tonic::transport::Endpoint::from_shared(format!("{scheme}://{addr}"))
         .with_context(|| format!("bad address {addr}"))?
@@ -79,7 +80,12 @@ pub async fn channel_with(addr: &str, tls: Option<&ClientTlsConfig>) -> Result<C
             .tls_config(tls.clone())
             .with_context(|| format!("TLS config for {addr}"))?;
     }
-    endpoint
+    Ok(endpoint)
+}
+
+/// Opens an HTTP/2 channel to `addr` (`host:port`), Nagle off: TLS with `tls`, else plaintext.
+pub async fn channel_with(addr: &str, tls: Option<&ClientTlsConfig>) -> Result<Channel> {
+    endpoint(addr, tls)?
         .connect()
         .await
         .with_context(|| format!("connecting to {addr}"))

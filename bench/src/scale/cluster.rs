@@ -11,13 +11,11 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use lock_proto::v1::admin_service_client::AdminServiceClient;
 use lock_proto::v1::{Role, StatusRequest};
-use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
+use tonic::transport::{Channel, ClientTlsConfig};
 
 use super::metrics::{self, Scrape};
 use crate::lockd::LockdCluster;
 
-/// Connect timeout of W5's own connections.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Pause between two polls while waiting for a leader.
 const POLL: Duration = Duration::from_millis(20);
 
@@ -172,15 +170,5 @@ impl Cluster {
 
 /// A channel to `addr` that connects on first use, Nagle off, with `tls` if given.
 pub fn lazy_channel(addr: &str, tls: Option<&ClientTlsConfig>) -> Result<Channel> {
-    let scheme = if tls.is_some() { "https" } else { "http" };
-    let mut endpoint = Endpoint::from_shared(format!("{scheme}://{addr}"))
-        .with_context(|| format!("bad address {addr}"))?
-        .tcp_nodelay(true)
-        .connect_timeout(CONNECT_TIMEOUT);
-    if let Some(tls) = tls {
-        endpoint = endpoint
-            .tls_config(tls.clone())
-            .with_context(|| format!("TLS config for {addr}"))?;
-    }
-    Ok(endpoint.connect_lazy())
+    Ok(crate::lockd::endpoint(addr, tls)?.connect_lazy())
 }
