@@ -27,15 +27,7 @@ impl RaftBackend {
         key: &str,
     ) -> Result<Option<Grant>, LockError> {
         let cancelled = self
-            .propose(as_caller(
-                caller,
-                Command::CancelWait {
-                    session_id: session_id.to_owned(),
-                    request_id,
-                    key: key.to_owned(),
-                    release_if_granted: false,
-                },
-            ))
+            .propose(cancel_wait(caller, session_id, request_id, key, false))
             .await?;
         match cancelled {
             Response::WaitCancelled { grant: g, .. } => Ok(g.map(grant)),
@@ -43,6 +35,27 @@ impl RaftBackend {
             other => Err(unexpected("CancelWait", &other)),
         }
     }
+}
+
+/// The `CancelWait` of acquire `(session_id, request_id)` on `key`, proposed as `caller`'s, so
+/// it cannot withdraw another principal's waiter that shares the ids; `release_if_granted`
+/// also releases a grant that raced it (the caller went away) instead of answering it.
+pub(super) fn cancel_wait(
+    caller: Option<&str>,
+    session_id: &str,
+    request_id: u64,
+    key: &str,
+    release_if_granted: bool,
+) -> Command {
+    as_caller(
+        caller,
+        Command::CancelWait {
+            session_id: session_id.to_owned(),
+            request_id,
+            key: key.to_owned(),
+            release_if_granted,
+        },
+    )
 }
 
 /// Proposes `CancelWait { release_if_granted: true }` for its request when dropped armed.
@@ -66,14 +79,12 @@ impl Drop for CancelOnDrop {
             return;
         };
         let backend = self.backend.clone();
-        let command = as_caller(
+        let command = cancel_wait(
             self.caller.as_deref(),
-            Command::CancelWait {
-                session_id: std::mem::take(&mut self.session_id),
-                request_id: self.request_id,
-                key: std::mem::take(&mut self.key),
-                release_if_granted: true,
-            },
+            &self.session_id,
+            self.request_id,
+            &self.key,
+            true,
         );
         runtime.spawn(async move {
             let result = backend.propose(command).await;

@@ -13,7 +13,7 @@ use lock_api::{LockError, validate};
 use lock_raft_store::{Command, Rejection, Response};
 use tokio::sync::watch;
 
-use super::cancel::CancelOnDrop;
+use super::cancel::{CancelOnDrop, cancel_wait};
 use super::rejection::{rejected, unexpected};
 use super::{RaftBackend, as_caller, grant};
 use crate::backend::{AuditRecord, Backend, Grant, KeyState, NodeStatus, Revocation};
@@ -393,15 +393,7 @@ impl Backend for RaftBackend {
         validate::key(key)?;
         self.leader_check()?;
         match self
-            .propose(as_caller(
-                caller,
-                Command::CancelWait {
-                    session_id: session_id.to_owned(),
-                    request_id,
-                    key: key.to_owned(),
-                    release_if_granted: true,
-                },
-            ))
+            .propose(cancel_wait(caller, session_id, request_id, key, true))
             .await?
         {
             Response::WaitCancelled { released, .. } => Ok(released),
