@@ -266,13 +266,15 @@ impl LockdCluster {
             for node in &mut nodes {
                 node.check_running()?;
             }
-            if let Some(leader) = agreed_leader(&addrs, tls.as_ref()).await {
+            if let Some(leader) = agreed_leader(&addrs, tls.as_ref()).await
+                && serves_writes(&leader, tls.as_ref()).await
+            {
                 break leader;
             }
             if Instant::now() > deadline {
                 bail!(
-                    "lockd: no leader known to all {NODES} nodes within {LEADER_WAIT:?}; see the \
-                     node logs in {}",
+                    "lockd: no leader known to all {NODES} nodes and serving writes within \
+                     {LEADER_WAIT:?}; see the node logs in {}",
                     data_dir.display()
                 );
             }
@@ -342,6 +344,23 @@ async fn agreed_leader(addrs: &[String], tls: Option<&ClientTlsConfig>) -> Optio
         }
     }
     leader.map(|(_, addr)| addr)
+}
+
+/// Whether the leader at `addr` serves writes: it opens and closes a session. A node every peer
+/// names as leader may still refuse them for a moment (a new term's election right after the
+/// cluster starts, or its promote not applied yet), and the workloads' workers do not retry.
+async fn serves_writes(addr: &str, tls: Option<&ClientTlsConfig>) -> bool {
+    let Ok(channel) = channel_with(addr, tls).await else {
+        return false;
+    };
+    let mut sessions = SessionServiceClient::new(channel);
+    let Ok(session_id) = open_session(&mut sessions, "bench-ready-probe", 5_000).await else {
+        return false;
+    };
+    sessions
+        .close_session(CloseSessionRequest { session_id })
+        .await
+        .is_ok()
 }
 
 /// Opens a session of `ttl_ms` for `owner` and answers its id.
