@@ -3,7 +3,7 @@
 //! `results.json` into the report's plots with it, `w5_figures` a `w5.json` into W5's growth
 //! curves, and `redraw` is `lock-bench plot`, which tells the two files apart.
 //!
-//! # The API (for any workload's curves, e.g. W5's growth curves)
+//! # The API (for any workload's curves, as `figures` and `w5_figures` use it)
 //!
 //! Build a [`LineChart`] — a title, an [`Axis`] for x and for y, and the [`Series`] — and
 //! call [`LineChart::svg`] for the SVG text or [`LineChart::write`] to write it to a file:
@@ -12,13 +12,13 @@
 //! use crate::plot::{Axis, LineChart, Series};
 //!
 //! let chart = LineChart {
-//!     title: "W1 against held locks".into(),
-//!     x: Axis::log("held locks"),
+//!     title: "W1 against locks held".into(),
+//!     x: Axis::linear("locks held").zero_based().covering(0.0, 1e6),
 //!     y: Axis::linear("pairs/s").zero_based(),
 //!     series: vec![Series::new("lockd, Pipeline stream", vec![(1e3, 7000.0), (1e6, 6500.0)])],
 //!     markers: true,
 //! };
-//! chart.write(&out.join("w5-w1-growth.svg"))?;
+//! chart.write(&out.join("w1-against-held.svg"))?;
 //! ```
 //!
 //! Each series is drawn as a line through its points in the order given (sort them by x
