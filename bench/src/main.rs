@@ -3,7 +3,7 @@
 //! client styles (plain unary calls and the `Pipeline` stream); prints one table with
 //! lockd/etcd ratios per row (issues 7 and 23), writes it with every figure as JSON, and draws
 //! the SVG plots of that JSON. `--help` lists the flags; `lock-bench plot` redraws the plots of
-//! a results.json.
+//! a results.json or of a W5 run's w5.json.
 //!
 //! ```text
 //! cargo build --release -p lockd
@@ -21,7 +21,8 @@
 //! - `sweep`: W1 at a list of worker counts (`--sweep-workers`).
 //! - `stats`: percentiles and histograms. `report`: rows, targets, markdown and JSON.
 //! - `plot`: SVG line charts (the API any workload's plots use); `plot::figures`: the plots
-//!   of a results.json.
+//!   of a results.json; `plot::w5_figures`: W5's growth curves of a w5.json; `plot::redraw`:
+//!   `lock-bench plot`.
 //! - `scraper`: a once-a-second scraper of every lockd node's `/metrics`, and W3/W1 with and
 //!   without it (`--scrape-rounds`).
 
@@ -190,10 +191,11 @@ struct Args {
 #[derive(Debug, Clone, Subcommand)]
 enum Command {
     /// Draws the SVG plots of a results.json (throughput against workers when it has a worker
-    /// sweep, W3 acquire latency CDFs when it has W3 histograms) into a directory; a run draws
-    /// the same plots into its --out by itself.
+    /// sweep, W3 acquire latency CDFs when it has W3 histograms) or of a W5 run's w5.json (W1,
+    /// W3, memory and idle CPU against locks held) into a directory; a run draws the same
+    /// plots into its --out by itself.
     Plot {
-        /// The results.json of a run.
+        /// The results.json or w5.json of a run (told apart by its "tool").
         #[arg(long = "in")]
         input: PathBuf,
         /// Directory for the SVG files (created if missing).
@@ -363,7 +365,7 @@ struct Report {
 fn main() -> ExitCode {
     let args = Args::parse();
     if let Some(Command::Plot { input, out }) = &args.command {
-        return match plot::figures::plot_file(input, out) {
+        return match plot::redraw::plot_file(input, out) {
             Ok(written) => {
                 for path in written {
                     eprintln!("lock-bench plot: wrote {}", path.display());

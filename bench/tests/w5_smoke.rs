@@ -1,7 +1,8 @@
 //! Smoke test of W5 (`lock-bench --w5`) at a tiny size: 20 sessions × 50 locks, short windows,
 //! a few hundred extra sessions, snapshots every 200 entries so the catch-up step needs few
-//! writes. It checks that the report carries every figure W5 promises and that no sampled key
-//! lost its holder or token across the failover; it asserts no speed.
+//! writes. It checks that the report carries every figure W5 promises, that the growth curves'
+//! SVGs were drawn, and that no sampled key lost its holder or token across the failover; it
+//! asserts no speed.
 
 use std::process::Command;
 
@@ -53,6 +54,24 @@ fn a_tiny_w5_run_reports_every_figure_and_keeps_every_sampled_lock() {
     let json = std::fs::read_to_string(out.path().join("w5.json")).expect("w5.json");
     let report: serde_json::Value = serde_json::from_str(&json).expect("w5.json is JSON");
     assert_eq!(report["errors"], serde_json::json!([]), "{report:#}");
+
+    // The growth curves' plots, drawn from that w5.json: well-formed SVG with a title.
+    for file in [
+        "w5-w1-throughput-vs-held.svg",
+        "w5-w3-acquire-latency-vs-held.svg",
+        "w5-memory-vs-held.svg",
+        "w5-idle-cpu-vs-held.svg",
+    ] {
+        let svg = std::fs::read_to_string(out.path().join(file)).expect(file);
+        let doc = roxmltree::Document::parse(&svg).expect("the plot is well-formed XML");
+        assert_eq!(doc.root_element().tag_name().name(), "svg", "{file}");
+        assert!(
+            doc.descendants()
+                .filter_map(|n| n.text())
+                .any(|t| t.contains("against locks held")),
+            "{file} has no title"
+        );
+    }
 
     // The growth curve: checkpoints at 0, 10, 25, 50 and 100 % of the 1,000 locks.
     let checkpoints = report["checkpoints"].as_array().expect("checkpoints");

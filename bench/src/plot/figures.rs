@@ -19,9 +19,6 @@ use crate::sweep::SweepSeries;
 /// `acquire_histogram`.
 pub const FORMAT: u32 = 2;
 
-/// Largest `results.json` read, in bytes (a full run with a sweep writes about 100 KiB).
-pub const RESULTS_BYTES_MAX: u64 = 64 * 1024 * 1024;
-
 /// The file name of the throughput-against-workers plot.
 pub const THROUGHPUT_FILE: &str = "w1-throughput-vs-workers.svg";
 /// The file name of the latency CDF plot.
@@ -96,37 +93,11 @@ impl Results {
         Ok(Self(view))
     }
 
-    /// Reads and parses `path` (at most [`RESULTS_BYTES_MAX`]).
-    pub fn read(path: &Path) -> Result<Self> {
-        let size = std::fs::metadata(path)
-            .with_context(|| format!("reading {}", path.display()))?
-            .len();
-        if size > RESULTS_BYTES_MAX {
-            bail!(
-                "{} is {size} bytes, more than a results.json can be ({RESULTS_BYTES_MAX})",
-                path.display()
-            );
-        }
-        let json =
-            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        Self::parse(&json).with_context(|| format!("reading {}", path.display()))
-    }
-
-    /// " (load average 2.50 → 3.10)" from the machine's 1-minute load at the start and the
-    /// end of the run, " (load average 2.50 at the start)" without the end's, or "".
+    /// The run's [`load_note`], or "" without the machine's figures.
     fn load_note(&self) -> String {
-        let Some(machine) = &self.0.machine else {
-            return String::new();
-        };
-        let first = |l: &str| l.split_whitespace().next().map(str::to_owned);
-        match (
-            first(&machine.load_average_at_start),
-            first(&machine.load_average_at_end),
-        ) {
-            (Some(start), Some(end)) => format!(" (load average {start} → {end})"),
-            (Some(start), None) => format!(" (load average {start} at the start)"),
-            _ => String::new(),
-        }
+        self.0.machine.as_ref().map_or_else(String::new, |m| {
+            load_note(&m.load_average_at_start, &m.load_average_at_end)
+        })
     }
 
     /// W1 pairs/s against workers, one series per sweep series; `Err` names why there is
@@ -198,6 +169,18 @@ impl Results {
     }
 }
 
+/// " (load average 2.50 → 3.10)" from the machine's 1-minute load at the start (`start`) and
+/// the end (`end`) of a run, both as `/proc/loadavg` reads; " (load average 2.50 at the
+/// start)" without the end's, or "" without either.
+pub fn load_note(start: &str, end: &str) -> String {
+    let first = |l: &str| l.split_whitespace().next().map(str::to_owned);
+    match (first(start), first(end)) {
+        (Some(start), Some(end)) => format!(" (load average {start} → {end})"),
+        (Some(start), None) => format!(" (load average {start} at the start)"),
+        _ => String::new(),
+    }
+}
+
 /// The CDF series of `system`'s W3, named `label` and its p50; `None` without a histogram.
 fn cdf_series(label: &str, system: &SystemView) -> Option<Series> {
     let w3 = system.w3.as_ref()?;
@@ -219,30 +202,6 @@ pub enum Outcome {
     Written(PathBuf),
     /// Not drawn, and why (the data it needs is not in the file).
     Skipped(&'static str, String),
-}
-
-/// `lock-bench plot`: draws every plot `input` has the data for into `dir` and answers the
-/// files written; fails, naming what is missing, when it has the data for none.
-pub fn plot_file(input: &Path, dir: &Path) -> Result<Vec<PathBuf>> {
-    let results = Results::read(input)?;
-    let (mut written, mut missing) = (Vec::new(), Vec::new());
-    for outcome in write_all(&results, dir)? {
-        match outcome {
-            Outcome::Written(path) => written.push(path),
-            Outcome::Skipped(file, why) => missing.push(format!("{file}: {why}")),
-        }
-    }
-    if written.is_empty() {
-        bail!(
-            "nothing to plot in {}:\n  {}",
-            input.display(),
-            missing.join("\n  ")
-        );
-    }
-    for why in missing {
-        eprintln!("lock-bench plot: skipped {why}");
-    }
-    Ok(written)
 }
 
 /// Draws every plot `results` has the data for into `dir` (created if missing); a plot

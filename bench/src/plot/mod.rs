@@ -1,8 +1,9 @@
 //! SVG line charts, drawn with `plotters`' SVG backend (no fonts: the viewer draws the text).
 //! This file is the generic API every lock-bench plot is made with; `figures` turns a
-//! `results.json` into the report's plots with it.
+//! `results.json` into the report's plots with it, `w5_figures` a `w5.json` into W5's growth
+//! curves, and `redraw` is `lock-bench plot`, which tells the two files apart.
 //!
-//! # The API (for any workload's curves, e.g. W5's growth curves)
+//! # The API (for any workload's curves, as `figures` and `w5_figures` use it)
 //!
 //! Build a [`LineChart`] — a title, an [`Axis`] for x and for y, and the [`Series`] — and
 //! call [`LineChart::svg`] for the SVG text or [`LineChart::write`] to write it to a file:
@@ -11,24 +12,28 @@
 //! use crate::plot::{Axis, LineChart, Series};
 //!
 //! let chart = LineChart {
-//!     title: "W1 against held locks".into(),
-//!     x: Axis::log("held locks"),
+//!     title: "W1 against locks held".into(),
+//!     x: Axis::linear("locks held").zero_based().covering(0.0, 1e6),
 //!     y: Axis::linear("pairs/s").zero_based(),
 //!     series: vec![Series::new("lockd, Pipeline stream", vec![(1e3, 7000.0), (1e6, 6500.0)])],
 //!     markers: true,
 //! };
-//! chart.write(&out.join("w5-w1-growth.svg"))?;
+//! chart.write(&out.join("w1-against-held.svg"))?;
 //! ```
 //!
 //! Each series is drawn as a line through its points in the order given (sort them by x
 //! first), in a colour of its own (the n-th series always in the n-th colour of
-//! [`COLOURS`]), and named in the legend, which goes in the corner the lines cross least. Tick labels are compact numbers (`200k`, `1M`,
-//! `0.5`). Bad input is refused with an error naming the series and the point: more than
+//! [`COLOURS`]), and named in the legend, which goes in the corner the lines cross least.
+//! Each axis spans the values (from 0 if [`Axis::zero_based`], and over a span of its own
+//! too if [`Axis::covering`], so the plots of one run can share an x range). Tick labels are
+//! compact numbers (`200k`, `1M`, `0.5`). Bad input is refused with an error naming the series and the point: more than
 //! [`SERIES_MAX`] series or [`POINTS_MAX`] points in one, a title or label longer than
 //! [`TEXT_MAX`] characters, a value that is not finite, a value ≤ 0 on a log axis, or no
 //! point at all.
 
 pub mod figures;
+pub mod redraw;
+pub mod w5_figures;
 
 use std::path::Path;
 
@@ -88,6 +93,9 @@ pub struct Axis {
     pub scale: Scale,
     /// On a linear axis, start at 0 even when every value is above it (throughput, counts).
     pub from_zero: bool,
+    /// Values the drawn range covers as well as the series' (`lo`, `hi`), so that the plots
+    /// of one run share a range even where a series lacks its ends.
+    pub covers: Option<(f64, f64)>,
 }
 
 impl Axis {
@@ -97,6 +105,7 @@ impl Axis {
             label: label.to_owned(),
             scale: Scale::Linear,
             from_zero: false,
+            covers: None,
         }
     }
 
@@ -116,8 +125,28 @@ impl Axis {
         }
     }
 
-    /// The drawn range of values `lo..=hi` (the series' extremes, lo ≤ hi).
+    /// The same axis with its drawn range covering `lo..=hi` too (values that are not finite,
+    /// or not above 0 on a log axis, are ignored).
+    pub fn covering(self, lo: f64, hi: f64) -> Self {
+        Self {
+            covers: Some((lo.min(hi), lo.max(hi))),
+            ..self
+        }
+    }
+
+    /// The drawn range of values `lo..=hi` (the series' extremes, lo ≤ hi), widened to
+    /// [`Axis::covers`].
     fn range(&self, lo: f64, hi: f64) -> (f64, f64) {
+        let (lo, hi) = match self.covers {
+            Some((c_lo, c_hi))
+                if c_lo.is_finite()
+                    && c_hi.is_finite()
+                    && (self.scale == Scale::Linear || c_lo > 0.0) =>
+            {
+                (lo.min(c_lo), hi.max(c_hi))
+            }
+            _ => (lo, hi),
+        };
         match self.scale {
             Scale::Linear => {
                 let lo = if self.from_zero { lo.min(0.0) } else { lo };
@@ -455,3 +484,5 @@ pub fn compact(value: f64) -> String {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod w5_tests;

@@ -4,11 +4,12 @@
 //! it lacks.
 
 use super::figures::{self, CDF_FILE, Outcome, Results, THROUGHPUT_FILE};
+use super::redraw;
 use super::*;
 
 /// Every text of an SVG document, after checking that it is well-formed XML with an `svg`
 /// root of the chart's size.
-fn texts(svg: &str) -> Vec<String> {
+pub(super) fn texts(svg: &str) -> Vec<String> {
     let doc = roxmltree::Document::parse(svg).expect("the chart is well-formed XML");
     let root = doc.root_element();
     assert_eq!(root.tag_name().name(), "svg");
@@ -21,7 +22,7 @@ fn texts(svg: &str) -> Vec<String> {
 }
 
 /// The stroke colours of the polylines (the series' lines) of an SVG document.
-fn line_colours(svg: &str) -> Vec<String> {
+pub(super) fn line_colours(svg: &str) -> Vec<String> {
     let doc = roxmltree::Document::parse(svg).expect("the chart is well-formed XML");
     doc.descendants()
         .filter(|n| n.has_tag_name("polyline"))
@@ -29,7 +30,7 @@ fn line_colours(svg: &str) -> Vec<String> {
         .collect()
 }
 
-fn hex((r, g, b): (u8, u8, u8)) -> String {
+pub(super) fn hex((r, g, b): (u8, u8, u8)) -> String {
     format!("#{r:02X}{g:02X}{b:02X}")
 }
 
@@ -124,6 +125,20 @@ fn log_ticks_are_labelled_at_one_two_and_five() {
     };
     close(Axis::log("l").range(0.43, 31.0), (0.1, 100.0));
     close(Axis::log("l").range(1000.0, 1000.0), (1000.0, 10000.0));
+}
+
+#[test]
+fn an_axis_covering_a_span_draws_it_even_where_the_values_stop_short() {
+    let covering = Axis::linear("held").zero_based().covering(0.0, 1e6);
+    let (lo, hi) = covering.range(1e5, 2e5);
+    assert_eq!(lo, 0.0);
+    assert!(hi >= 1e6, "{hi}");
+    // Values beyond the span still widen it.
+    assert!(covering.range(0.0, 3e6).1 >= 3e6);
+    // A span a log axis cannot draw (0) is ignored rather than breaking the axis.
+    let log = Axis::log("ms").covering(0.0, 10.0);
+    let (lo, hi) = log.range(1.0, 5.0);
+    assert!(lo > 0.0 && lo <= 1.0 && hi >= 5.0, "{lo}..{hi}");
 }
 
 #[test]
@@ -251,7 +266,7 @@ fn write_all_writes_both_plots_and_plot_file_answers_them() {
     let input = dir.path().join("results.json");
     std::fs::write(&input, FIXED).expect("written");
     let out = dir.path().join("plots");
-    let written = figures::plot_file(&input, &out).expect("plots drawn");
+    let written = redraw::plot_file(&input, &out).expect("plots drawn");
     assert_eq!(written, vec![out.join(THROUGHPUT_FILE), out.join(CDF_FILE)]);
     for path in written {
         let svg = std::fs::read_to_string(&path).expect("read back");
@@ -276,7 +291,7 @@ fn a_results_json_of_the_previous_format_parses_and_says_what_it_lacks() {
     }
     let input = dir.path().join("old.json");
     std::fs::write(&input, FORMAT_ONE).expect("written");
-    let error = figures::plot_file(&input, dir.path())
+    let error = redraw::plot_file(&input, dir.path())
         .expect_err("nothing to plot")
         .to_string();
     assert!(error.contains("nothing to plot"), "{error}");

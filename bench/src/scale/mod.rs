@@ -15,7 +15,8 @@
 //!    kind's return, then checks a sample of held keys kept holder and token (`failover`);
 //!
 //! watching every node's snapshot directory all along (`snapshots`), and writes `w5.json` and
-//! `w5.md` into `--out` (`report`). lockd only: etcd has no part in it.
+//! `w5.md` into `--out` (`report`), then draws the checkpoints' growth curves from that
+//! `w5.json` into `--out` as SVGs (`plot::w5_figures`). lockd only: etcd has no part in it.
 //!
 //! `cluster` and `router` are W5's view of the nodes and its clients; `held` the locks it
 //! holds; `metrics` and `procfs` read a node's `/metrics` and `/proc`.
@@ -49,6 +50,8 @@ use self::cluster::Cluster;
 use self::report::{FillSummary, ScaleReport, Setup, SnapshotSummary};
 use self::router::{Refusals, Router};
 use crate::lockd::{ClientStyle, LockdCluster};
+use crate::plot::figures::Outcome;
+use crate::plot::w5_figures;
 use crate::system::Connections;
 
 /// Connections the fill's calls are spread over.
@@ -65,8 +68,8 @@ const LEADER_WAIT: Duration = Duration::from_secs(60);
 /// W5's flags (`lock-bench --w5 …`).
 #[derive(Debug, Clone, clap::Args, Serialize)]
 pub struct ScaleArgs {
-    /// Run W5, lockd at scale (issue 23), instead of the comparison table: writes w5.json and
-    /// w5.md into --out.
+    /// Run W5, lockd at scale (issue 23), instead of the comparison table: writes w5.json,
+    /// w5.md and the growth curves' SVGs into --out.
     #[arg(long)]
     pub w5: bool,
     /// W5: sessions that hold the locks.
@@ -198,7 +201,8 @@ pub async fn run(args: &ScaleArgs, common: Common<'_>) -> Result<()> {
     .await?;
     let mut cluster = Cluster::new(lockd, &nodes_dir).await?;
     let mut report = ScaleReport {
-        tool: "lock-bench w5",
+        tool: w5_figures::TOOL,
+        format: w5_figures::FORMAT,
         setup: Setup {
             command: std::env::args().collect::<Vec<_>>().join(" "),
             lockd_bin: lockd_bin.display().to_string(),
@@ -240,8 +244,9 @@ pub async fn run(args: &ScaleArgs, common: Common<'_>) -> Result<()> {
     let stopped = cluster.lockd.stop().await;
     report.setup.load_average_at_end = procfs::load_average();
     report.setup.run_secs = started.elapsed().as_secs_f64();
-    write_report(&report, common.out)?;
+    let json = write_report(&report, common.out)?;
     println!("{}", report.markdown());
+    let plotted = draw_plots(&json, common.out);
     if common.keep_data || !report.errors.is_empty() {
         eprintln!(
             "lock-bench w5: node data and logs kept in {}",
@@ -256,7 +261,26 @@ pub async fn run(args: &ScaleArgs, common: Common<'_>) -> Result<()> {
         );
     }
     // A node killed by the failover stops as an already-reaped process, so this is the others.
-    stopped.context("stopping lockd")
+    stopped.context("stopping lockd")?;
+    plotted
+}
+
+/// Draws W5's growth curves into `out` from the w5.json text `json` just written, exactly as
+/// `lock-bench plot --in w5.json` would; a plot without its data is skipped with the reason.
+fn draw_plots(json: &str, out: &Path) -> Result<()> {
+    let drawn = w5_figures::W5Report::parse(json)
+        .and_then(|report| w5_figures::write_all(&report, out))
+        .context("drawing W5's plots");
+    for outcome in drawn.as_deref().unwrap_or_default() {
+        match outcome {
+            Outcome::Written(path) => eprintln!("lock-bench w5: wrote {}", path.display()),
+            Outcome::Skipped(file, why) => eprintln!("lock-bench w5: no {file}: {why}"),
+        }
+    }
+    if let Err(e) = &drawn {
+        eprintln!("lock-bench w5: {e:#}");
+    }
+    drawn.map(drop)
 }
 
 /// `snapshot_logs_since_last` of the nodes: `LOCKD_SNAPSHOT_LOGS_SINCE_LAST` if this process
@@ -268,13 +292,15 @@ fn snapshot_logs_since_last() -> u64 {
         .unwrap_or(lockd::config::SNAPSHOT_LOGS_SINCE_LAST_DEFAULT)
 }
 
-fn write_report(report: &ScaleReport, out: &Path) -> Result<()> {
+/// Writes `report` as w5.json and w5.md into `out`; answers the JSON text.
+fn write_report(report: &ScaleReport, out: &Path) -> Result<String> {
     let json = serde_json::to_string_pretty(report).context("encoding the W5 report")?;
     let (json_path, md_path) = (out.join(report::JSON_FILE), out.join(report::MARKDOWN_FILE));
-    std::fs::write(&json_path, json).with_context(|| format!("writing {}", json_path.display()))?;
+    std::fs::write(&json_path, &json)
+        .with_context(|| format!("writing {}", json_path.display()))?;
     std::fs::write(&md_path, report.markdown())
         .with_context(|| format!("writing {}", md_path.display()))?;
-    Ok(())
+    Ok(json)
 }
 
 /// W5's steps in order, each into `report` as it completes (and the report written after

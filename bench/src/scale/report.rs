@@ -90,8 +90,10 @@ impl SnapshotSummary {
 /// Everything W5 measured.
 #[derive(Debug, Clone, Serialize)]
 pub struct ScaleReport {
-    /// `"lock-bench w5"`.
+    /// `"lock-bench w5"` (`plot::w5_figures::TOOL`): how `lock-bench plot` knows a w5.json.
     pub tool: &'static str,
+    /// The w5.json format (`plot::w5_figures::FORMAT`).
+    pub format: u32,
     /// Where and how.
     pub setup: Setup,
     /// Every node before anything ran.
