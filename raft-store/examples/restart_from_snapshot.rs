@@ -271,6 +271,22 @@ async fn install(
     tokio::time::sleep(std::time::Duration::from_secs(2)).await;
     let (rss, _) = memory();
     println!("install: RSS {rss:.0} MiB two seconds later");
+    // A node goes on allocating after it caught up: a second of small allocations on a
+    // runtime thread, then look again (the allocator purges freed memory lazily).
+    let churn = tokio::spawn(async {
+        let until = Instant::now() + std::time::Duration::from_secs(1);
+        let mut kept = Vec::new();
+        while Instant::now() < until {
+            kept.push(vec![0u8; 64]);
+            if kept.len() == 1_000 {
+                kept.clear();
+                tokio::task::yield_now().await;
+            }
+        }
+    });
+    churn.await?;
+    let (rss, _) = memory();
+    println!("install: RSS {rss:.0} MiB after a second of allocations on a runtime thread");
     Ok(())
 }
 
