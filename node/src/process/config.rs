@@ -759,7 +759,11 @@ impl Config {
             heartbeat_interval: self.heartbeat_interval_ms,
             election_timeout_min: self.election_timeout_min_ms,
             election_timeout_max: self.election_timeout_max_ms,
-            snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(self.snapshot_logs_since_last),
+            // Each node is asked at its own interval, so the nodes do not all build their
+            // snapshots at one index (the store's policy then decides whether one is due).
+            snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(
+                lock_raft_store::storage::ask_interval(self.snapshot_logs_since_last, self.node_id),
+            ),
             // Keep a tail of the log past the snapshot so a briefly lagging follower catches up
             // from the log instead of receiving the whole state machine.
             max_in_snapshot_log_to_keep: self.snapshot_logs_since_last / 2,
