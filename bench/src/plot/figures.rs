@@ -208,12 +208,24 @@ pub enum Outcome {
 /// without its data is skipped with the reason. Fails on a plot that has its data but
 /// cannot be drawn or written.
 pub fn write_all(results: &Results, dir: &Path) -> Result<Vec<Outcome>> {
+    write_charts(
+        dir,
+        [
+            (THROUGHPUT_FILE, results.throughput_chart()),
+            (CDF_FILE, results.latency_cdf_chart()),
+        ],
+    )
+}
+
+/// Writes each chart to its file in `dir` (created if missing), or records why it has none:
+/// the one loop behind every kind of run's `write_all`.
+pub fn write_charts(
+    dir: &Path,
+    charts: impl IntoIterator<Item = (&'static str, Result<LineChart>)>,
+) -> Result<Vec<Outcome>> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let mut outcomes = Vec::new();
-    for (file, chart) in [
-        (THROUGHPUT_FILE, results.throughput_chart()),
-        (CDF_FILE, results.latency_cdf_chart()),
-    ] {
+    for (file, chart) in charts {
         match chart {
             Ok(chart) => {
                 let path = dir.join(file);

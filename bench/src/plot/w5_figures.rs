@@ -12,7 +12,7 @@ use std::path::Path;
 use anyhow::{Context, Result, bail};
 use serde::Deserialize;
 
-use super::figures::{Outcome, load_note};
+use super::figures::{Outcome, load_note, write_charts};
 use super::{Axis, LineChart, Series, TEXT_MAX, compact};
 
 /// The `"tool"` of a `w5.json`.
@@ -368,22 +368,13 @@ impl W5Report {
 /// without its data is skipped with the reason. Fails on a plot that has its data but cannot
 /// be drawn or written.
 pub fn write_all(report: &W5Report, dir: &Path) -> Result<Vec<Outcome>> {
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let mut outcomes = Vec::new();
-    for (file, chart) in [
-        (W1_FILE, report.w1_chart()),
-        (W3_FILE, report.w3_chart()),
-        (MEMORY_FILE, report.memory_chart()),
-        (IDLE_CPU_FILE, report.idle_cpu_chart()),
-    ] {
-        match chart {
-            Ok(chart) => {
-                let path = dir.join(file);
-                chart.write(&path)?;
-                outcomes.push(Outcome::Written(path));
-            }
-            Err(why) => outcomes.push(Outcome::Skipped(file, format!("{why:#}"))),
-        }
-    }
-    Ok(outcomes)
+    write_charts(
+        dir,
+        [
+            (W1_FILE, report.w1_chart()),
+            (W3_FILE, report.w3_chart()),
+            (MEMORY_FILE, report.memory_chart()),
+            (IDLE_CPU_FILE, report.idle_cpu_chart()),
+        ],
+    )
 }
