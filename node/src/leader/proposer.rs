@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use lock_api::LockError;
 use lock_raft_store::{Command, Raft, Request, Response, TypeConfig};
 
-use openraft::error::{ClientWriteError, ForwardToLeader};
+use openraft::error::{ClientWriteError, ForwardReason, ForwardToLeader};
 use openraft::impls::ProgressResponder;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
@@ -54,9 +54,20 @@ pub trait LogWriter: Send + Sync + 'static {
     fn submit(&self, request: Request) -> impl Future<Output = Result<Applied, LockError>> + Send;
 }
 
-/// openraft's "this node does not lead" as lockd's retry-safe `NotLeader`, naming the leader
-/// and its address when this node knows them.
+/// openraft's "forward this request" as lockd's answer, both retry-safe:
+///
+/// - this node does not lead, or hands leadership over: `NotLeader`, naming the leader (or the
+///   transfer's target) and its address when this node knows them;
+/// - this node leads but no quorum acknowledged it within its leader lease (a loaded machine
+///   that delays the followers' answers; openraft then refuses writes until one answers):
+///   `Contention`. No other node leads as far as this one knows, so `NotLeader` naming no one
+///   would send the client hunting round the cluster for a leader that is still this node.
 pub(crate) fn not_leader(f: ForwardToLeader<TypeConfig>) -> LockError {
+    if f.reason == ForwardReason::LeaseExpired {
+        return LockError::contention(
+            "this node leads, but no quorum has acknowledged it within its leader lease; retry",
+        );
+    }
     LockError::NotLeader {
         leader_id: f.leader_id,
         leader_addr: f.leader_node.map(|n| n.addr),
@@ -294,6 +305,31 @@ mod tests {
 
     use super::*;
     use crate::clock::ManualClock;
+
+    /// A leader whose quorum lease lapsed answers a retry-safe `Contention`, not a `NotLeader`
+    /// naming no one; a node that knows another leader names it.
+    #[test]
+    fn a_lapsed_leader_lease_is_contention_and_a_known_leader_is_named() {
+        let lapsed =
+            ForwardToLeader::<TypeConfig>::empty().with_reason(ForwardReason::LeaseExpired);
+        assert!(matches!(not_leader(lapsed), LockError::Contention { .. }));
+        let elsewhere =
+            ForwardToLeader::<TypeConfig>::new(2, openraft::BasicNode::new("10.0.0.2:7000"));
+        assert_eq!(
+            not_leader(elsewhere),
+            LockError::NotLeader {
+                leader_id: Some(2),
+                leader_addr: Some("10.0.0.2:7000".into()),
+            }
+        );
+        assert_eq!(
+            not_leader(ForwardToLeader::empty()),
+            LockError::NotLeader {
+                leader_id: None,
+                leader_addr: None,
+            }
+        );
+    }
 
     /// Answers `Release { request_id: n }` with `Queued { position: n }` so each caller can
     /// check it got its own answer; holds the first entry until `gate` is notified.
