@@ -19,6 +19,7 @@ use tokio::task::JoinSet;
 
 use super::cluster::Cluster;
 use super::held::Held;
+use super::idle_cpu::{self, IdleCpu};
 use super::keepalive::{KeepAlive, KeepAliveReport};
 use super::loads;
 use super::router::{RefusalCount, Refusals, Router};
@@ -33,6 +34,8 @@ const SLICES: u32 = 4;
 const CONNECTIONS: usize = 8;
 /// Concurrent `CloseSession` calls.
 const CLOSE_LANES: usize = 64;
+/// Shortest window over which the beats' CPU is measured with no lock traffic.
+const BEATS_ONLY: Duration = Duration::from_secs(10);
 /// How often the leader's live-session gauge is polled.
 const POLL: Duration = Duration::from_secs(1);
 
@@ -53,6 +56,11 @@ pub struct ManySessions {
     pub live_peak: u64,
     /// Session beats due per second (sessions / (TTL / 3)).
     pub beats_offered_per_sec: f64,
+    /// Every node's CPU over a window with the sessions beating and no lock traffic.
+    pub beats_only: IdleCpu,
+    /// The leader's CPU in that window per beat due, in microseconds (its idle CPU without the
+    /// sessions, about 1 % of a core, included).
+    pub leader_us_per_beat: Option<f64>,
     /// What keeping them alive did (beats answered, lost sessions).
     pub keepalive: KeepAliveReport,
     /// Refusals met opening, beating and closing them, by kind (each was retried).
@@ -108,6 +116,7 @@ pub async fn measure(
         }
     });
     let outcome = async {
+        eprintln!("lock-bench w5: W1 without the sessions (1)");
         let mut without = vec![
             workload::run_loop(&cluster.lockd, &slice)
                 .await
@@ -132,8 +141,12 @@ pub async fn measure(
             groups.push(held);
         }
         let open_secs = opened.elapsed().as_secs_f64();
+        // What the beats alone cost, with no lock traffic: every node's CPU over a window in
+        // which each session beats at least once.
+        let beats_only = idle_cpu::measure(cluster, BEATS_ONLY.max(ttl / 3)).await;
         let mut with = Vec::new();
         for n in 1..=2 {
+            eprintln!("lock-bench w5: W1 with the sessions ({n})");
             let slice = workload::run_loop(&cluster.lockd, &slice).await;
             with.push(slice.with_context(|| format!("W1 with the sessions ({n})"))?);
         }
@@ -149,16 +162,17 @@ pub async fn measure(
             .collect();
         close_sessions(&routers, &ids).await?;
         let close_secs = closed.elapsed().as_secs_f64();
+        eprintln!("lock-bench w5: W1 without the sessions (2)");
         without.push(
             workload::run_loop(&cluster.lockd, &slice)
                 .await
                 .context("W1 without the sessions (2)")?,
         );
-        anyhow::Ok((open_secs, close_secs, keepalive, with, without))
+        anyhow::Ok((open_secs, close_secs, keepalive, beats_only, with, without))
     }
     .await;
     poller.abort();
-    let (open_secs, close_secs, keepalive, with, without) = outcome?;
+    let (open_secs, close_secs, keepalive, beats_only, with, without) = outcome?;
     let missing = || anyhow::anyhow!("no W1 slice ran");
     let w1_with = LoopResult::combine(with).ok_or_else(missing)?;
     let w1_without = LoopResult::combine(without).ok_or_else(missing)?;
@@ -170,6 +184,10 @@ pub async fn measure(
         live_before,
         live_peak: peak.load(Ordering::Relaxed),
         beats_offered_per_sec: count as f64 / (ttl.as_secs_f64() / 3.0),
+        leader_us_per_beat: beats_only
+            .leader_pct
+            .map(|pct| pct / 100.0 / (count as f64 / (ttl.as_secs_f64() / 3.0)) * 1e6),
+        beats_only,
         keepalive,
         refusals: refusals.counts(),
         w1_cost_pct: (1.0 - w1_with.pairs_per_sec / w1_without.pairs_per_sec.max(f64::EPSILON))
