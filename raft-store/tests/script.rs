@@ -164,13 +164,13 @@ impl Harness {
 
     fn state(&self, out: &mut Vec<String>) {
         out.push(format!("last_token={}", self.table.last_token()));
-        for g in self.table.grants() {
+        for g in self.table.grants().map(|g| g.to_grant()) {
             let waiters: Vec<String> = self
                 .table
                 .waiters(&g.key)
                 .map(|w| format!("{}#{}(until {})", w.session_id, w.request_id, w.deadline_ms))
                 .collect();
-            out.push(format!("grant {}", grant(g)));
+            out.push(format!("grant {}", grant(&g)));
             if !waiters.is_empty() {
                 out.push(format!("  waiters: {}", waiters.join(" ")));
             }
