@@ -176,7 +176,7 @@ impl Harness {
             }
         }
         for (id, s) in self.table.sessions() {
-            let locks: Vec<&str> = s.locks().iter().map(String::as_str).collect();
+            let locks: Vec<&str> = s.locks().iter().collect();
             let waits: Vec<String> = s.waits().map(|(k, r)| format!("{k}#{r}")).collect();
             out.push(format!(
                 "session {id} owner={} ttl={} expires={} locks=[{}] waits=[{}]",

@@ -4,6 +4,7 @@
 //! from the table's replicated [`ApplyLimits`](super::ApplyLimits) (issue 18).
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use lock_api::{LockError, validate};
 
@@ -445,7 +446,7 @@ impl LockTable {
                     .get(k)
                     .is_some_and(|g| g.request_id == request_id)
             })
-            .cloned();
+            .map(str::to_owned);
         let mismatch = |other: &str, what: &str| {
             invalid_msg(format!(
                 "acquire {request_id} of session {session_id} {what} key {other}, not {key}"
@@ -643,11 +644,12 @@ impl LockTable {
             .holder_of(session_id)
             .cloned()
             .unwrap_or_else(|| Holder::new(session_id.to_owned(), String::new()));
+        let key: Arc<str> = key.into();
+        if let Some(s) = self.sessions.get_mut(session_id) {
+            s.locks.insert(key.clone());
+        }
         let held = HeldGrant::new(key, holder, request_id, self.last_token, ttl_ms, stamp_ms);
         let grant = held.to_grant();
-        if let Some(s) = self.sessions.get_mut(session_id) {
-            s.locks.insert(key.to_owned());
-        }
         self.grants.insert(held);
         events.push(Event::Granted {
             grant: grant.clone(),

@@ -4,8 +4,9 @@
 //! A million held locks are mostly a few sessions' grants: storing each grant's owner and
 //! session ids as strings of its own repeated them once per lock (about 48 bytes of strings
 //! and 48 of `String` headers). A `HeldGrant` points at its session's one `Holder` instead,
-//! and its key is a boxed `str`; it is 64 bytes inline where a [`Grant`] is 112, and copying a
-//! chunk of them (the snapshot builder's copy-on-write) copies no id string. It encodes exactly
+//! and its key is an `Arc<str>` the session's [`LockSet`](super::LockSet) lists too; it is 64
+//! bytes inline where a [`Grant`] is 112, and copying a chunk of them (the snapshot builder's
+//! copy-on-write) copies no string. It encodes exactly
 //! as the [`Grant`] it stands for, so snapshots are byte for byte the ones earlier releases
 //! wrote and read; what it hands out of the table is a [`Grant`] (`to_grant`) or its fields.
 
@@ -41,7 +42,7 @@ impl Holder {
 /// numbers. Read it through its accessors, or as a [`Grant`] with [`HeldGrant::to_grant`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HeldGrant {
-    key: Box<str>,
+    key: Arc<str>,
     holder: Arc<Holder>,
     /// The `Acquire` request that produced this grant.
     pub request_id: u64,
@@ -59,7 +60,7 @@ pub struct HeldGrant {
 impl HeldGrant {
     /// A grant of `key` to the session of `holder`, stamped `stamp_ms`.
     pub(crate) fn new(
-        key: &str,
+        key: Arc<str>,
         holder: Arc<Holder>,
         request_id: u64,
         token: u64,
@@ -67,7 +68,7 @@ impl HeldGrant {
         stamp_ms: u64,
     ) -> Self {
         HeldGrant {
-            key: key.into(),
+            key,
             holder,
             request_id,
             token,
@@ -79,6 +80,11 @@ impl HeldGrant {
 
     /// The locked key.
     pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The key's allocation, which the holder's session lists too.
+    pub(crate) fn key_arc(&self) -> &Arc<str> {
         &self.key
     }
 
@@ -124,7 +130,7 @@ impl From<Grant> for HeldGrant {
     /// A grant with a holder of its own (the table shares it with its session's once decoded).
     fn from(grant: Grant) -> Self {
         HeldGrant {
-            key: grant.key.into_boxed_str(),
+            key: grant.key.into(),
             holder: Holder::new(grant.session_id, grant.owner_id),
             request_id: grant.request_id,
             token: grant.token,

@@ -260,11 +260,18 @@ impl LockTable {
         self.grants.values()
     }
 
-    /// Points every grant at its session's one [`Holder`], as a table that applied the log
-    /// holds them: a decoded grant has ids of its own, as the encoding repeats them per grant.
+    /// Points every grant at its session's one [`Holder`] and every session's lock set at its
+    /// grants' keys, as a table that applied the log holds them: decoded, each has copies of
+    /// its own, as the encoding repeats the ids per grant and the keys per session.
     /// Changes no value, only how many copies of the ids are kept; a grant of a session the
     /// table does not hold (corruption, which the invariant check names) keeps its own.
     pub(crate) fn share_holders(&mut self) {
+        let grants = &self.grants;
+        for session in self.sessions.values_mut() {
+            session
+                .locks
+                .share_keys(|key| grants.get(key).map(HeldGrant::key_arc));
+        }
         let sessions = &self.sessions;
         let mut last: Option<&Arc<Holder>> = None;
         for grant in self.grants.values_mut() {
@@ -325,7 +332,7 @@ impl LockTable {
     pub fn locks_of(&self, session_id: &str) -> BTreeSet<String> {
         self.sessions
             .get(session_id)
-            .map(|s| s.locks.iter().cloned().collect())
+            .map(|s| s.locks.iter().map(str::to_owned).collect())
             .unwrap_or_default()
     }
 
@@ -393,8 +400,9 @@ mod tests {
         assert_eq!(back.last_token(), 2);
     }
 
-    /// Every grant of a session points at the session's one holder: after the applies that
-    /// made them, and after a decode once `share_holders` ran, as every install runs it.
+    /// Every grant of a session points at the session's one holder, and the session's lock set
+    /// at the grant's key: after the applies that made them, and after a decode once
+    /// `share_holders` ran, as every install runs it.
     #[test]
     fn grants_share_their_sessions_holder() {
         let mut t = LockTable::new();
@@ -429,13 +437,25 @@ mod tests {
                 Arc::ptr_eq(g.holder(), &entry.holder)
             })
         };
+        let keys_shared = |t: &LockTable| {
+            t.sessions.values().all(|s| {
+                s.locks.arcs().iter().all(|key| {
+                    let grant = t.grants.get(key).expect("held");
+                    Arc::ptr_eq(key, grant.key_arc())
+                })
+            })
+        };
         assert_eq!(t.grant_count(), 6);
-        assert!(shared(&t));
+        assert!(shared(&t) && keys_shared(&t));
         let bytes = postcard::to_allocvec(&t).expect("serializes");
         let mut back: LockTable = postcard::from_bytes(&bytes).expect("deserializes");
         assert!(!shared(&back), "a decoded grant holds ids of its own");
+        assert!(
+            !keys_shared(&back),
+            "a decoded lock set holds keys of its own"
+        );
         back.share_holders();
-        assert!(shared(&back));
+        assert!(shared(&back) && keys_shared(&back));
         assert_eq!(back, t);
         assert_eq!(back.grant("s2/b").map(|g| g.owner_id()), Some("owner-s2"));
     }

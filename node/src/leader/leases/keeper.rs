@@ -14,8 +14,8 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use lock_raft_store::storage::StateReader;
 use lock_raft_store::Event;
+use lock_raft_store::storage::StateReader;
 
 use super::table::{GrantLease, Lapsed, LeaseTable, RenewCheck};
 use crate::clock::Clock;
