@@ -4,8 +4,12 @@
 //! apply while a build runs, a follower's install time and a `Promote`'s apply time.
 //!
 //! ```text
-//! cargo run --release -p lock-raft-store --example held_locks -- [SESSIONS] [LOCKS]
+//! cargo run --release -p lock-raft-store --example held_locks -- [SESSIONS] [LOCKS] [builds]
 //! ```
+//!
+//! With `builds`, the fill runs as a node's does: a snapshot is built on another thread every
+//! `BUILD_EVERY` locks while the applies go on, so the applies copy the chunks the builds
+//! share.
 //!
 //! Runs with mimalloc, the `lockd` binary's allocator. Memory is read from `/proc/self/status`
 //! (`VmRSS`, `VmHWM`), so the figure is what the process holds, allocator slack included.
@@ -23,6 +27,9 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// Commands per log entry, as the leader's proposer batches them (`BATCH_MAX`).
 const BATCH: usize = 512;
+
+/// Locks applied between the start of one snapshot build and the next, with `builds`.
+const BUILD_EVERY: usize = 100_000;
 
 /// `VmRSS` and `VmHWM` of this process, in bytes.
 fn memory() -> (u64, u64) {
@@ -78,14 +85,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let sessions: usize = args.next().map_or(Ok(1_000), |a| a.parse())?;
     let locks: usize = args.next().map_or(Ok(1_000), |a| a.parse())?;
+    let builds = args.next().is_some_and(|a| a == "builds");
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
-    runtime.block_on(run(sessions, locks))
+    runtime.block_on(run(sessions, locks, builds))
 }
 
-async fn run(sessions: usize, locks: usize) -> Result<(), Box<dyn std::error::Error>> {
+async fn run(
+    sessions: usize,
+    locks: usize,
+    builds: bool,
+) -> Result<(), Box<dyn std::error::Error>> {
     let dir = tempfile::tempdir()?;
     let (_log, mut sm) = storage::open(dir.path(), None)?;
     let (rss_empty, _) = memory();
@@ -105,8 +117,26 @@ async fn run(sessions: usize, locks: usize) -> Result<(), Box<dyn std::error::Er
     }
     let started = Instant::now();
     let mut batch = Vec::with_capacity(BATCH);
+    let mut building: Option<tokio::task::JoinHandle<Result<u64, std::io::Error>>> = None;
+    let (mut built, mut since_build) = (0u32, 0usize);
     for l in 0..locks {
         for s in 0..sessions {
+            since_build += 1;
+            if builds
+                && since_build >= BUILD_EVERY
+                && building.as_ref().is_none_or(|b| b.is_finished())
+            {
+                if let Some(done) = building.take() {
+                    done.await??;
+                    built += 1;
+                }
+                let mut builder = sm.get_snapshot_builder().await;
+                building = Some(tokio::spawn(async move {
+                    let snapshot = builder.build_snapshot().await?;
+                    Ok(snapshot.snapshot.get_ref().len() as u64)
+                }));
+                since_build = 0;
+            }
             batch.push(Command::Acquire {
                 session_id: session_id(s),
                 request_id: l as u64 + 1,
@@ -122,6 +152,10 @@ async fn run(sessions: usize, locks: usize) -> Result<(), Box<dyn std::error::Er
     if !batch.is_empty() {
         sm.apply_entries([log.entry(Command::Batch(batch))]);
     }
+    if let Some(done) = building.take() {
+        done.await??;
+        built += 1;
+    }
     let fill = started.elapsed();
     let reader = sm.reader();
     let held = reader.read(|t| t.grant_count());
@@ -134,6 +168,9 @@ async fn run(sessions: usize, locks: usize) -> Result<(), Box<dyn std::error::Er
         (rss_full - rss_empty) as f64 / held.max(1) as f64,
         mib(hwm_full)
     );
+    if builds {
+        println!("{built} snapshots built during the fill");
+    }
 
     // A snapshot build while applies go on: the longest apply during the build.
     let mut builder = sm.get_snapshot_builder().await;

@@ -23,7 +23,7 @@ pub use storage::{
     ApplyObserver, LogStore, StateMachineStore, StateReader, StorageError, StorageObserver,
 };
 pub use table::{
-    ApplyLimits, InvalidLimits, InvariantViolation, LockSet, LockTable, Session, Waiter,
+    ApplyLimits, HeldGrant, InvalidLimits, InvariantViolation, LockSet, LockTable, Session, Waiter,
 };
 
 /// A node's id in the cluster.

@@ -866,8 +866,8 @@ fn cases() -> u32 {
 }
 
 fn check_same_state(table: &LockTable, model: &Model, step: usize) {
-    let grants: Vec<&Grant> = table.grants().collect();
-    let expected: Vec<&Grant> = model.grants.values().collect();
+    let grants: Vec<Grant> = table.grants().map(|g| g.to_grant()).collect();
+    let expected: Vec<Grant> = model.grants.values().cloned().collect();
     assert_eq!(grants, expected, "step {step}: grants differ");
     assert_eq!(
         table.last_token(),

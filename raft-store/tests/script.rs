@@ -164,19 +164,19 @@ impl Harness {
 
     fn state(&self, out: &mut Vec<String>) {
         out.push(format!("last_token={}", self.table.last_token()));
-        for g in self.table.grants() {
+        for g in self.table.grants().map(|g| g.to_grant()) {
             let waiters: Vec<String> = self
                 .table
                 .waiters(&g.key)
                 .map(|w| format!("{}#{}(until {})", w.session_id, w.request_id, w.deadline_ms))
                 .collect();
-            out.push(format!("grant {}", grant(g)));
+            out.push(format!("grant {}", grant(&g)));
             if !waiters.is_empty() {
                 out.push(format!("  waiters: {}", waiters.join(" ")));
             }
         }
         for (id, s) in self.table.sessions() {
-            let locks: Vec<&str> = s.locks().iter().map(String::as_str).collect();
+            let locks: Vec<&str> = s.locks().iter().collect();
             let waits: Vec<String> = s.waits().map(|(k, r)| format!("{k}#{r}")).collect();
             out.push(format!(
                 "session {id} owner={} ttl={} expires={} locks=[{}] waits=[{}]",

@@ -60,7 +60,7 @@ impl Workload {
     }
 
     fn command(&mut self, table: &LockTable) -> Command {
-        let grants: Vec<_> = table.grants().cloned().collect();
+        let grants: Vec<_> = table.grants().map(|g| g.to_grant()).collect();
         let grant =
             (!grants.is_empty()).then(|| grants[self.rng.gen_range(0..grants.len())].clone());
         let key = format!("resource/{}", self.rng.gen_range(0..KEYS));

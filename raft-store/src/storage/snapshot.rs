@@ -120,7 +120,7 @@ pub fn decode_table(data: &[u8], origin: &Path) -> Result<LockTable, StorageErro
         path: origin.to_path_buf(),
         message: format!("snapshot data: {message}"),
     };
-    let table = if version == DATA_WITH_PRINCIPALS {
+    let mut table = if version == DATA_WITH_PRINCIPALS {
         let (limits, principals, mut table): (ApplyLimits, BTreeMap<String, String>, LockTable) =
             codec::decode_payload(payload).map_err(corrupt)?;
         table
@@ -140,6 +140,9 @@ pub fn decode_table(data: &[u8], origin: &Path) -> Result<LockTable, StorageErro
         // constants say.
         codec::decode_payload::<LockTable>(payload).map_err(corrupt)?
     };
+    // The encoding repeats a session's ids in each of its grants: held once, as applying the
+    // log holds them.
+    table.share_holders();
     table
         .check_invariants()
         .map_err(|violation| StorageError::Layout {

@@ -95,7 +95,7 @@ impl LockTable {
             self.grants
                 .get(key.as_str())
                 .filter(|g| g.token == token)
-                .map(|g| g.session_id.as_str())
+                .map(|g| g.session_id())
         });
         holder.filter(|id| bound_elsewhere(id)).map(str::to_owned)
     }
@@ -105,6 +105,7 @@ impl LockTable {
 mod tests {
     use super::*;
     use crate::command::Grant;
+    use crate::table::HeldGrant;
 
     fn as_caller(principal: &str, command: Command) -> Command {
         Command::AsCaller {
@@ -212,7 +213,7 @@ mod tests {
             t.apply(3, as_caller("bob", release.clone()), &mut events),
             denied("bob", "a")
         );
-        assert_eq!(t.grant("k"), Some(&grant));
+        assert_eq!(t.grant("k").map(HeldGrant::to_grant), Some(grant));
         // alice presenting bob's session is refused too, her token notwithstanding.
         assert_eq!(
             t.apply(3, as_caller("alice", release.clone()), &mut events),

@@ -134,6 +134,14 @@ impl<E: Entry> ChunkedMap<E> {
         })
     }
 
+    /// The entry under `key`.
+    pub(crate) fn entry(&self, key: &str) -> Option<&E> {
+        match self.locate(key) {
+            Slot::Found(c, i) => Some(&self.chunks[c][i]),
+            Slot::Vacant(..) => None,
+        }
+    }
+
     /// Whether `key` is in the map.
     pub(crate) fn contains_key(&self, key: &str) -> bool {
         matches!(self.locate(key), Slot::Found(..))

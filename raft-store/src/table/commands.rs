@@ -4,12 +4,13 @@
 //! from the table's replicated [`ApplyLimits`](super::ApplyLimits) (issue 18).
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use lock_api::{LockError, validate};
 
 use super::session::{Session, WindowCheck};
 use super::shared::Shared;
-use super::{ApplyLimits, LockTable, SessionEntry, Waiter};
+use super::{ApplyLimits, HeldGrant, Holder, LockTable, SessionEntry, Waiter};
 use crate::command::{Command, Event, FreeCause, Grant, Rejection, Response, Revocation};
 
 /// A short name of a command for assertion messages (a batch's contents may be huge).
@@ -204,7 +205,7 @@ impl LockTable {
             ));
         }
         self.sessions.insert(SessionEntry {
-            id: session_id.clone(),
+            holder: Holder::new(session_id.clone(), owner_id.clone()),
             session: Shared::new(Session::new(owner_id, principal, ttl_ms, stamp_ms)),
         });
         events.push(Event::SessionOpened {
@@ -291,7 +292,7 @@ impl LockTable {
         let slots_used = session.locks.len() + session.waits.len();
         let waits = session.waits.len();
         // `Some(true)`: held by this session; `Some(false)`: held by another; `None`: free.
-        let held_by_self = self.grants.get(&key).map(|g| g.session_id == session_id);
+        let held_by_self = self.grants.get(&key).map(|g| g.session_id() == session_id);
         let answer = match held_by_self {
             Some(true) => Response::NotGranted,
             Some(false) if wait_ms == 0 => Response::NotGranted,
@@ -395,7 +396,7 @@ impl LockTable {
             Some(grant) if grant.token == token => {
                 grant.ttl_ms = ttl_ms;
                 grant.expires_at_ms = stamp_ms.saturating_add(ttl_ms);
-                Response::Renewed(grant.clone())
+                Response::Renewed(grant.to_grant())
             }
             _ => Response::Lost,
         };
@@ -445,7 +446,7 @@ impl LockTable {
                     .get(k)
                     .is_some_and(|g| g.request_id == request_id)
             })
-            .cloned();
+            .map(str::to_owned);
         let mismatch = |other: &str, what: &str| {
             invalid_msg(format!(
                 "acquire {request_id} of session {session_id} {what} key {other}, not {key}"
@@ -474,7 +475,7 @@ impl LockTable {
             if held != key {
                 return mismatch(&held, "holds");
             }
-            let Some(grant) = self.grants.get(key).cloned() else {
+            let Some(grant) = self.grants.get(key).map(HeldGrant::to_grant) else {
                 return mismatch(&held, "holds");
             };
             if release_if_granted {
@@ -547,7 +548,7 @@ impl LockTable {
             key: key.clone(),
             operator,
             reason,
-            previous_owner_id: previous.as_ref().map(|g| g.owner_id.clone()),
+            previous_owner_id: previous.as_ref().map(|g| g.owner_id().to_owned()),
             previous_token: previous.as_ref().map(|g| g.token),
             new_token_floor: self.last_token,
             at_ms: stamp_ms,
@@ -638,25 +639,18 @@ impl LockTable {
         events: &mut Vec<Event>,
     ) -> Grant {
         self.last_token += 1;
-        let owner_id = self
-            .sessions
-            .get(session_id)
-            .map(|s| s.owner_id.clone())
-            .unwrap_or_default();
-        let grant = Grant {
-            key: key.to_owned(),
-            owner_id,
-            session_id: session_id.to_owned(),
-            request_id,
-            token: self.last_token,
-            ttl_ms,
-            acquired_at_ms: stamp_ms,
-            expires_at_ms: stamp_ms.saturating_add(ttl_ms),
-        };
+        // Every caller checked the session is live; a missing one (never) gets ids of its own.
+        let holder = self
+            .holder_of(session_id)
+            .cloned()
+            .unwrap_or_else(|| Holder::new(session_id.to_owned(), String::new()));
+        let key: Arc<str> = key.into();
         if let Some(s) = self.sessions.get_mut(session_id) {
-            s.locks.insert(key.to_owned());
+            s.locks.insert(key.clone());
         }
-        self.grants.insert(grant.clone());
+        let held = HeldGrant::new(key, holder, request_id, self.last_token, ttl_ms, stamp_ms);
+        let grant = held.to_grant();
+        self.grants.insert(held);
         events.push(Event::Granted {
             grant: grant.clone(),
             handed_off,
@@ -665,9 +659,9 @@ impl LockTable {
     }
 
     /// Removes the grant on `key` and detaches it from its holder's session.
-    fn take_grant(&mut self, key: &str) -> Option<Grant> {
+    fn take_grant(&mut self, key: &str) -> Option<HeldGrant> {
         let grant = self.grants.remove(key)?;
-        if let Some(s) = self.sessions.get_mut(&grant.session_id) {
+        if let Some(s) = self.sessions.get_mut(grant.session_id()) {
             s.locks.remove(key);
         }
         Some(grant)

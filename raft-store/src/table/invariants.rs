@@ -72,10 +72,10 @@ impl LockTable {
         let mut acquires = Vec::with_capacity(self.grants.len());
         for (key, grant) in self.grants.iter() {
             ensure!(
-                grant.key == *key,
+                grant.key() == key,
                 "one holder per key",
                 "grant of key {} filed under key {key}",
-                grant.key
+                grant.key()
             );
             ensure!(
                 grant.token >= 1 && grant.token <= self.last_token,
@@ -85,25 +85,28 @@ impl LockTable {
                 self.last_token
             );
             tokens.push(grant.token);
-            acquires.push((grant.session_id.as_str(), grant.request_id));
-            let Some(session) = self.sessions.get(&grant.session_id) else {
+            acquires.push((grant.session_id(), grant.request_id));
+            let Some(session) = self.sessions.get(grant.session_id()) else {
                 return broken(
                     "every holder's session is live",
-                    format!("key {key} is held by unknown session {}", grant.session_id),
+                    format!(
+                        "key {key} is held by unknown session {}",
+                        grant.session_id()
+                    ),
                 );
             };
             ensure!(
                 session.locks.contains(key),
                 "session lock sets agree with grants",
                 "key {key} is held by session {} whose lock set lacks it",
-                grant.session_id
+                grant.session_id()
             );
             ensure!(
-                session.owner_id == grant.owner_id,
+                session.owner_id == grant.owner_id(),
                 "grants carry their session's owner",
                 "key {key} names owner {} but session {} is owner {}",
-                grant.owner_id,
-                grant.session_id,
+                grant.owner_id(),
+                grant.session_id(),
                 session.owner_id
             );
         }
@@ -137,7 +140,7 @@ impl LockTable {
         if listed != self.grants.len() {
             for (id, session) in self.sessions.iter() {
                 for key in &session.locks {
-                    if self.grants.get(key).is_none_or(|g| g.session_id != id) {
+                    if self.grants.get(key).is_none_or(|g| g.session_id() != id) {
                         return broken(
                             "session lock sets agree with grants",
                             format!("session {id} lists key {key} which it does not hold"),
@@ -176,7 +179,7 @@ impl LockTable {
                     waiter.session_id
                 );
                 ensure!(
-                    waiter.session_id != grant.session_id,
+                    waiter.session_id != grant.session_id(),
                     "a holder does not wait on its own key",
                     "session {} holds key {key} and waits on it",
                     waiter.session_id
@@ -345,9 +348,9 @@ mod tests {
     #[test]
     fn two_grants_with_one_token_are_caught() {
         let mut t = table();
-        let mut copy = t.grants.get("a").expect("held").clone();
+        let mut copy = t.grants.get("a").expect("held").to_grant();
         copy.key = "b".into();
-        t.grants.insert(copy);
+        t.grants.insert(copy.into());
         t.sessions
             .get_mut("s1")
             .expect("live")
@@ -362,13 +365,13 @@ mod tests {
     fn two_acquires_with_one_request_id_are_caught() {
         for (session, key) in [("s1", "b"), ("s2", "c")] {
             let mut t = table();
-            let mut copy = t.grants.get("a").expect("held").clone();
+            let mut copy = t.grants.get("a").expect("held").to_grant();
             t.last_token += 1;
             copy.token = t.last_token;
             copy.key = key.into();
             copy.session_id = session.into();
             copy.owner_id = format!("owner-{session}");
-            t.grants.insert(copy);
+            t.grants.insert(copy.into());
             t.sessions
                 .get_mut(session)
                 .expect("live")

@@ -35,20 +35,24 @@ mod apply_limits;
 mod binding;
 mod chunked;
 mod commands;
+mod held;
 mod invariants;
 mod session;
 mod shared;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::command::{Command, Event, Grant, Response, Revocation};
+use crate::command::{Command, Event, Response, Revocation};
 
 use chunked::{ChunkedMap, Entry};
+use held::Holder;
 use shared::Shared;
 
 pub use apply_limits::{ApplyLimits, InvalidLimits};
+pub use held::HeldGrant;
 pub use invariants::InvariantViolation;
 pub use session::{LockSet, Session};
 
@@ -69,22 +73,22 @@ pub struct Waiter {
 }
 
 /// A grant is filed under its own key: the grant map stores no second copy of it.
-impl Entry for Grant {
-    type Value = Grant;
+impl Entry for HeldGrant {
+    type Value = HeldGrant;
     fn key(&self) -> &str {
-        &self.key
+        HeldGrant::key(self)
     }
-    fn value(&self) -> &Grant {
+    fn value(&self) -> &HeldGrant {
         self
     }
-    fn value_mut(&mut self) -> &mut Grant {
+    fn value_mut(&mut self) -> &mut HeldGrant {
         self
     }
-    fn from_parts(key: &str, grant: Grant) -> Result<Self, String> {
-        if grant.key != key {
+    fn from_parts(key: &str, grant: HeldGrant) -> Result<Self, String> {
+        if grant.key() != key {
             return Err(format!(
                 "the grant of key {:?} is filed under key {key:?}",
-                grant.key
+                grant.key()
             ));
         }
         Ok(grant)
@@ -93,16 +97,17 @@ impl Entry for Grant {
 
 /// A session under its id, shared with the table's clones until one of them changes it (a
 /// session lists every key it holds, so copying a chunk of sessions must not copy those).
+/// Its [`Holder`] (id and owner) is the one every grant of the session points at.
 #[derive(Clone, Debug)]
 struct SessionEntry {
-    id: String,
+    holder: Arc<Holder>,
     session: Shared<Session>,
 }
 
 impl Entry for SessionEntry {
     type Value = Session;
     fn key(&self) -> &str {
-        &self.id
+        &self.holder.session_id
     }
     fn value(&self) -> &Session {
         &self.session
@@ -112,7 +117,7 @@ impl Entry for SessionEntry {
     }
     fn from_parts(id: &str, session: Session) -> Result<Self, String> {
         Ok(SessionEntry {
-            id: id.to_owned(),
+            holder: Holder::new(id.to_owned(), session.owner_id.clone()),
             session: Shared::new(session),
         })
     }
@@ -127,7 +132,7 @@ impl Entry for SessionEntry {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LockTable {
     /// The one grant of each held key.
-    grants: ChunkedMap<Grant>,
+    grants: ChunkedMap<HeldGrant>,
     /// Waiters per key, oldest first. A key appears only while its queue is non-empty, and a
     /// queue exists only on a held key (a free key is granted at once).
     queues: Shared<BTreeMap<String, VecDeque<Waiter>>>,
@@ -246,13 +251,45 @@ impl LockTable {
     }
 
     /// The grant on `key`, if it is held.
-    pub fn grant(&self, key: &str) -> Option<&Grant> {
+    pub fn grant(&self, key: &str) -> Option<&HeldGrant> {
         self.grants.get(key)
     }
 
     /// Every grant, in key order.
-    pub fn grants(&self) -> impl Iterator<Item = &Grant> {
+    pub fn grants(&self) -> impl Iterator<Item = &HeldGrant> {
         self.grants.values()
+    }
+
+    /// Points every grant at its session's one [`Holder`] and every session's lock set at its
+    /// grants' keys, as a table that applied the log holds them: decoded, each has copies of
+    /// its own, as the encoding repeats the ids per grant and the keys per session.
+    /// Changes no value, only how many copies of the ids are kept; a grant of a session the
+    /// table does not hold (corruption, which the invariant check names) keeps its own.
+    pub(crate) fn share_holders(&mut self) {
+        let grants = &self.grants;
+        for session in self.sessions.values_mut() {
+            session
+                .locks
+                .share_keys(|key| grants.get(key).map(HeldGrant::key_arc));
+        }
+        let sessions = &self.sessions;
+        let mut last: Option<&Arc<Holder>> = None;
+        for grant in self.grants.values_mut() {
+            let holder = match last {
+                Some(h) if h.session_id == grant.session_id() => h,
+                _ => match sessions.entry(grant.session_id()) {
+                    Some(entry) => &entry.holder,
+                    None => continue,
+                },
+            };
+            grant.share_holder(holder);
+            last = Some(holder);
+        }
+    }
+
+    /// The shared holder of session `session_id`, for a new grant of it.
+    fn holder_of(&self, session_id: &str) -> Option<&Arc<Holder>> {
+        self.sessions.entry(session_id).map(|e| &e.holder)
     }
 
     /// Number of grants (keys held).
@@ -306,7 +343,7 @@ impl LockTable {
     pub fn locks_of(&self, session_id: &str) -> BTreeSet<String> {
         self.sessions
             .get(session_id)
-            .map(|s| s.locks.iter().cloned().collect())
+            .map(|s| s.locks.iter().map(str::to_owned).collect())
             .unwrap_or_default()
     }
 
@@ -374,6 +411,66 @@ mod tests {
         assert_eq!(back.last_token(), 2);
     }
 
+    /// Every grant of a session points at the session's one holder, and the session's lock set
+    /// at the grant's key: after the applies that made them, and after a decode once
+    /// `share_holders` ran, as every install runs it.
+    #[test]
+    fn grants_share_their_sessions_holder() {
+        let mut t = LockTable::new();
+        let mut events = Vec::new();
+        for s in ["s1", "s2"] {
+            t.apply(
+                1,
+                Command::OpenSession {
+                    session_id: s.into(),
+                    owner_id: format!("owner-{s}"),
+                    ttl_ms: 10_000,
+                },
+                &mut events,
+            );
+            for (n, key) in ["a", "b", "c"].into_iter().enumerate() {
+                t.apply(
+                    2,
+                    Command::Acquire {
+                        session_id: s.into(),
+                        request_id: n as u64 + 1,
+                        key: format!("{s}/{key}"),
+                        ttl_ms: 5000,
+                        wait_ms: 0,
+                    },
+                    &mut events,
+                );
+            }
+        }
+        let shared = |t: &LockTable| {
+            t.grants.entries().all(|g| {
+                let entry = t.sessions.entry(g.session_id()).expect("live session");
+                Arc::ptr_eq(g.holder(), &entry.holder)
+            })
+        };
+        let keys_shared = |t: &LockTable| {
+            t.sessions.values().all(|s| {
+                s.locks.arcs().iter().all(|key| {
+                    let grant = t.grants.get(key).expect("held");
+                    Arc::ptr_eq(key, grant.key_arc())
+                })
+            })
+        };
+        assert_eq!(t.grant_count(), 6);
+        assert!(shared(&t) && keys_shared(&t));
+        let bytes = postcard::to_allocvec(&t).expect("serializes");
+        let mut back: LockTable = postcard::from_bytes(&bytes).expect("deserializes");
+        assert!(!shared(&back), "a decoded grant holds ids of its own");
+        assert!(
+            !keys_shared(&back),
+            "a decoded lock set holds keys of its own"
+        );
+        back.share_holders();
+        assert!(shared(&back) && keys_shared(&back));
+        assert_eq!(back, t);
+        assert_eq!(back.grant("s2/b").map(|g| g.owner_id()), Some("owner-s2"));
+    }
+
     /// Debug builds check the invariants after every apply and name the command that broke
     /// them.
     #[test]
@@ -392,7 +489,7 @@ mod tests {
         );
         // A grant of a session that does not exist: corrupt on purpose.
         t.last_token = 1;
-        t.grants.insert(Grant {
+        t.grants.insert(HeldGrant::from(crate::command::Grant {
             key: "z".into(),
             owner_id: "o1".into(),
             session_id: "ghost".into(),
@@ -401,7 +498,7 @@ mod tests {
             ttl_ms: 1000,
             acquired_at_ms: 1,
             expires_at_ms: 1001,
-        });
+        }));
         let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             t.apply(2, Command::Promote, &mut events);
         }));

@@ -3,6 +3,7 @@
 //! consistent with each other; the lock table decides what changes.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
@@ -38,10 +39,12 @@ pub struct Session {
 
 /// The keys a session holds, in key order: a packed sorted `Vec` rather than a `BTreeSet`,
 /// since every held lock pays for it (a set's nodes of eleven slots are partly empty), and a
-/// session holds at most `locks_per_session_max` keys, so an insert's shift is short. Encodes
-/// as the `BTreeSet` it replaced did: a sequence in key order.
+/// session holds at most `locks_per_session_max` keys, so an insert's shift is short. Each key
+/// is the allocation its grant holds (`Arc<str>`), so a session's keys cost 16 bytes each and
+/// copying a session (the snapshot builder's copy-on-write) allocates one `Vec`, not one string
+/// per key. Encodes as the `BTreeSet` it replaced did: a sequence in key order.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct LockSet(Vec<String>);
+pub struct LockSet(Vec<Arc<str>>);
 
 impl LockSet {
     /// Number of keys.
@@ -60,16 +63,16 @@ impl LockSet {
     }
 
     /// The keys, in order.
-    pub fn iter(&self) -> std::slice::Iter<'_, String> {
-        self.0.iter()
+    pub fn iter(&self) -> impl Iterator<Item = &str> {
+        self.0.iter().map(|k| &**k)
     }
 
     fn find(&self, key: &str) -> Result<usize, usize> {
-        self.0.binary_search_by(|k| k.as_str().cmp(key))
+        self.0.binary_search_by(|k| (**k).cmp(key))
     }
 
     /// Adds `key`; `false` if it was there.
-    pub(crate) fn insert(&mut self, key: String) -> bool {
+    pub(crate) fn insert(&mut self, key: Arc<str>) -> bool {
         match self.find(&key) {
             Ok(_) => false,
             Err(at) => {
@@ -89,19 +92,35 @@ impl LockSet {
             Err(_) => false,
         }
     }
+
+    /// Replaces each key by the allocation `shared` answers for it (the grant's), so a decoded
+    /// set holds no copy of its own; a key `shared` does not know keeps its own.
+    pub(crate) fn share_keys<'a>(&mut self, shared: impl Fn(&str) -> Option<&'a Arc<str>>) {
+        for key in &mut self.0 {
+            if let Some(same) = shared(key).filter(|same| ***same == **key) {
+                *key = same.clone();
+            }
+        }
+    }
+
+    /// The key allocations, for the tests of their sharing.
+    #[cfg(test)]
+    pub(crate) fn arcs(&self) -> &[Arc<str>] {
+        &self.0
+    }
 }
 
 impl<'a> IntoIterator for &'a LockSet {
-    type Item = &'a String;
-    type IntoIter = std::slice::Iter<'a, String>;
+    type Item = &'a str;
+    type IntoIter = std::iter::Map<std::slice::Iter<'a, Arc<str>>, fn(&Arc<str>) -> &str>;
     fn into_iter(self) -> Self::IntoIter {
-        self.0.iter()
+        self.0.iter().map(|k| &**k)
     }
 }
 
 impl Serialize for LockSet {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_seq(&self.0)
+        serializer.collect_seq(self.iter())
     }
 }
 
@@ -114,8 +133,7 @@ impl<'de> Deserialize<'de> for LockSet {
             keys.sort_unstable();
             keys.dedup();
         }
-        keys.shrink_to_fit();
-        Ok(LockSet(keys))
+        Ok(LockSet(keys.into_iter().map(Arc::from).collect()))
     }
 }
 
@@ -260,7 +278,10 @@ mod tests {
         let mut set = LockSet::default();
         let mut model = BTreeSet::new();
         for i in [5u32, 1, 9, 3, 7, 1, 5] {
-            assert_eq!(set.insert(format!("k{i}")), model.insert(format!("k{i}")));
+            assert_eq!(
+                set.insert(format!("k{i}").into()),
+                model.insert(format!("k{i}"))
+            );
         }
         assert_eq!(set.remove("k3"), model.remove("k3"));
         assert_eq!(set.remove("k3"), model.remove("k3"));
@@ -275,6 +296,6 @@ mod tests {
         );
         let unsorted = postcard::to_allocvec(&vec!["b", "a", "b"]).expect("encodes");
         let back: LockSet = postcard::from_bytes(&unsorted).expect("decodes");
-        assert!(back.iter().eq(["a", "b"].iter()));
+        assert!(back.iter().eq(["a", "b"]));
     }
 }

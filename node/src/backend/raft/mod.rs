@@ -210,7 +210,7 @@ impl RaftBackend {
             table
                 .grant(key)
                 .filter(|g| g.token == token)
-                .map(|g| g.session_id.clone())
+                .map(|g| g.session_id().to_owned())
         });
         match holder {
             Some(session_id) => self.check_session_owner(caller, &session_id),

@@ -60,7 +60,7 @@ impl RaftBackend {
             table
                 .grant(key)
                 .filter(|g| g.token == token)
-                .map(|g| (g.owner_id.clone(), g.session_id.clone()))
+                .map(|g| (g.owner_id().to_owned(), g.session_id().to_owned()))
         })
     }
 }
@@ -540,9 +540,9 @@ impl Backend for RaftBackend {
         }
         let state = self.inner.reader.read(|table| {
             table.grant(key).map(|g| KeyState {
-                key: g.key.clone(),
-                owner_id: g.owner_id.clone(),
-                session_id: g.session_id.clone(),
+                key: g.key().to_owned(),
+                owner_id: g.owner_id().to_owned(),
+                session_id: g.session_id().to_owned(),
                 token: g.token,
                 acquired_at_ms: g.acquired_at_ms,
                 expires_at_ms: g.expires_at_ms,

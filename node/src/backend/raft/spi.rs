@@ -72,7 +72,7 @@ impl LockStore for RaftBackend {
         let holder = self
             .inner
             .reader
-            .read(|table| table.grant(key).map(|g| g.session_id.clone()));
+            .read(|table| table.grant(key).map(|g| g.session_id().to_owned()));
         let Some(holder) = holder else {
             validate::key(key)?;
             // A negative verdict from local state only where this node still leads (as in
@@ -101,7 +101,7 @@ impl LockStore for RaftBackend {
         let holder = self
             .inner
             .reader
-            .read(|table| table.grant(key).map(|g| g.session_id.clone()));
+            .read(|table| table.grant(key).map(|g| g.session_id().to_owned()));
         let Some(session_id) = holder else {
             self.confirm_leadership().await?;
             return Ok(false);

@@ -14,8 +14,8 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use lock_raft_store::Event;
 use lock_raft_store::storage::StateReader;
-use lock_raft_store::{Event, Grant};
 
 use super::table::{GrantLease, Lapsed, LeaseTable, RenewCheck};
 use crate::clock::Clock;
@@ -99,19 +99,22 @@ impl LeaseKeeper {
         self.lock().reconciling.is_some()
     }
 
-    /// One step of reconcile `seen`'s walk over the state's grants: each gets a lease restarted
+    /// One step of reconcile `seen`'s walk over the state's grants, each as `(key, token, lease
+    /// length)`: each gets a lease restarted
     /// at the promote if the keeper lacked it, and the state's lease length if its lease was
     /// untouched since the promote. Called with the state's read lock held (lock order: state,
     /// then keeper), so no apply lands between the reading and the writing.
-    pub fn reconcile_grants<'a>(&self, seen: u32, grants: impl IntoIterator<Item = &'a Grant>) {
+    pub fn reconcile_grants<'a>(
+        &self,
+        seen: u32,
+        grants: impl IntoIterator<Item = (&'a str, u64, u64)>,
+    ) {
         let state = &mut *self.lock();
         if state.reconciling != Some(seen) {
             return;
         }
-        for grant in grants {
-            state
-                .table
-                .reconcile_grant(&grant.key, grant.token, grant.ttl_ms);
+        for (key, token, ttl_ms) in grants {
+            state.table.reconcile_grant(key, token, ttl_ms);
         }
     }
 
@@ -464,10 +467,10 @@ mod tests {
         // waits for the walk, which may bring the state's lease length.
         clock.advance(Duration::from_millis(2_000));
         assert_eq!(keeper.take_lapsed(REAP_PER_TICK_MAX), Lapsed::default());
-        keeper.reconcile_grants(seen, [&grant("other", 9, 3_000)]);
+        keeper.reconcile_grants(seen, [("other", 9, 3_000)]);
         keeper.reconcile_sessions(seen, [("s2", 5_000)]);
         // A stale generation changes nothing.
-        keeper.reconcile_grants(seen.wrapping_sub(1), [&grant("ghost", 1, 3_000)]);
+        keeper.reconcile_grants(seen.wrapping_sub(1), [("ghost", 1, 3_000)]);
         keeper.finish_reconcile(seen);
         assert!(!keeper.reconciling());
         assert!(keeper.grant_lease("k").is_none(), "no longer in the state");

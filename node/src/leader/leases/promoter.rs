@@ -151,11 +151,11 @@ async fn reconcile(
         let last = reader.read(|table| {
             let step: Vec<_> = table
                 .grants()
-                .skip_while(|g| after.as_deref().is_some_and(|a| g.key.as_str() <= a))
+                .skip_while(|g| after.as_deref().is_some_and(|a| g.key() <= a))
                 .take(RECONCILE_STEP)
                 .collect();
-            keeper.reconcile_grants(seen, step.iter().copied());
-            (step.len() == RECONCILE_STEP).then(|| step.last().map(|g| g.key.clone()))
+            keeper.reconcile_grants(seen, step.iter().map(|g| (g.key(), g.token, g.ttl_ms)));
+            (step.len() == RECONCILE_STEP).then(|| step.last().map(|g| g.key().to_owned()))
         });
         match last {
             Some(last) => after = last,
