@@ -83,7 +83,7 @@ fn session_id(s: usize) -> String {
 }
 
 fn usage() -> Box<dyn std::error::Error> {
-    "usage: restart_from_snapshot fill|open|install|restart-install|send|log|restart DIR [ARGS]"
+    "usage: restart_from_snapshot fill|open|install|restart-install|send|log|log-fill|restart DIR [ARGS]"
         .into()
 }
 
