@@ -7,6 +7,9 @@
 //! cargo run --release -p lock-raft-store --example restart_from_snapshot -- install DIR
 //! cargo run --release -p lock-raft-store --example restart_from_snapshot -- restart-install DIR
 //! cargo run --release -p lock-raft-store --example restart_from_snapshot -- send DIR
+//! cargo run --release -p lock-raft-store --example restart_from_snapshot -- log DIR [ENTRIES]
+//! cargo run --release -p lock-raft-store --example restart_from_snapshot -- log-fill DIR TO_LOCKS [BATCH]
+//! cargo run --release -p lock-raft-store --example restart_from_snapshot -- restart DIR
 //! ```
 //!
 //! `fill` builds the state by applying (as the nodes that never stopped did), reports its
@@ -16,7 +19,15 @@
 //! batches after it, as openraft replays the log before the node serves. `install` installs
 //! `DIR/leader.data` into a fresh state machine (a follower's catch-up); `restart-install`
 //! does both, as the restarted node of W5 did. `send` opens `DIR` and reads its current snapshot as
-//! a leader does to send it to a follower that lags. Each reports its time and `VmRSS`/`VmHWM` from
+//! a leader does to send it to a follower that lags. `log` appends `ENTRIES` (default 300,000)
+//! committed log entries after the snapshot through the log store, as W5's catch-up writes them
+//! (an acquire and a release of a new key by one held session, each its own entry); `log-fill`
+//! appends the rest of the fill instead (each session's locks up to `TO_LOCKS`, in entries of
+//! `BATCH` acquires), the log of a node whose last snapshot was taken part-way through the fill;
+//! and
+//! `restart` then opens `DIR` and runs openraft's start-up (`StorageHelper::get_initial_state`,
+//! which `Raft::new` runs): the snapshot, then the replay of the log up to the committed index,
+//! the node's time before it serves anything. Each reports its time and `VmRSS`/`VmHWM` from
 //! `/proc/self/status`, under mimalloc, the `lockd` binary's allocator.
 
 use std::io::Cursor;
@@ -72,7 +83,8 @@ fn session_id(s: usize) -> String {
 }
 
 fn usage() -> Box<dyn std::error::Error> {
-    "usage: restart_from_snapshot fill|open|install|restart-install|send DIR [ARGS]".into()
+    "usage: restart_from_snapshot fill|open|install|restart-install|send|log|log-fill|restart DIR [ARGS]"
+        .into()
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -97,6 +109,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "open" => open(&dir, rest.first().copied().unwrap_or(17_000)).map(drop),
             "install" => install(&dir, None).await,
             "send" => send(&dir).await,
+            "log" => log(&dir, rest.first().copied().unwrap_or(300_000)).await,
+            "restart" => restart(&dir).await,
+            "log-fill" => {
+                log_fill(
+                    &dir,
+                    rest.first().copied().ok_or_else(usage)?,
+                    rest.get(1).copied().unwrap_or(64),
+                )
+                .await
+            }
             "restart-install" => {
                 let sm = open(&dir, 0)?;
                 install(&dir, Some(sm)).await
@@ -306,6 +328,157 @@ async fn send(dir: &Path) -> Result<(), Box<dyn std::error::Error>> {
         "send: the current snapshot ({:.1} MiB of data) read in {:.2} s; RSS {rss:.0} MiB (before {before:.0}), peak during the read {hwm:.0} MiB",
         snapshot.snapshot.get_ref().len() as f64 / (1024.0 * 1024.0),
         read.as_secs_f64()
+    );
+    Ok(())
+}
+
+/// Appends `count` single-command entries (acquire, release, acquire...) after the snapshot
+/// `fill` left, applying each as it goes to learn the release's token, and saves them committed.
+async fn log(dir: &Path, count: usize) -> Result<(), Box<dyn std::error::Error>> {
+    use openraft::storage::{IOFlushed, RaftLogStorage};
+    let [_, locks, index, stamp] = shape(dir)?;
+    let (mut log, sm) = storage::open(dir, None)?;
+    // A node purges its log up to each snapshot it built.
+    if let Some(snapshot) = sm.reader().last_applied() {
+        log.purge(snapshot).await?;
+    }
+    let session = session_id(0);
+    let t = Instant::now();
+    let mut chunk = Vec::with_capacity(64);
+    let mut token = 0;
+    let mut last = None;
+    for n in 0..count as u64 {
+        let key = format!("w5/catch-up/{}", n / 2);
+        let command = if n % 2 == 0 {
+            Command::Acquire {
+                session_id: session.clone(),
+                request_id: locks + 1 + n,
+                key,
+                ttl_ms: 60_000,
+                wait_ms: 0,
+            }
+        } else {
+            Command::Release {
+                session_id: session.clone(),
+                request_id: locks + 1 + n,
+                key,
+                token,
+            }
+        };
+        let e = entry(index + 1 + n, stamp + 1 + n, command);
+        last = Some(e.log_id);
+        if let [lock_raft_store::Response::Granted(grant)] =
+            sm.apply_entries([e.clone()]).as_slice()
+        {
+            token = grant.token;
+        }
+        chunk.push(e);
+        if chunk.len() == 64 {
+            log.append(std::mem::take(&mut chunk), IOFlushed::noop())
+                .await?;
+        }
+    }
+    if !chunk.is_empty() {
+        log.append(chunk, IOFlushed::noop()).await?;
+    }
+    log.save_committed(last).await?;
+    // A vote is written and synced at once: it carries the committed id to the disk.
+    log.save_vote(&lock_raft_store::Vote::new_committed(1, 1))
+        .await?;
+    println!(
+        "log: {count} entries appended after index {index} in {:.1} s; {} locks held after them",
+        t.elapsed().as_secs_f64(),
+        sm.reader().read(|t| t.grant_count())
+    );
+    Ok(())
+}
+
+/// Opens `DIR` and runs openraft's start-up on it, as a restarted node does before it serves.
+async fn restart(dir: &Path) -> Result<(), Box<dyn std::error::Error>> {
+    let t = Instant::now();
+    let (mut log, mut sm) = storage::open(dir, None)?;
+    let opened = t.elapsed();
+    let from = sm.reader().last_applied().map_or(0, |id| id.index);
+    let t = Instant::now();
+    let state = openraft::StorageHelper::new(&mut log, &mut sm)
+        .with_id(1)
+        .get_initial_state()
+        .await?;
+    let started = t.elapsed();
+    let to = sm.reader().last_applied().map_or(0, |id| id.index);
+    let (rss, hwm) = memory();
+    println!(
+        "restart: storage opened in {:.2} s (snapshot at {from}); openraft's start-up took {:.2} s, \
+         replaying {} entries ({:.0} entries/s) to {to} (snapshot {:?}); {} locks held; RSS {rss:.0} MiB, peak {hwm:.0} MiB",
+        opened.as_secs_f64(),
+        started.as_secs_f64(),
+        to - from,
+        (to - from) as f64 / started.as_secs_f64(),
+        state.snapshot_meta.last_log_id.map(|id| id.index),
+        sm.reader().read(|t| t.grant_count()),
+    );
+    Ok(())
+}
+
+/// Appends the rest of `fill`'s acquires, each session's locks from where `fill` stopped up to
+/// `to_locks`, in entries of `batch` acquires, after the snapshot, and saves them committed.
+async fn log_fill(
+    dir: &Path,
+    to_locks: usize,
+    batch: usize,
+) -> Result<(), Box<dyn std::error::Error>> {
+    use openraft::storage::{IOFlushed, RaftLogStorage};
+    let [sessions, locks, index, stamp] = shape(dir)?;
+    let (mut log, sm) = storage::open(dir, None)?;
+    if let Some(snapshot) = sm.reader().last_applied() {
+        log.purge(snapshot).await?;
+    }
+    let t = Instant::now();
+    let mut commands = Vec::with_capacity(batch);
+    let mut entries = Vec::with_capacity(64);
+    let mut next = index;
+    let mut acquires = 0u64;
+    for l in locks..to_locks as u64 {
+        for s in 0..sessions {
+            commands.push(Command::Acquire {
+                session_id: session_id(s as usize),
+                request_id: l + 1,
+                key: format!("w5/{s:04}/{l:04}"),
+                ttl_ms: 30_000,
+                wait_ms: 0,
+            });
+            acquires += 1;
+            let last = l + 1 == to_locks as u64 && s + 1 == sessions;
+            if commands.len() == batch || last {
+                next += 1;
+                entries.push(entry(
+                    next,
+                    stamp + next - index,
+                    Command::Batch(std::mem::take(&mut commands)),
+                ));
+            }
+            if entries.len() == 64 || (last && !entries.is_empty()) {
+                log.append(std::mem::take(&mut entries), IOFlushed::noop())
+                    .await?;
+            }
+        }
+    }
+    let committed = (next > index).then(|| {
+        LogId::new(
+            LeaderId {
+                term: 1,
+                node_id: 1,
+            },
+            next,
+        )
+    });
+    log.save_committed(committed).await?;
+    log.save_vote(&lock_raft_store::Vote::new_committed(1, 1))
+        .await?;
+    println!(
+        "log-fill: {acquires} acquires in {} entries appended after index {index} in {:.1} s",
+        next - index,
+        t.elapsed().as_secs_f64()
     );
     Ok(())
 }

@@ -1,5 +1,6 @@
 //! When a snapshot is worth building: [`SnapshotPolicy`], decided from the bytes of log written
-//! since the last snapshot against that snapshot's size, and staggered across nodes.
+//! since the last snapshot against that snapshot's size, bounded by the commands applied since
+//! it (what a restart replays), and staggered across nodes.
 //!
 //! openraft asks the state machine for a builder every `--snapshot-logs-since-last` entries
 //! (`RaftStateMachine::try_create_snapshot_builder`); the state machine answers with this
@@ -7,7 +8,15 @@
 //! replaying them, so a snapshot is due only once the log since the last one is a fraction of
 //! the last snapshot's size: the work of snapshots then grows with the log written, not with
 //! the state held. A small state (a snapshot smaller than the log since) keeps being
-//! snapshotted at every ask, as before. Each node's threshold is raised by its own share of
+//! snapshotted at every ask, as before.
+//!
+//! Bytes alone let a large state's log grow long: half of a 125 MiB snapshot is about 60 MiB
+//! of log, some 450,000 acquires, which a restarted node re-applies before it serves anything
+//! (about 7 µs each at a million held locks, so 3 s and more; W5's catch-up, issue 23). So a
+//! snapshot is also due once [`SnapshotPolicy::replay_commands_max`] commands were applied
+//! since the last one, whatever their bytes: a restart then replays at most that many. It
+//! counts commands, not entries, because one entry may batch up to 512 of them and the replay
+//! costs by the command. Each node's threshold is raised by its own share of
 //! [`SnapshotPolicy::stagger_percent`], drawn from its node id and how many snapshots it built,
 //! so the nodes of one cluster do not all build at the same index.
 //!
@@ -19,6 +28,12 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+/// The default [`SnapshotPolicy::replay_commands_max`]: at about 7 µs per acquire re-applied at
+/// a million held locks (`restart_from_snapshot` example), a restart replays for about 1.5 s
+/// at most, and a build of a million-lock table (2–4 s of a blocking thread) comes at most every
+/// 250,000 commands.
+pub const REPLAY_COMMANDS_MAX: u64 = 250_000;
+
 /// How often a snapshot is built; see the module docs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SnapshotPolicy {
@@ -28,6 +43,9 @@ pub struct SnapshotPolicy {
     /// No snapshot before the log since the last one is this percentage of the last snapshot's
     /// size: 50 means a restarted node replays at most about half a snapshot's worth of log.
     pub percent_of_snapshot: u64,
+    /// A snapshot is due once this many commands were applied since the last one, whatever
+    /// the log's bytes, so a restart never replays more (0: no bound). Staggered as the bytes.
+    pub replay_commands_max: u64,
     /// Up to this percentage more, per node and per snapshot (0: no staggering).
     pub stagger_percent: u64,
     /// The node's id, from which its stagger is drawn.
@@ -39,6 +57,7 @@ impl Default for SnapshotPolicy {
         SnapshotPolicy {
             floor_bytes: 0,
             percent_of_snapshot: 50,
+            replay_commands_max: REPLAY_COMMANDS_MAX,
             stagger_percent: 40,
             node_id: 0,
         }
@@ -60,6 +79,11 @@ impl SnapshotPolicy {
         let base = self
             .floor_bytes
             .max(snapshot_bytes.saturating_mul(self.percent_of_snapshot) / 100);
+        self.staggered(base, built)
+    }
+
+    /// `base` raised by this node's share of the stagger for its `built`-th snapshot.
+    fn staggered(&self, base: u64, built: u64) -> u64 {
         let extra = self
             .stagger_percent
             .saturating_mul(self.stagger_share(built))
@@ -70,6 +94,17 @@ impl SnapshotPolicy {
     /// Whether a snapshot is due, `log_bytes` after one of `snapshot_bytes`.
     pub fn due(&self, log_bytes: u64, snapshot_bytes: u64, built: u64) -> bool {
         log_bytes >= self.threshold(snapshot_bytes, built)
+    }
+
+    /// The commands applied since the last snapshot after which the next is due whatever the
+    /// log's bytes (`None`: no such bound), for `built` snapshots built by this node so far.
+    pub fn replay_threshold(&self, built: u64) -> Option<u64> {
+        (self.replay_commands_max > 0).then(|| self.staggered(self.replay_commands_max, built))
+    }
+
+    /// Whether a snapshot is due by the replay bound, `commands` applied since the last one.
+    pub fn replay_due(&self, commands: u64, built: u64) -> bool {
+        self.replay_threshold(built).is_some_and(|t| commands >= t)
     }
 
     /// This node's share of the stagger for its `built`-th snapshot, in thousandths: spread
@@ -161,6 +196,35 @@ mod tests {
         assert!(!policy.due(MIB, 1_000, 0));
         assert!(policy.due(4 * MIB, 1_000, 0));
         assert_eq!(policy.threshold(100 * MIB, 3), 50 * MIB);
+    }
+
+    /// However few bytes the commands since the last snapshot took, a restart replays no more
+    /// than the bound; nodes reach it at different counts; 0 turns it off.
+    #[test]
+    fn the_commands_since_the_last_snapshot_are_bounded() {
+        let policy = SnapshotPolicy {
+            replay_commands_max: 1_000,
+            stagger_percent: 0,
+            ..SnapshotPolicy::default()
+        };
+        assert!(!policy.replay_due(999, 0));
+        assert!(policy.replay_due(1_000, 0));
+        let off = SnapshotPolicy {
+            replay_commands_max: 0,
+            ..policy
+        };
+        assert!(!off.replay_due(u64::MAX, 0));
+        assert_eq!(off.replay_threshold(0), None);
+        let thresholds: std::collections::BTreeSet<u64> = (1..=3)
+            .filter_map(|node| SnapshotPolicy::for_node(node).replay_threshold(0))
+            .collect();
+        assert_eq!(thresholds.len(), 3, "{thresholds:?}");
+        for t in &thresholds {
+            assert!(
+                (REPLAY_COMMANDS_MAX..=REPLAY_COMMANDS_MAX * 14 / 10).contains(t),
+                "{thresholds:?}"
+            );
+        }
     }
 
     /// Three nodes of a cluster with the same state get thresholds apart by a good part of the

@@ -33,10 +33,11 @@ use super::disk::Disk;
 use super::observer::StorageObserver;
 use super::snapshot::{self, SnapshotDir};
 use super::snapshot_policy::{LogBytes, SnapshotPolicy};
-use crate::command::{Event, Response};
+use crate::command::{Command, Event, Response};
 use crate::table::LockTable;
 use crate::{
-    Entry, EntryPayload, LogId, Snapshot, SnapshotData, SnapshotMeta, StoredMembership, TypeConfig,
+    Entry, EntryPayload, LogId, Request, Snapshot, SnapshotData, SnapshotMeta, StoredMembership,
+    TypeConfig,
 };
 
 /// Learns what each applied batch of log entries did. Called on every replica after each
@@ -57,6 +58,9 @@ struct AppliedState {
     last_membership: StoredMembership,
     /// The lock table.
     table: LockTable,
+    /// Commands applied since the store opened (an entry counts its batch's commands, a blank
+    /// or membership entry one): what the snapshot policy bounds a restart's replay by.
+    commands_applied: u64,
 }
 
 type SharedState = Arc<RwLock<AppliedState>>;
@@ -102,14 +106,17 @@ struct SnapshotMark {
     snapshot_bytes: AtomicU64,
     /// The log store's byte count when its state was taken.
     log_bytes_at: AtomicU64,
+    /// The state machine's count of applied commands when its state was taken.
+    commands_at: AtomicU64,
     /// Snapshots this node built since it opened (the stagger's round).
     built: AtomicU64,
 }
 
 impl SnapshotMark {
-    fn set(&self, snapshot_bytes: u64, log_bytes_at: u64) {
+    fn set(&self, snapshot_bytes: u64, log_bytes_at: u64, commands_at: u64) {
         self.snapshot_bytes.store(snapshot_bytes, Ordering::Relaxed);
         self.log_bytes_at.store(log_bytes_at, Ordering::Relaxed);
+        self.commands_at.store(commands_at, Ordering::Relaxed);
     }
 }
 
@@ -142,7 +149,7 @@ impl StateMachineStore {
         let (snapshots, current) = SnapshotDir::open(disk, snapshot_dir)?;
         let mark = SnapshotMark::default();
         if let Some(file) = &current {
-            mark.set(file.data.len() as u64, 0);
+            mark.set(file.data.len() as u64, 0, 0);
         }
         let state = match current {
             None => AppliedState::default(),
@@ -155,6 +162,7 @@ impl StateMachineStore {
                         .current_path()
                         .unwrap_or_else(|| snapshot_dir.to_path_buf()),
                 )?,
+                commands_applied: 0,
             },
         };
         Ok(StateMachineStore {
@@ -188,7 +196,9 @@ impl StateMachineStore {
         &self.policy
     }
 
-    /// Whether a snapshot is due now by the policy (always, without a log byte count).
+    /// Whether a snapshot is due now by the policy (always, without a log byte count): by the
+    /// log bytes written since the last one, or by the commands applied since it (replayed ones
+    /// included: a node that restarted counts the log it re-applied).
     pub fn snapshot_due(&self) -> bool {
         let Some(log_bytes) = &self.log_bytes else {
             return true;
@@ -196,11 +206,21 @@ impl StateMachineStore {
         let since = log_bytes
             .get()
             .saturating_sub(self.mark.log_bytes_at.load(Ordering::Relaxed));
+        let built = self.mark.built.load(Ordering::Relaxed);
         self.policy.due(
             since,
             self.mark.snapshot_bytes.load(Ordering::Relaxed),
-            self.mark.built.load(Ordering::Relaxed),
-        )
+            built,
+        ) || self
+            .policy
+            .replay_due(self.commands_since_snapshot(), built)
+    }
+
+    /// Commands applied since the state of the last snapshot (built, installed or opened).
+    pub fn commands_since_snapshot(&self) -> u64 {
+        read_state(&self.state)
+            .commands_applied
+            .saturating_sub(self.mark.commands_at.load(Ordering::Relaxed))
     }
 
     fn builder(&self) -> SnapshotBuilder {
@@ -230,6 +250,13 @@ impl StateMachineStore {
             for entry in entries {
                 state.last_applied = Some(entry.log_id);
                 last_index = Some(entry.log_id.index);
+                state.commands_applied += match &entry.payload {
+                    EntryPayload::Normal(Request {
+                        command: Command::Batch(commands),
+                        ..
+                    }) => commands.len().max(1) as u64,
+                    _ => 1,
+                };
                 answers.push(match entry.payload {
                     EntryPayload::Normal(request) => {
                         state
@@ -410,19 +437,24 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         .await
         .map_err(|join| join_error("install snapshot into", self.snapshots.dir(), join))?
         .map_err(to_io)?;
-        let replaced = {
+        let (replaced, commands_now) = {
             let mut state = write_state(&self.state);
-            std::mem::replace(
+            // The count goes on across the install, so a build that took its view before it
+            // cannot move the mark back.
+            let commands_now = state.commands_applied;
+            let replaced = std::mem::replace(
                 &mut *state,
                 AppliedState {
                     last_applied: meta.last_log_id,
                     last_membership: meta.last_membership.clone(),
                     table,
+                    commands_applied: commands_now,
                 },
-            )
+            );
+            (replaced, commands_now)
         };
         let log_bytes_now = self.log_bytes.as_ref().map_or(0, |l| l.get());
-        self.mark.set(data_len, log_bytes_now);
+        self.mark.set(data_len, log_bytes_now, commands_now);
         // Freeing a large table takes a while too.
         drop_off_runtime(replaced);
         Ok(())
@@ -469,14 +501,19 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         // The read lock is held only to clone the table, which shares every chunk with it
         // (`LockTable`'s docs): applies go on while the clone is encoded and written on a
         // blocking thread, copying only the chunks they change meanwhile.
-        let (meta, table, log_bytes_at) = {
+        let (meta, table, log_bytes_at, commands_at) = {
             let state = read_state(&self.state);
             let meta = SnapshotMeta {
                 last_log_id: state.last_applied,
                 last_membership: state.last_membership.clone(),
             };
             let log_bytes_at = self.log_bytes.as_ref().map_or(0, |l| l.get());
-            (meta, state.table.clone(), log_bytes_at)
+            (
+                meta,
+                state.table.clone(),
+                log_bytes_at,
+                state.commands_applied,
+            )
         };
         let snapshots = self.snapshots.clone();
         let file_meta = meta.clone();
@@ -501,7 +538,7 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         .await
         .map_err(|join| join_error("write snapshot into", self.snapshots.dir(), join))?
         .map_err(to_io)?;
-        self.mark.set(data.len() as u64, log_bytes_at);
+        self.mark.set(data.len() as u64, log_bytes_at, commands_at);
         self.mark.built.fetch_add(1, Ordering::Relaxed);
         if let Some(storage) = &self.storage {
             storage.snapshot_built(started.elapsed(), data.len() as u64);
@@ -635,6 +672,58 @@ mod tests {
         let other = tempfile::tempdir().expect("temp dir");
         let mut uncounted = StateMachineStore::open(other.path(), None).expect("open");
         assert!(uncounted.try_create_snapshot_builder(false).await.is_some());
+    }
+
+    /// However few log bytes were written (none: a restarted node re-applying its log writes
+    /// none), a snapshot is due once the commands applied since the last one reach the replay
+    /// bound; a batch counts its commands; a build starts the count again from its view.
+    #[tokio::test]
+    async fn a_snapshot_is_due_by_the_commands_applied_since_the_last_one() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut sm = StateMachineStore::open(dir.path(), None)
+            .expect("open")
+            .with_log_bytes(LogBytes::shared());
+        sm.set_snapshot_policy(SnapshotPolicy {
+            replay_commands_max: 10,
+            stagger_percent: 0,
+            floor_bytes: u64::MAX,
+            ..SnapshotPolicy::for_node(1)
+        });
+        let opens: Vec<_> = (1..=4)
+            .map(|i| entry(i, open_session(&format!("session-{i}"))))
+            .collect();
+        sm.apply_entries(opens);
+        assert_eq!(sm.commands_since_snapshot(), 4);
+        assert!(!sm.snapshot_due(), "4 commands of 10, and no log bytes");
+        let batch = EntryPayload::Normal(Request {
+            stamp_ms: 1_000,
+            command: Command::Batch(
+                (5..=9)
+                    .map(|i| Command::OpenSession {
+                        session_id: format!("session-{i}"),
+                        owner_id: "owner".to_string(),
+                        ttl_ms: 5_000,
+                    })
+                    .collect(),
+            ),
+        });
+        sm.apply_entries([entry(5, batch)]);
+        assert_eq!(
+            sm.commands_since_snapshot(),
+            9,
+            "a batch counts its commands"
+        );
+        assert!(!sm.snapshot_due());
+        sm.apply_entries([entry(6, EntryPayload::Blank)]);
+        assert!(sm.snapshot_due(), "10 commands since no snapshot");
+        let mut builder = sm
+            .try_create_snapshot_builder(false)
+            .await
+            .expect("due by the commands");
+        builder.build_snapshot().await.expect("built");
+        assert_eq!(sm.commands_since_snapshot(), 0);
+        assert!(!sm.snapshot_due());
+        assert!(sm.try_create_snapshot_builder(false).await.is_none());
     }
 
     #[tokio::test]
