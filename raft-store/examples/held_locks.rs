@@ -117,7 +117,7 @@ async fn run(
     }
     let started = Instant::now();
     let mut batch = Vec::with_capacity(BATCH);
-    let mut building: Option<tokio::task::JoinHandle<Result<u64, std::io::Error>>> = None;
+    let mut building: Option<tokio::task::JoinHandle<Result<(), std::io::Error>>> = None;
     let (mut built, mut since_build) = (0u32, 0usize);
     for l in 0..locks {
         for s in 0..sessions {
@@ -132,8 +132,7 @@ async fn run(
                 }
                 let mut builder = sm.get_snapshot_builder().await;
                 building = Some(tokio::spawn(async move {
-                    let snapshot = builder.build_snapshot().await?;
-                    Ok(snapshot.snapshot.get_ref().len() as u64)
+                    builder.build_snapshot().await.map(drop)
                 }));
                 since_build = 0;
             }
@@ -211,11 +210,18 @@ async fn run(
     let build = t.elapsed();
     building.store(false, Ordering::Relaxed);
     let (longest, applied) = applier.join().map_err(|_| "applier panicked")??;
-    let size = snapshot.snapshot.get_ref().len();
+    // A build returns the metadata only; its data is the file's.
+    let file = dir
+        .path()
+        .join(storage::SNAPSHOT_DIR_NAME)
+        .join(storage::snapshot_file_name(
+            snapshot.meta.last_log_id.as_ref(),
+        ));
+    let size = std::fs::metadata(file)?.len();
     let (rss_built, hwm_built) = memory();
     println!(
-        "snapshot of {:.1} MiB built in {:.2} s; {applied} applies meanwhile, the longest {:.1} ms; RSS {:.0} MiB, peak {:.0} MiB",
-        mib(size as u64),
+        "snapshot file of {:.1} MiB built in {:.2} s; {applied} applies meanwhile, the longest {:.1} ms; RSS {:.0} MiB, peak {:.0} MiB",
+        mib(size),
         build.as_secs_f64(),
         longest.as_secs_f64() * 1e3,
         mib(rss_built),
@@ -234,6 +240,14 @@ async fn run(
         mib(hwm_again)
     );
     drop(again);
+    let mut sm = Arc::try_unwrap(sm)
+        .map_err(|_| "the state machine is still shared")?
+        .into_inner()
+        .map_err(|_| "poisoned")?;
+    let snapshot = sm
+        .get_current_snapshot()
+        .await?
+        .ok_or("no current snapshot")?;
 
     // Where an install's time goes: the decode and the invariant check, apart (the data is a
     // version 1 record, the table alone after a 5-byte header, when no session is bound).
@@ -278,7 +292,7 @@ async fn run(
         stamp: log.stamp + 10_000,
     };
     let entry = promote_log.entry(Command::Promote);
-    sm.lock().map_err(|_| "poisoned")?.apply_entries([entry]);
+    sm.apply_entries([entry]);
     println!(
         "Promote applied in {:.1} ms",
         t.elapsed().as_secs_f64() * 1e3

@@ -174,7 +174,12 @@ async fn fill(dir: &Path, sessions: usize, locks: usize) -> Result<(), Box<dyn s
         started.elapsed().as_secs_f64()
     );
     let t = Instant::now();
-    let snapshot = sm.get_snapshot_builder().await.build_snapshot().await?;
+    sm.get_snapshot_builder().await.build_snapshot().await?;
+    // A build returns the metadata only; the data is read from the current snapshot's file.
+    let snapshot = sm
+        .get_current_snapshot()
+        .await?
+        .ok_or("no snapshot after a build")?;
     let data = snapshot.snapshot.into_inner();
     std::fs::write(dir.join("leader.data"), &data)?;
     std::fs::write(

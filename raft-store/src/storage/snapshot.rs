@@ -24,6 +24,7 @@
 //! never touches the in-memory state machine.
 
 use std::collections::BTreeMap;
+use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
@@ -69,34 +70,148 @@ pub struct SnapshotFile {
     pub data: Vec<u8>,
 }
 
-/// [`encode_table_sized`] without a size hint (tests).
+/// Encodes the lock table and its apply limits as snapshot data into one buffer: version 3
+/// (limits, principals, table) when a session is bound to a principal, else version 1 (the
+/// table alone) when the limits are `V1`, else version 2. Tests only: a build streams the
+/// same bytes into its file ([`SnapshotDir::write_table`]); this is the reference they are
+/// compared with.
 #[cfg(test)]
 pub fn encode_table(table: &LockTable) -> Result<Vec<u8>, StorageError> {
-    encode_table_sized(table, 0)
-}
-
-/// Encodes the lock table and its apply limits as snapshot data: version 3 (limits,
-/// principals, table) when a session is bound to a principal, else version 1 (the table alone)
-/// when the limits are `V1`, else version 2; into a buffer of `capacity` bytes to start with
-/// (the last snapshot's size and a little more: a 100 MB snapshot is then encoded without
-/// reallocating).
-pub fn encode_table_sized(table: &LockTable, capacity: usize) -> Result<Vec<u8>, StorageError> {
     let principals = table.principals();
     let encoded = if !principals.is_empty() {
-        codec::encode_with_capacity(
-            DATA_WITH_PRINCIPALS,
-            &(table.limits(), &principals, table),
-            capacity,
-        )
+        codec::encode_as(DATA_WITH_PRINCIPALS, &(table.limits(), &principals, table))
     } else if *table.limits() == ApplyLimits::V1 {
-        codec::encode_with_capacity(DATA_TABLE_ONLY, table, capacity)
+        codec::encode_as(DATA_TABLE_ONLY, table)
     } else {
-        codec::encode_with_capacity(DATA_WITH_LIMITS, &(table.limits(), table), capacity)
+        codec::encode_as(DATA_WITH_LIMITS, &(table.limits(), table))
     };
     encoded.map_err(|source| StorageError::Encode {
         record: "snapshot data".to_string(),
         source,
     })
+}
+
+/// Bytes a snapshot build buffers between its encoder and its file: the build's memory
+/// beyond the table clone, whatever the snapshot's size. Tests use 4 KiB, so that a table
+/// small enough to build under the debug build's invariant checks still crosses many buffers.
+const STREAM_BUFFER: usize = if cfg!(test) { 4 << 10 } else { 1 << 20 };
+
+/// What follows the format version and checksum in the snapshot data of a table: the table
+/// alone (version 1), its limits and the table (version 2), or its limits, the bound
+/// sessions' principals and the table (version 3). Serializes as exactly the tuple
+/// [`decode_table`] reads for its version.
+struct DataPayload {
+    version: u8,
+    table: LockTable,
+    principals: BTreeMap<String, String>,
+}
+
+impl DataPayload {
+    /// The payload of `table`'s snapshot data: version 3 when a session is bound to a
+    /// principal, else version 1 when the limits are `V1` (what earlier releases wrote), else
+    /// version 2.
+    fn of(table: LockTable) -> Self {
+        let principals = table.principals();
+        let version = if !principals.is_empty() {
+            DATA_WITH_PRINCIPALS
+        } else if *table.limits() == ApplyLimits::V1 {
+            DATA_TABLE_ONLY
+        } else {
+            DATA_WITH_LIMITS
+        };
+        DataPayload {
+            version,
+            table,
+            principals,
+        }
+    }
+}
+
+impl Serialize for DataPayload {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self.version {
+            DATA_WITH_PRINCIPALS => {
+                (self.table.limits(), &self.principals, &self.table).serialize(serializer)
+            }
+            DATA_WITH_LIMITS => (self.table.limits(), &self.table).serialize(serializer),
+            _ => self.table.serialize(serializer),
+        }
+    }
+}
+
+/// An `io::Write` that passes every byte on to `out` and counts the bytes and their CRC. An
+/// error of `out` is kept here, since postcard's writer reports every error as a full buffer.
+struct Counted<W> {
+    out: W,
+    len: u64,
+    crc: crc32fast::Hasher,
+    failed: Option<io::Error>,
+}
+
+impl<W: Write> Counted<W> {
+    fn new(out: W) -> Self {
+        Counted {
+            out,
+            len: 0,
+            crc: crc32fast::Hasher::new(),
+            failed: None,
+        }
+    }
+}
+
+impl<W: Write> Write for Counted<W> {
+    fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+        match self.out.write(bytes) {
+            Ok(n) => {
+                let written = bytes.get(..n).unwrap_or(bytes);
+                self.crc.update(written);
+                self.len += written.len() as u64;
+                Ok(n)
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => Err(e),
+            Err(e) => {
+                let kind = e.kind();
+                self.failed = Some(e);
+                Err(io::Error::new(kind, "snapshot write failed"))
+            }
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.out.flush().inspect_err(|e| {
+            self.failed = Some(io::Error::new(e.kind(), e.to_string()));
+        })
+    }
+}
+
+/// Encodes `payload` into `out` through a buffer of [`STREAM_BUFFER`] bytes, and returns its
+/// length and CRC. `record` names what is encoded, for the error.
+fn stream_payload<W: Write>(
+    payload: &DataPayload,
+    out: W,
+    record: impl Fn() -> String,
+) -> Result<(u64, crc32fast::Hasher), StreamError> {
+    let mut buffered = io::BufWriter::with_capacity(STREAM_BUFFER, Counted::new(out));
+    if let Err(source) = postcard::to_io(payload, &mut buffered) {
+        return Err(match buffered.get_mut().failed.take() {
+            Some(io) => StreamError::Io(io),
+            None => StreamError::Encode(StorageError::Encode {
+                record: record(),
+                source,
+            }),
+        });
+    }
+    buffered.flush().map_err(StreamError::Io)?;
+    let counted = buffered
+        .into_inner()
+        .map_err(|e| StreamError::Io(e.into_error()))?;
+    Ok((counted.len, counted.crc))
+}
+
+/// Why streaming snapshot data failed: the disk, or the encoder.
+enum StreamError {
+    Io(io::Error),
+    Encode(StorageError),
 }
 
 /// Decodes snapshot data into a lock table and checks its invariants: the bytes came from the
@@ -260,15 +375,95 @@ impl SnapshotDir {
         current.as_ref().map(|(_, path)| path.clone())
     }
 
-    /// Writes a snapshot durably and makes it current (unless a newer one already is, which
-    /// only a race between a build and an install can cause), then removes the others.
-    /// Blocks on the disk.
-    pub fn write(&self, meta: &Meta, data: &[u8]) -> Result<(), StorageError> {
-        let prepared = self.prepare(meta, data)?;
-        self.commit(prepared)
+    /// Writes a snapshot of `table` as of `meta` durably and makes it current (unless a newer
+    /// one already is, which only a race between a build and an install can cause), then
+    /// removes the others; returns the length of its data. The data is encoded straight into
+    /// the file through a buffer of [`STREAM_BUFFER`] bytes, never whole in memory: a first
+    /// pass encodes it into a counter for its length and checksums (which the file's head,
+    /// written before it, holds), the second into the file, checked against the first. The
+    /// file is byte for byte the one [`SnapshotDir::prepare`] writes of the data
+    /// [`encode_table`] gives. `table` is dropped once encoded, before the file is synced.
+    /// Blocks on the disk (and on the CPU: the table is encoded twice).
+    pub fn write_table(&self, meta: &Meta, table: LockTable) -> Result<u64, StorageError> {
+        let path = self.dir.join(file_name(meta.last_log_id.as_ref()));
+        let record = || format!("snapshot data for {}", path.display());
+        let payload = DataPayload::of(table);
+        let (payload_len, payload_crc) = match stream_payload(&payload, io::sink(), record) {
+            Ok(counted) => counted,
+            Err(StreamError::Encode(e)) => return Err(e),
+            Err(StreamError::Io(source)) => {
+                return Err(StorageError::Io {
+                    op: "measure the snapshot data for",
+                    path,
+                    source,
+                });
+            }
+        };
+        let data_len = (codec::HEADER_LEN as u64).saturating_add(payload_len);
+        if data_len > SNAPSHOT_BYTES_MAX as u64 {
+            return Err(StorageError::TooLarge {
+                record: record(),
+                len: usize::try_from(data_len).unwrap_or(usize::MAX),
+                max: SNAPSHOT_BYTES_MAX,
+            });
+        }
+        let mut data_head = [payload.version, 0, 0, 0, 0];
+        data_head[1..].copy_from_slice(&payload_crc.clone().finalize().to_le_bytes());
+        let mut data_crc = crc32fast::Hasher::new();
+        data_crc.update(&data_head);
+        data_crc.combine(&payload_crc);
+        let head =
+            file_head_of(meta, data_len, data_crc).map_err(|source| StorageError::Encode {
+                record: format!("snapshot file {}", path.display()),
+                source,
+            })?;
+        let n = self.temps.fetch_add(1, Ordering::Relaxed);
+        let temp = path.with_extension(format!("{n}.{TEMP_EXT}"));
+        let mut refused = None;
+        let written = self.disk.write_synced_with(&temp, |file| {
+            file.write_all(&head)?;
+            file.write_all(&data_head)?;
+            let second = stream_payload(&payload, file, record);
+            // The encoding is done: free the clone's chunks before the (slow) sync.
+            drop(payload);
+            match second {
+                Ok((len, crc)) => {
+                    let (crc, sized) = (crc.finalize(), payload_crc.finalize());
+                    if len == payload_len && crc == sized {
+                        Ok(())
+                    } else {
+                        Err(io::Error::other(format!(
+                            "the snapshot data encoded to {len} bytes with checksum {crc:#010x}, \
+                             not the sizing pass's {payload_len} bytes with {sized:#010x}"
+                        )))
+                    }
+                }
+                Err(StreamError::Io(e)) => Err(e),
+                Err(StreamError::Encode(e)) => {
+                    refused = Some(e);
+                    Err(io::Error::other("the snapshot data did not encode"))
+                }
+            }
+        });
+        if let Err(source) = written {
+            if let Err(e) = remove_file(&self.disk, &temp) {
+                tracing::warn!(%e, "cannot remove a snapshot temp file that failed to write");
+            }
+            return Err(refused.unwrap_or(StorageError::Io {
+                op: "write and fsync",
+                path: temp,
+                source,
+            }));
+        }
+        self.commit(Prepared {
+            temp,
+            path,
+            meta: meta.clone(),
+        })?;
+        Ok(data_len)
     }
 
-    /// The first half of [`SnapshotDir::write`]: writes the snapshot file under a temporary
+    /// Writes the snapshot file of `meta` and `data` (received from a leader) under a temporary
     /// name and `fsync`s it; nothing changes for readers until [`SnapshotDir::commit`] (and a
     /// crash before it leaves a temp file, which the next open removes). Blocks on the disk.
     pub fn prepare(&self, meta: &Meta, data: &[u8]) -> Result<Prepared, StorageError> {
@@ -302,7 +497,7 @@ impl SnapshotDir {
         }
     }
 
-    /// The second half of [`SnapshotDir::write`]: renames the prepared file into place, makes
+    /// The second half of [`SnapshotDir::prepare`]: renames the prepared file into place, makes
     /// the rename durable and the snapshot current, then removes the others.
     pub fn commit(&self, prepared: Prepared) -> Result<(), StorageError> {
         let Prepared { temp, path, meta } = prepared;
@@ -375,13 +570,25 @@ fn remove_file(disk: &Disk, path: &Path) -> Result<(), StorageError> {
 /// header, the encoded meta and the data's length. The file is these followed by `data`, byte
 /// for byte the codec record of a [`SnapshotFile`], without copying `data` into it.
 fn file_head(meta: &Meta, data: &[u8]) -> Result<Vec<u8>, postcard::Error> {
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(data);
+    file_head_of(meta, data.len() as u64, crc)
+}
+
+/// [`file_head`] of data known by its length and its CRC (a hasher that has seen exactly the
+/// data's bytes): what a build writes before data it has not encoded yet.
+fn file_head_of(
+    meta: &Meta,
+    data_len: u64,
+    data_crc: crc32fast::Hasher,
+) -> Result<Vec<u8>, postcard::Error> {
     // postcard writes a `Vec<u8>` as its length (a varint, as it writes any `u64`), then the
     // bytes.
     let mut head = postcard::to_extend(meta, vec![codec::FORMAT_VERSION, 0, 0, 0, 0])?;
-    head = postcard::to_extend(&(data.len() as u64), head)?;
+    head = postcard::to_extend(&data_len, head)?;
     let mut crc = crc32fast::Hasher::new();
     crc.update(&head[codec::HEADER_LEN..]);
-    crc.update(data);
+    crc.combine(&data_crc);
     head[1..codec::HEADER_LEN].copy_from_slice(&crc.finalize().to_le_bytes());
     Ok(head)
 }
@@ -734,6 +941,122 @@ mod tests {
         })
         .expect("encodes");
         assert_eq!(file, record);
+    }
+
+    /// A table of `sessions` sessions holding `locks` locks each and one waiter, under
+    /// `limits`, with the first session bound to a principal if `bound`.
+    fn big_table(limits: ApplyLimits, sessions: usize, locks: usize, bound: bool) -> LockTable {
+        let mut table = LockTable::with_limits(limits).expect("consistent limits");
+        let mut log = Vec::new();
+        for s in 0..sessions {
+            let opening = open(&format!("session-{s:04}"));
+            log.push(if bound && s == 0 {
+                Command::AsCaller {
+                    principal: "spiffe://lockd/alice".into(),
+                    command: Box::new(opening),
+                }
+            } else {
+                opening
+            });
+            for l in 0..locks {
+                let key = format!("stream/{s:04}/{l:04}");
+                log.push(acquire(
+                    &format!("session-{s:04}"),
+                    l as u64 + 1,
+                    &key,
+                    30_000,
+                    0,
+                ));
+            }
+        }
+        log.push(acquire(
+            "session-0001",
+            9_999,
+            "stream/0000/0000",
+            30_000,
+            60_000,
+        ));
+        let stamped: Vec<_> = log.into_iter().map(|c| (1_000, c)).collect();
+        replay(&mut table, &stamped);
+        table
+    }
+
+    /// A build streams its file through a buffer (here of 4 KiB, so the data crosses dozens of
+    /// them): the file is byte for byte the one written of the whole data in memory, the codec
+    /// record of a [`SnapshotFile`] earlier releases read, for each of the three data versions,
+    /// on the operating system's disk and on the power-cut test disk alike.
+    #[test]
+    fn a_streamed_snapshot_file_is_byte_for_byte_the_in_memory_one() {
+        let other = ApplyLimits {
+            audit_log_max: ApplyLimits::V1.audit_log_max - 1,
+            ..ApplyLimits::V1
+        };
+        let tables = [
+            (big_table(ApplyLimits::V1, 60, 40, false), DATA_TABLE_ONLY),
+            (big_table(other, 60, 40, false), DATA_WITH_LIMITS),
+            (
+                big_table(ApplyLimits::V1, 60, 40, true),
+                DATA_WITH_PRINCIPALS,
+            ),
+            (LockTable::new(), DATA_TABLE_ONLY),
+        ];
+        for (n, (table, version)) in tables.into_iter().enumerate() {
+            let meta = Meta {
+                last_log_id: Some(LogId::new(
+                    crate::LeaderId {
+                        term: 7,
+                        node_id: 2,
+                    },
+                    1_000 + n as u64,
+                )),
+                last_membership: Default::default(),
+            };
+            let data = encode_table(&table).expect("encodes");
+            assert_eq!(data[0], version, "table {n}");
+            if n < 3 {
+                assert!(
+                    data.len() > 20 * STREAM_BUFFER,
+                    "table {n}: {} bytes",
+                    data.len()
+                );
+            }
+            let mut expected = file_head(&meta, &data).expect("encodes");
+            expected.extend_from_slice(&data);
+            let record = codec::encode(&SnapshotFile {
+                meta: meta.clone(),
+                data: data.clone(),
+            })
+            .expect("encodes");
+            assert_eq!(expected, record, "table {n}");
+
+            let temp = tempfile::tempdir().expect("temp dir");
+            let disks = [
+                (Disk::Os, temp.path().to_path_buf()),
+                (
+                    Disk::PowerCut(super::super::disk::power_cut::PowerCutDisk::new()),
+                    PathBuf::from("/node/snapshots"),
+                ),
+            ];
+            for (disk, dir) in disks {
+                let (snapshots, none) = SnapshotDir::open(disk.clone(), &dir).expect("opens");
+                assert!(none.is_none());
+                let data_len = snapshots.write_table(&meta, table.clone()).expect("writes");
+                assert_eq!(data_len, data.len() as u64, "table {n}");
+                let path = dir.join(file_name(meta.last_log_id.as_ref()));
+                let written = disk.read(&path).expect("reads");
+                assert!(written == record, "table {n}: the streamed file differs");
+                assert_eq!(
+                    list(&disk, &dir).expect("lists"),
+                    vec![path],
+                    "no temp left"
+                );
+                let current = snapshots.read_current().expect("reads").expect("current");
+                assert_eq!(current.meta, meta);
+                assert!(current.data == data, "table {n}");
+                let back = decode_table(&current.data, &dir).expect("decodes");
+                assert_eq!(back, table, "table {n}");
+            }
+        }
     }
 
     /// A file is taken apart in place into what decoding its record gives; a file cut short,

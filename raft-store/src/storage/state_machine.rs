@@ -474,7 +474,9 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
 }
 
 /// Builds a snapshot of the state machine as it is when [`RaftSnapshotBuilder::build_snapshot`]
-/// runs, writes it durably, and makes it the current snapshot.
+/// runs, writes it durably, and makes it the current snapshot. The [`Snapshot`] a build
+/// returns carries the metadata and **no data** (an empty cursor), which is all openraft reads
+/// of it; the data is in the file, and [`RaftStateMachine::get_current_snapshot`] reads it.
 pub struct SnapshotBuilder {
     state: SharedState,
     snapshots: Arc<SnapshotDir>,
@@ -517,35 +519,32 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         };
         let snapshots = self.snapshots.clone();
         let file_meta = meta.clone();
-        // The last snapshot's size and an eighth more: the encode then rarely reallocates.
-        let last = self.mark.snapshot_bytes.load(Ordering::Relaxed);
-        let capacity = usize::try_from(last + last / 8)
-            .unwrap_or(0)
-            .min(snapshot::SNAPSHOT_BYTES_MAX);
         #[cfg(test)]
         let gate = self.build_gate.clone();
-        let data = tokio::task::spawn_blocking(move || {
+        // Encoded straight into the file (`SnapshotDir::write_table`): the build holds a
+        // buffer, not a copy of the snapshot.
+        let data_len = tokio::task::spawn_blocking(move || {
             #[cfg(test)]
             if let Some(gate) = gate {
                 gate.wait();
                 gate.wait();
             }
-            let data = snapshot::encode_table_sized(&table, capacity)?;
-            // Release the chunks the live table shares before the (slow) write.
-            drop(table);
-            snapshots.write(&file_meta, &data).map(|()| data)
+            snapshots.write_table(&file_meta, table)
         })
         .await
         .map_err(|join| join_error("write snapshot into", self.snapshots.dir(), join))?
         .map_err(to_io)?;
-        self.mark.set(data.len() as u64, log_bytes_at, commands_at);
+        self.mark.set(data_len, log_bytes_at, commands_at);
         self.mark.built.fetch_add(1, Ordering::Relaxed);
         if let Some(storage) = &self.storage {
-            storage.snapshot_built(started.elapsed(), data.len() as u64);
+            storage.snapshot_built(started.elapsed(), data_len);
         }
+        // openraft takes only the metadata of a snapshot it had built (`core/sm/worker.rs`:
+        // `BuildSnapshotDone(meta)`) and sends a follower the current one, read from its file
+        // (`get_current_snapshot`): the data is not read back.
         Ok(Snapshot {
             meta,
-            snapshot: Cursor::new(data),
+            snapshot: Cursor::new(Vec::new()),
         })
     }
 }
@@ -606,7 +605,7 @@ mod tests {
         sm.apply_entries([entry(1, open_session("before"))]);
         let mut builder = sm.get_snapshot_builder().await;
         let build = tokio::spawn(async move { builder.build_snapshot().await });
-        let sm = tokio::task::spawn_blocking(move || {
+        let mut sm = tokio::task::spawn_blocking(move || {
             // The builder has taken its view and waits before encoding it.
             gate.wait();
             sm.apply_entries([entry(2, open_session("during"))]);
@@ -617,8 +616,18 @@ mod tests {
         .expect("applier");
         let snapshot = build.await.expect("build task").expect("built");
         assert_eq!(snapshot.meta.last_log_id.map(|id| id.index), Some(1));
+        assert!(
+            snapshot.snapshot.get_ref().is_empty(),
+            "a build returns no data"
+        );
+        let current = sm
+            .get_current_snapshot()
+            .await
+            .expect("read")
+            .expect("the built snapshot is current");
+        assert_eq!(current.meta, snapshot.meta);
         let table =
-            snapshot::decode_table(snapshot.snapshot.get_ref(), dir.path()).expect("decodes");
+            snapshot::decode_table(current.snapshot.get_ref(), dir.path()).expect("decodes");
         assert!(table.session("before").is_some());
         assert!(
             table.session("during").is_none(),
@@ -651,9 +660,11 @@ mod tests {
             .try_create_snapshot_builder(false)
             .await
             .expect("the log since (10 kB) exceeds half of no snapshot");
-        let size = builder
-            .build_snapshot()
+        builder.build_snapshot().await.expect("built");
+        let size = sm
+            .get_current_snapshot()
             .await
+            .expect("read")
             .expect("built")
             .snapshot
             .get_ref()
