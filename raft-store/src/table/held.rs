@@ -38,7 +38,7 @@ impl Holder {
     }
 }
 
-/// One grant as the table stores it: its key, its session's shared [`Holder`] and the grant's
+/// One grant as the table stores it: its key, its session's shared `Holder` and the grant's
 /// numbers. Read it through its accessors, or as a [`Grant`] with [`HeldGrant::to_grant`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HeldGrant {
