@@ -135,25 +135,24 @@ impl Backend for RaftBackend {
     ) -> Result<Vec<Result<Option<u64>, LockError>>, LockError> {
         self.leases_ready()?;
         // Another principal's session is that entry's own refusal, and its lease is left alone.
-        // The owners are read under one read of the applied state for the whole batch, as
-        // `check_session_owner` would read them one by one, and in id order: a search from the
-        // top for each of 1,024 ids among 100,000 sessions was most of a batch's cost.
+        // The owners come from the keeper, which reads each session's from the applied state
+        // once while this node leads (`LeaseKeeper::session_principals`).
         let mut checked: Vec<Result<(), LockError>> = session_ids
             .iter()
             .map(|id| validate::session_id(id))
             .collect();
         if caller.is_some() {
-            let mut order: Vec<usize> = (0..session_ids.len())
+            let order: Vec<usize> = (0..session_ids.len())
                 .filter(|&i| checked[i].is_ok())
                 .collect();
-            order.sort_unstable_by(|&a, &b| session_ids[a].cmp(&session_ids[b]));
-            self.inner.reader.read(|table| {
-                let ids = order.iter().map(|&i| session_ids[i].as_str());
-                for (&i, session) in order.iter().zip(table.sessions_sorted(ids)) {
-                    checked[i] =
-                        validate::session_principal(caller, session.and_then(|s| s.principal()));
-                }
-            });
+            let ids: Vec<&str> = order.iter().map(|&i| session_ids[i].as_str()).collect();
+            let principals = self
+                .inner
+                .keeper
+                .session_principals(&self.inner.reader, &ids);
+            for (&i, principal) in order.iter().zip(principals) {
+                checked[i] = validate::session_principal(caller, principal.as_deref());
+            }
         }
         let mut ttls = self
             .inner

@@ -11,10 +11,12 @@
 //! client's deadline is measured on its own monotonic clock from *before* it sent the request,
 //! so a leader deadline taken when the request arrives is never earlier than the client's.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use lock_raft_store::Event;
+use lock_raft_store::limits::SESSIONS_MAX;
 use lock_raft_store::storage::StateReader;
 
 use super::table::{GrantLease, Lapsed, LeaseTable, RenewCheck};
@@ -28,7 +30,19 @@ struct State {
     /// The generation of the reconcile walk in progress (see [`LeaseKeeper::begin_reconcile`]):
     /// while it runs, a lease the keeper lacks may still be in the state, and the reaper waits.
     reconciling: Option<u32>,
+    /// The principal each session checked by [`LeaseKeeper::session_principals`] while this
+    /// node leads is bound to (`None`: unbound), read from the replicated state once. A
+    /// session's principal is fixed when it opens and its id is never reused (random, 122
+    /// bits), so a memoised answer stays the state's answer until the session ends, when the
+    /// applied event removes it. Emptied whenever leadership is gained or lost, so a state
+    /// replaced by a snapshot install is never answered from it; at most
+    /// [`PRINCIPAL_MEMO_MAX`] entries.
+    principals: HashMap<Box<str>, Option<Arc<str>>>,
 }
+
+/// Most sessions [`State::principals`] remembers: every live session, twice over. It only
+/// ever holds live sessions; the bound is a backstop, and reaching it empties the memo.
+const PRINCIPAL_MEMO_MAX: usize = 2 * SESSIONS_MAX;
 
 /// The in-memory lease deadlines of one node, fed by applied events on every node and
 /// authoritative only on a promoted leader.
@@ -49,6 +63,7 @@ impl LeaseKeeper {
                 table: LeaseTable::new(clock.now()),
                 promoted_term: None,
                 reconciling: None,
+                principals: HashMap::new(),
             }),
         }
     }
@@ -67,7 +82,8 @@ impl LeaseKeeper {
     /// Tracks what an applied batch did.
     pub fn on_events(&self, events: &[Event]) {
         let now = self.clock.now();
-        let table = &mut self.lock().table;
+        let state = &mut *self.lock();
+        let (table, principals) = (&mut state.table, &mut state.principals);
         for event in events {
             match event {
                 Event::Granted { grant, .. } => table.insert_grant(grant, now),
@@ -75,7 +91,10 @@ impl LeaseKeeper {
                 Event::SessionOpened { session_id, ttl_ms } => {
                     table.insert_session(session_id, *ttl_ms, now)
                 }
-                Event::SessionEnded { session_id, .. } => table.remove_session(session_id),
+                Event::SessionEnded { session_id, .. } => {
+                    table.remove_session(session_id);
+                    principals.remove(session_id.as_str());
+                }
                 Event::Promoted { .. } => table.restart_all(now),
                 Event::WaiterDropped { .. } => {}
             }
@@ -91,6 +110,7 @@ impl LeaseKeeper {
         let state = &mut *self.lock();
         let seen = state.table.begin_reconcile();
         state.reconciling = Some(seen);
+        state.principals.clear();
         seen
     }
 
@@ -191,7 +211,9 @@ impl LeaseKeeper {
 
     /// Records that this node does not lead (any more).
     pub fn clear_promoted(&self) {
-        self.lock().promoted_term = None;
+        let state = &mut *self.lock();
+        state.promoted_term = None;
+        state.principals = HashMap::new();
     }
 
     /// The term whose promote applied on this leader, if any.
@@ -209,6 +231,53 @@ impl LeaseKeeper {
     pub fn renew_grant(&self, key: &str, token: u64, ttl_ms: u64) -> RenewCheck {
         let now = self.clock.now();
         self.lock().table.renew_grant(key, token, ttl_ms, now)
+    }
+
+    /// The principal each of `session_ids` is bound to, in order: what
+    /// `reader`'s `table.session(id).and_then(|s| s.principal())` answers (`None` for an
+    /// unbound session and for one the state does not hold). Sessions already checked while
+    /// this node leads are answered from memory; the others are read from the state in one
+    /// read, in id order ([`lock_raft_store::table::LockTable::sessions_sorted`]), and
+    /// remembered under that read, so no apply ending one of them lands between the read and
+    /// the memo (the event that removes it follows the apply). A `HeartbeatBatch` of 1,024
+    /// among 100,000 sessions otherwise searched the state for every id of every beat, over
+    /// half of what the beats cost the leader (bench/PERFORMANCE.md, "Session 12–13").
+    pub fn session_principals(
+        &self,
+        reader: &StateReader,
+        session_ids: &[&str],
+    ) -> Vec<Option<Arc<str>>> {
+        let mut known: Vec<Option<Option<Arc<str>>>> = {
+            let state = self.lock();
+            session_ids
+                .iter()
+                .map(|id| state.principals.get(*id).cloned())
+                .collect()
+        };
+        let mut unknown: Vec<usize> = (0..session_ids.len())
+            .filter(|&i| known[i].is_none())
+            .collect();
+        if !unknown.is_empty() {
+            unknown.sort_unstable_by(|&a, &b| session_ids[a].cmp(session_ids[b]));
+            reader.read(|table| {
+                let ids = unknown.iter().map(|&i| session_ids[i]);
+                let sessions: Vec<_> = table.sessions_sorted(ids).collect();
+                let state = &mut *self.lock();
+                if state.principals.len() + unknown.len() > PRINCIPAL_MEMO_MAX {
+                    state.principals = HashMap::new();
+                }
+                for (&i, session) in unknown.iter().zip(sessions) {
+                    let principal = session.and_then(|s| s.principal()).map(Arc::<str>::from);
+                    if session.is_some() {
+                        state
+                            .principals
+                            .insert(session_ids[i].into(), principal.clone());
+                    }
+                    known[i] = Some(principal);
+                }
+            });
+        }
+        known.into_iter().map(Option::flatten).collect()
     }
 
     /// Restarts session `session_id`'s lease if it is alive; returns its TTL, or `None` if the
@@ -485,5 +554,101 @@ mod tests {
             keeper.take_lapsed(REAP_PER_TICK_MAX).grants,
             vec![("other".to_owned(), 9)]
         );
+    }
+
+    /// Forwards what the state machine applies to a keeper, as the node's observer does.
+    struct Feed(Arc<LeaseKeeper>);
+
+    impl lock_raft_store::storage::ApplyObserver for Feed {
+        fn applied(&self, _log_index: u64, events: &[Event]) {
+            self.0.on_events(events);
+        }
+    }
+
+    #[test]
+    fn session_principals_answer_what_the_state_answers_and_forget_ended_sessions() {
+        use lock_raft_store::{Command, Entry, EntryPayload, LeaderId, LogId, Request};
+        let (_clock, keeper) = keeper();
+        let keeper = Arc::new(keeper);
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (_log, sm) =
+            lock_raft_store::storage::open(dir.path(), Some(Arc::new(Feed(keeper.clone()))))
+                .expect("open");
+        let mut index = 0;
+        let mut apply = |command: Command| {
+            index += 1;
+            sm.apply_entries([Entry {
+                log_id: LogId::new(
+                    LeaderId {
+                        term: 1,
+                        node_id: 1,
+                    },
+                    index,
+                ),
+                payload: EntryPayload::Normal(Request {
+                    stamp_ms: 1_000 + index,
+                    command,
+                }),
+            }]);
+        };
+        let open = |id: &str| Command::OpenSession {
+            session_id: id.to_owned(),
+            owner_id: format!("owner-{id}"),
+            ttl_ms: 10_000,
+        };
+        let a = "a".repeat(32);
+        let b = "b".repeat(32);
+        let c = "c".repeat(32);
+        apply(Command::AsCaller {
+            principal: "spiffe://lockd/alice".to_owned(),
+            command: Box::new(open(&a)),
+        });
+        apply(open(&b));
+        let reader = sm.reader();
+        let memo = |keeper: &LeaseKeeper| {
+            let mut ids: Vec<String> = keeper
+                .lock()
+                .principals
+                .keys()
+                .map(|k| k.to_string())
+                .collect();
+            ids.sort();
+            ids
+        };
+        let alice = Some(Arc::<str>::from("spiffe://lockd/alice"));
+        let ids = [c.as_str(), a.as_str(), b.as_str(), a.as_str()];
+        let expected = vec![None, alice.clone(), None, alice.clone()];
+        assert_eq!(keeper.session_principals(&reader, &ids), expected);
+        assert_eq!(
+            memo(&keeper),
+            vec![a.clone(), b.clone()],
+            "no memo of a missing session"
+        );
+        // Answered again, now from the memo, alike.
+        assert_eq!(keeper.session_principals(&reader, &ids), expected);
+
+        // An ended session is forgotten with its event, and then answered as the state does.
+        apply(Command::CloseSession {
+            session_id: a.clone(),
+        });
+        assert_eq!(memo(&keeper), vec![b.clone()]);
+        assert_eq!(
+            keeper.session_principals(&reader, &[a.as_str()]),
+            vec![None]
+        );
+
+        // Gaining or losing leadership empties the memo.
+        assert_eq!(
+            keeper.session_principals(&reader, &[b.as_str()]),
+            vec![None]
+        );
+        keeper.begin_reconcile();
+        assert!(memo(&keeper).is_empty());
+        assert_eq!(
+            keeper.session_principals(&reader, &[b.as_str()]),
+            vec![None]
+        );
+        keeper.clear_promoted();
+        assert!(memo(&keeper).is_empty());
     }
 }
