@@ -7,6 +7,8 @@
 //! backwards, docs/DESIGN.md D-time). The state machine reads no clock: every time it uses comes
 //! from [`Request::stamp_ms`].
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 
 use crate::table::ApplyLimits;
@@ -364,12 +366,19 @@ pub enum FreeCause {
 /// leader's lease keeper tracks grants and sessions, and a waiting `Acquire` RPC learns of its
 /// hand-off. Emitted in apply order on every replica (replicas other than the leader may ignore
 /// them).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+///
+/// Not serialized: events live only between an apply and its observer, and carry the table's
+/// own shared keys.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
     /// A grant was made, directly by an `Acquire` or by a hand-off to a waiter.
     Granted {
         /// The grant (its `request_id` names the `Acquire` it answers).
         grant: Grant,
+        /// `grant.key` as the lock table holds it, one allocation shared by the table, the
+        /// session's lock set and whoever keeps it from this event (the lease keeper keys its
+        /// record with it, so a million held locks are not a million more key copies).
+        shared_key: Arc<str>,
         /// `true` when a queued waiter was granted because the key was freed.
         handed_off: bool,
     },

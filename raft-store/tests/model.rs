@@ -160,6 +160,7 @@ impl Model {
         self.grants.insert(key.to_owned(), g.clone());
         ev.push(Event::Granted {
             grant: g.clone(),
+            shared_key: key.into(),
             handed_off,
         });
         g

@@ -408,8 +408,10 @@ fn event(e: &Event) -> String {
     match e {
         Event::Granted {
             grant: g,
+            shared_key,
             handed_off,
         } => {
+            assert_eq!(&**shared_key, g.key, "an event's shared key is its grant's");
             let how = if *handed_off { "handed-off" } else { "granted" };
             format!("{how} {}", grant(g))
         }

@@ -83,6 +83,7 @@ impl WaiterRegistry {
                 Event::Granted {
                     grant,
                     handed_off: true,
+                    ..
                 } => (
                     (grant.session_id.clone(), grant.request_id),
                     WaitOutcome::Granted(grant.clone()),
@@ -162,10 +163,12 @@ mod tests {
         let mut other = registry.register("s", 2);
         registry.on_events(&[
             Event::Granted {
+                shared_key: "k".into(),
                 grant: grant("s", 1),
                 handed_off: false,
             },
             Event::Granted {
+                shared_key: "k".into(),
                 grant: grant("s", 1),
                 handed_off: true,
             },

@@ -128,6 +128,7 @@ mod tests {
 
     fn granted(handed_off: bool) -> Event {
         Event::Granted {
+            shared_key: "k".into(),
             grant: Grant {
                 key: "k".into(),
                 owner_id: "o".into(),

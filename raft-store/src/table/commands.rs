@@ -648,11 +648,19 @@ impl LockTable {
         if let Some(s) = self.sessions.get_mut(session_id) {
             s.locks.insert(key.clone());
         }
-        let held = HeldGrant::new(key, holder, request_id, self.last_token, ttl_ms, stamp_ms);
+        let held = HeldGrant::new(
+            key.clone(),
+            holder,
+            request_id,
+            self.last_token,
+            ttl_ms,
+            stamp_ms,
+        );
         let grant = held.to_grant();
         self.grants.insert(held);
         events.push(Event::Granted {
             grant: grant.clone(),
+            shared_key: key,
             handed_off,
         });
         grant

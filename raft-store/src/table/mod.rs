@@ -364,6 +364,69 @@ impl LockTable {
 mod tests {
     use super::*;
 
+    /// A `Granted` event carries the table's own key: one allocation shared by the grant, the
+    /// session's lock set and the event (so the lease keeper that keeps it adds no copy), for a
+    /// direct grant and for a hand-off alike.
+    #[test]
+    fn a_granted_event_shares_the_tables_key() {
+        let mut t = LockTable::new();
+        let mut events = Vec::new();
+        for s in ["s1", "s2"] {
+            t.apply(
+                1000,
+                Command::OpenSession {
+                    session_id: s.into(),
+                    owner_id: format!("owner-{s}"),
+                    ttl_ms: 10_000,
+                },
+                &mut events,
+            );
+        }
+        let acquire = |session: &str, wait_ms| Command::Acquire {
+            session_id: session.into(),
+            request_id: 1,
+            key: "shared/key".into(),
+            ttl_ms: 5000,
+            wait_ms,
+        };
+        t.apply(1000, acquire("s1", 0), &mut events);
+        t.apply(1000, acquire("s2", 60_000), &mut events);
+        t.apply(
+            1000,
+            Command::Release {
+                session_id: "s1".into(),
+                request_id: 2,
+                key: "shared/key".into(),
+                token: 1,
+            },
+            &mut events,
+        );
+        let shared: Vec<&Arc<str>> = events
+            .iter()
+            .filter_map(|e| match e {
+                Event::Granted {
+                    grant, shared_key, ..
+                } => {
+                    assert_eq!(&**shared_key, grant.key);
+                    Some(shared_key)
+                }
+                _ => None,
+            })
+            .collect();
+        assert_eq!(shared.len(), 2, "a grant and a hand-off: {events:?}");
+        // The hand-off's key: held by the table's grant, s2's lock set and the event.
+        assert!(
+            Arc::strong_count(shared[1]) >= 3,
+            "{}",
+            Arc::strong_count(shared[1])
+        );
+        let held = t.grants.entry("shared/key").expect("held by s2");
+        assert!(
+            Arc::ptr_eq(shared[1], held.key_arc()),
+            "the same allocation"
+        );
+    }
+
     /// The storage snapshots the table with postcard; a round trip must give the same table.
     #[test]
     fn the_table_round_trips_through_postcard() {

@@ -86,7 +86,9 @@ impl LeaseKeeper {
         let (table, principals) = (&mut state.table, &mut state.principals);
         for event in events {
             match event {
-                Event::Granted { grant, .. } => table.insert_grant(grant, now),
+                Event::Granted {
+                    grant, shared_key, ..
+                } => table.insert_grant(grant, shared_key.clone(), now),
                 Event::Freed { key, token, .. } => table.remove_grant(key, *token),
                 Event::SessionOpened { session_id, ttl_ms } => {
                     table.insert_session(session_id, *ttl_ms, now)
@@ -358,6 +360,7 @@ mod tests {
         let clock = Arc::new(ManualClock::new(0));
         let keeper = LeaseKeeper::new(clock.clone(), Duration::from_millis(100));
         keeper.on_events(&[Event::Granted {
+            shared_key: "k".into(),
             grant: grant("k", 7, 1_000),
             handed_off: false,
         }]);
@@ -421,6 +424,7 @@ mod tests {
         let keeper = LeaseKeeper::new(clock.clone(), Duration::from_millis(100));
         let events: Vec<Event> = (1..=600)
             .map(|t| Event::Granted {
+                shared_key: Arc::from(format!("k{t}")),
                 grant: grant(&format!("k{t}"), t, 1_000),
                 handed_off: false,
             })

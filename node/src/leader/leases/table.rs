@@ -384,13 +384,21 @@ impl LeaseTable {
         }
     }
 
-    /// Starts a full lease of `grant` at `now`, replacing any lease its key had.
-    pub fn insert_grant(&mut self, grant: &Grant, now: Instant) {
+    /// Starts a full lease of `grant` at `now`, replacing any lease its key had, keyed by `key`
+    /// (`grant.key` as the lock table holds it, shared rather than copied).
+    pub fn insert_grant(&mut self, grant: &Grant, key: Arc<str>, now: Instant) {
+        debug_assert_eq!(&*key, grant.key, "the key of the grant");
         let record = GrantRecord {
             token: grant.token,
             life: self.fresh(grant.ttl_ms, now),
         };
-        self.grants.insert(Arc::from(grant.key.as_str()), record);
+        self.grants.insert(key, record);
+    }
+
+    /// [`LeaseTable::insert_grant`] with a key of its own (tests).
+    #[cfg(test)]
+    pub fn insert_grant_copied(&mut self, grant: &Grant, now: Instant) {
+        self.insert_grant(grant, Arc::from(grant.key.as_str()), now);
     }
 
     /// Drops the lease of grant `(key, token)`; a lease of another token stays.
@@ -700,8 +708,8 @@ pub(super) mod tests {
     fn renew_moves_the_deadline_in_the_index() {
         let t0 = Instant::now();
         let mut table = LeaseTable::new(t0);
-        table.insert_grant(&grant("a", 1, 1_000), t0);
-        table.insert_grant(&grant("b", 2, 1_000), t0 + ms(10));
+        table.insert_grant_copied(&grant("a", 1, 1_000), t0);
+        table.insert_grant_copied(&grant("b", 2, 1_000), t0 + ms(10));
         assert_eq!(
             indexed(&table, &table.grants),
             vec![(t0 + ms(1_000), "a".into()), (t0 + ms(1_010), "b".into())]
@@ -732,7 +740,7 @@ pub(super) mod tests {
     fn removal_removes_the_index_entry_and_another_token_keeps_it() {
         let t0 = Instant::now();
         let mut table = LeaseTable::new(t0);
-        table.insert_grant(&grant("a", 1, 1_000), t0);
+        table.insert_grant_copied(&grant("a", 1, 1_000), t0);
         table.insert_session("s", 1_000, t0);
         table.remove_grant("a", 9);
         assert_eq!(table.grants.index.len(), 1, "another token's free keeps it");
@@ -742,8 +750,8 @@ pub(super) mod tests {
         assert!(table.sessions.index.is_empty());
         assert_eq!(table.counts(), (0, 0));
         // A new grant of the same key replaces the old entry instead of adding a second.
-        table.insert_grant(&grant("a", 2, 1_000), t0);
-        table.insert_grant(&grant("a", 3, 5_000), t0 + ms(1));
+        table.insert_grant_copied(&grant("a", 2, 1_000), t0);
+        table.insert_grant_copied(&grant("a", 3, 5_000), t0 + ms(1));
         assert_eq!(
             indexed(&table, &table.grants),
             vec![(t0 + ms(5_001), "a".into())]
@@ -756,11 +764,11 @@ pub(super) mod tests {
         let t0 = Instant::now();
         let mut table = LeaseTable::new(t0);
         // Inserted out of deadline order; "c" and "d" share a deadline.
-        table.insert_grant(&grant("e", 5, 900), t0);
-        table.insert_grant(&grant("d", 4, 300), t0);
-        table.insert_grant(&grant("a", 1, 100), t0);
-        table.insert_grant(&grant("c", 3, 300), t0);
-        table.insert_grant(&grant("b", 2, 200), t0);
+        table.insert_grant_copied(&grant("e", 5, 900), t0);
+        table.insert_grant_copied(&grant("d", 4, 300), t0);
+        table.insert_grant_copied(&grant("a", 1, 100), t0);
+        table.insert_grant_copied(&grant("c", 3, 300), t0);
+        table.insert_grant_copied(&grant("b", 2, 200), t0);
         table.insert_session("s2", 150, t0);
         table.insert_session("s1", 250, t0);
         let margin = ms(50);
@@ -801,9 +809,9 @@ pub(super) mod tests {
     fn promote_restarts_every_lease_without_touching_it() {
         let t0 = Instant::now();
         let mut table = LeaseTable::new(t0);
-        table.insert_grant(&grant("a", 1, 100), t0);
-        table.insert_grant(&grant("b", 2, 300), t0);
-        table.insert_grant(&grant("c", 3, 9_000), t0);
+        table.insert_grant_copied(&grant("a", 1, 100), t0);
+        table.insert_grant_copied(&grant("b", 2, 300), t0);
+        table.insert_grant_copied(&grant("c", 3, 9_000), t0);
         table.insert_session("s", 200, t0);
         assert_eq!(table.take_lapsed(10, ms(0), t0 + ms(1_000)).grants.len(), 2);
         let later = t0 + ms(5_000);
@@ -867,7 +875,7 @@ pub(super) mod tests {
         let mut table = LeaseTable::new(t0);
         let leases = MATERIALISE_PER_CALL_MAX as u64 + 10;
         for i in 0..leases {
-            table.insert_grant(&grant(&format!("k{i:06}"), i + 1, 100), t0);
+            table.insert_grant_copied(&grant(&format!("k{i:06}"), i + 1, 100), t0);
         }
         let promote = t0 + ms(1_000);
         table.restart_all(promote);
@@ -891,14 +899,14 @@ pub(super) mod tests {
     fn reconcile_adopts_restarts_and_sweeps() {
         let t0 = Instant::now();
         let mut table = LeaseTable::new(t0);
-        table.insert_grant(&grant("kept", 1, 100), t0);
-        table.insert_grant(&grant("stale", 2, 100), t0);
-        table.insert_grant(&grant("retoken", 3, 100), t0);
+        table.insert_grant_copied(&grant("kept", 1, 100), t0);
+        table.insert_grant_copied(&grant("stale", 2, 100), t0);
+        table.insert_grant_copied(&grant("retoken", 3, 100), t0);
         table.insert_session("gone", 100, t0);
         let promote = t0 + ms(1_000);
         table.restart_all(promote);
         // Touched after the promote: its lease length is this leader's, not the state's.
-        table.insert_grant(&grant("fresh", 9, 100), promote + ms(10));
+        table.insert_grant_copied(&grant("fresh", 9, 100), promote + ms(10));
         let seen = table.begin_reconcile();
         table.reconcile_grant("kept", 1, 5_000);
         table.reconcile_grant("retoken", 4, 200);
@@ -1159,7 +1167,7 @@ pub(super) mod tests {
                 let op = rng.gen_range(0..11);
                 match op {
                     0 => {
-                        table.insert_grant(&grant(&key, token, ttl), now);
+                        table.insert_grant_copied(&grant(&key, token, ttl), now);
                         let lease = Model::lease(token, ttl, now + ms(ttl));
                         model.grants.insert(key.clone(), lease);
                     }
@@ -1269,7 +1277,7 @@ pub(super) mod tests {
             // Deadlines spread over 10 s, as renewals at different moments leave them.
             let g = grant(&format!("key-{i}"), i + 1, 10_000);
             let at = t0 + ms(i % 10_000);
-            table.insert_grant(&g, at);
+            table.insert_grant_copied(&g, at);
             let lease = Scanned {
                 deadline: at + ms(10_000),
                 expiring: false,
@@ -1395,7 +1403,7 @@ pub(super) mod tests {
                 acquired_at_ms: 0,
                 expires_at_ms: 30_000,
             };
-            table.insert_grant(&g, t0 + ms(i % 10_000));
+            table.insert_grant_copied(&g, t0 + ms(i % 10_000));
         }
         let grants = resident_bytes();
         for i in 0..sessions {
