@@ -11,7 +11,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 /// The format version this build writes for every record, and the only one it reads, except
-/// snapshot data, which may also be a later version (see [`encode_with_capacity`]).
+/// snapshot data, which may also be a later version (see [`encode_as`]).
 pub const FORMAT_VERSION: u8 = 1;
 
 /// Bytes before the payload: version byte and checksum.
@@ -48,35 +48,21 @@ pub enum CodecError {
 
 /// Frames `value` as a record of the current format version.
 pub fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, postcard::Error> {
-    encode_with_capacity(FORMAT_VERSION, value, 0)
+    encode_as(FORMAT_VERSION, value)
 }
 
 /// Frames `value` as a record of format `version`, for a record type whose payload changed
 /// (snapshot data carrying its apply limits), so that a reader can tell the layouts apart and an
-/// older build refuses the new one by its version instead of misreading it; into a buffer of
-/// `capacity` bytes to start with: a record about as large as the last one of its kind (a snapshot) is then written
-/// without the buffer's doublings, each of which held the old and the new buffer at once.
-pub fn encode_with_capacity<T: Serialize + ?Sized>(
-    version: u8,
-    value: &T,
-    capacity: usize,
-) -> Result<Vec<u8>, postcard::Error> {
-    let mut out = Vec::with_capacity(capacity.max(HEADER_LEN));
-    out.extend_from_slice(&[version, 0, 0, 0, 0]);
-    let mut out = postcard::to_extend(value, out)?;
-    let crc = crc32fast::hash(&out[HEADER_LEN..]);
-    out[1..HEADER_LEN].copy_from_slice(&crc.to_le_bytes());
-    Ok(out)
-}
-
-/// Frames `value` as a record of format `version` (tests; the snapshot writes through
-/// [`encode_with_capacity`]).
-#[cfg(test)]
+/// older build refuses the new one by its version instead of misreading it. A snapshot build
+/// does not come here: it streams the same frame into its file (`SnapshotDir::write_table`).
 pub fn encode_as<T: Serialize + ?Sized>(
     version: u8,
     value: &T,
 ) -> Result<Vec<u8>, postcard::Error> {
-    encode_with_capacity(version, value, 0)
+    let mut out = postcard::to_extend(value, vec![version, 0, 0, 0, 0])?;
+    let crc = crc32fast::hash(&out[HEADER_LEN..]);
+    out[1..HEADER_LEN].copy_from_slice(&crc.to_le_bytes());
+    Ok(out)
 }
 
 /// Checks a record's version and checksum and returns its payload.

@@ -29,8 +29,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The default [`SnapshotPolicy::replay_commands_max`]: at about 7 µs per acquire re-applied at
-/// a million held locks (`restart_from_snapshot` example), a restart replays for about 1.5 s
-/// at most, and a build of a million-lock table (2–4 s of a blocking thread) comes at most every
+/// a million held locks (`restart_from_snapshot` example), a restart replays for about 1.75 s
+/// at most (more with the stagger, and on a loaded machine), and a build of a million-lock table (2–4 s of a blocking thread) comes at most every
 /// 250,000 commands.
 pub const REPLAY_COMMANDS_MAX: u64 = 250_000;
 

@@ -364,24 +364,30 @@ impl LockTable {
 mod tests {
     use super::*;
 
+    /// A table with `sessions` open, each of owner `owner-<id>`.
+    fn with_sessions(sessions: &[&str], events: &mut Vec<Event>) -> LockTable {
+        let mut t = LockTable::new();
+        for s in sessions {
+            t.apply(
+                1000,
+                Command::OpenSession {
+                    session_id: (*s).into(),
+                    owner_id: format!("owner-{s}"),
+                    ttl_ms: 10_000,
+                },
+                events,
+            );
+        }
+        t
+    }
+
     /// A `Granted` event carries the table's own key: one allocation shared by the grant, the
     /// session's lock set and the event (so the lease keeper that keeps it adds no copy), for a
     /// direct grant and for a hand-off alike.
     #[test]
     fn a_granted_event_shares_the_tables_key() {
-        let mut t = LockTable::new();
         let mut events = Vec::new();
-        for s in ["s1", "s2"] {
-            t.apply(
-                1000,
-                Command::OpenSession {
-                    session_id: s.into(),
-                    owner_id: format!("owner-{s}"),
-                    ttl_ms: 10_000,
-                },
-                &mut events,
-            );
-        }
+        let mut t = with_sessions(&["s1", "s2"], &mut events);
         let acquire = |session: &str, wait_ms| Command::Acquire {
             session_id: session.into(),
             request_id: 1,
@@ -479,21 +485,12 @@ mod tests {
     /// `share_holders` ran, as every install runs it.
     #[test]
     fn grants_share_their_sessions_holder() {
-        let mut t = LockTable::new();
         let mut events = Vec::new();
+        let mut t = with_sessions(&["s1", "s2"], &mut events);
         for s in ["s1", "s2"] {
-            t.apply(
-                1,
-                Command::OpenSession {
-                    session_id: s.into(),
-                    owner_id: format!("owner-{s}"),
-                    ttl_ms: 10_000,
-                },
-                &mut events,
-            );
             for (n, key) in ["a", "b", "c"].into_iter().enumerate() {
                 t.apply(
-                    2,
+                    1001,
                     Command::Acquire {
                         session_id: s.into(),
                         request_id: n as u64 + 1,

@@ -88,7 +88,7 @@ impl LeaseKeeper {
             match event {
                 Event::Granted {
                     grant, shared_key, ..
-                } => table.insert_grant(grant, shared_key.clone(), now),
+                } => table.insert_grant(shared_key.clone(), grant.token, grant.ttl_ms, now),
                 Event::Freed { key, token, .. } => table.remove_grant(key, *token),
                 Event::SessionOpened { session_id, ttl_ms } => {
                     table.insert_session(session_id, *ttl_ms, now)

@@ -32,6 +32,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+#[cfg(test)]
 use lock_raft_store::Grant;
 
 /// Most index entries one [`LeaseTable::take_lapsed`] call rewrites to the current epoch
@@ -384,21 +385,21 @@ impl LeaseTable {
         }
     }
 
-    /// Starts a full lease of `grant` at `now`, replacing any lease its key had, keyed by `key`
-    /// (`grant.key` as the lock table holds it, shared rather than copied).
-    pub fn insert_grant(&mut self, grant: &Grant, key: Arc<str>, now: Instant) {
-        debug_assert_eq!(&*key, grant.key, "the key of the grant");
+    /// Starts a full lease of grant `(key, token)` of `ttl_ms` at `now`, replacing any lease the
+    /// key had. `key` is the allocation the lock table holds (an applied `Granted` event's
+    /// `shared_key`), kept rather than copied.
+    pub fn insert_grant(&mut self, key: Arc<str>, token: u64, ttl_ms: u64, now: Instant) {
         let record = GrantRecord {
-            token: grant.token,
-            life: self.fresh(grant.ttl_ms, now),
+            token,
+            life: self.fresh(ttl_ms, now),
         };
         self.grants.insert(key, record);
     }
 
-    /// [`LeaseTable::insert_grant`] with a key of its own (tests).
+    /// [`LeaseTable::insert_grant`] of `grant`, with a key of its own (tests).
     #[cfg(test)]
     pub fn insert_grant_copied(&mut self, grant: &Grant, now: Instant) {
-        self.insert_grant(grant, Arc::from(grant.key.as_str()), now);
+        self.insert_grant(grant.key.as_str().into(), grant.token, grant.ttl_ms, now);
     }
 
     /// Drops the lease of grant `(key, token)`; a lease of another token stays.
