@@ -173,6 +173,7 @@ pub async fn measure(
     .await;
     poller.abort();
     let (open_secs, close_secs, keepalive, beats_only, with, without) = outcome?;
+    let beats_offered_per_sec = count as f64 / (ttl.as_secs_f64() / 3.0);
     let missing = || anyhow::anyhow!("no W1 slice ran");
     let w1_with = LoopResult::combine(with).ok_or_else(missing)?;
     let w1_without = LoopResult::combine(without).ok_or_else(missing)?;
@@ -183,10 +184,10 @@ pub async fn measure(
         close_secs,
         live_before,
         live_peak: peak.load(Ordering::Relaxed),
-        beats_offered_per_sec: count as f64 / (ttl.as_secs_f64() / 3.0),
+        beats_offered_per_sec,
         leader_us_per_beat: beats_only
             .leader_pct
-            .map(|pct| pct / 100.0 / (count as f64 / (ttl.as_secs_f64() / 3.0)) * 1e6),
+            .map(|pct| pct / 100.0 / beats_offered_per_sec * 1e6),
         beats_only,
         keepalive,
         refusals: refusals.counts(),
