@@ -35,7 +35,7 @@ use super::StorageError;
 use super::codec::{self, CodecError};
 use super::disk::Disk;
 use super::engine::sync_dir;
-use crate::table::{ApplyLimits, LockTable};
+use crate::table::{self, ApplyLimits, LockTable};
 use crate::{LogId, SnapshotMeta};
 
 /// The largest snapshot file or snapshot data accepted. Snapshots are read whole into memory;
@@ -214,10 +214,15 @@ enum StreamError {
     Encode(StorageError),
 }
 
-/// Decodes snapshot data into a lock table and checks its invariants: the bytes came from the
-/// disk or from the leader, and a table that breaks an invariant must never be served.
-/// `origin` names where the data came from, for the error.
-pub fn decode_table(data: &[u8], origin: &Path) -> Result<LockTable, StorageError> {
+/// Checks snapshot data's size, format version and checksum, without decoding it: what an
+/// install confirms before it lets go of the table it has. `origin` names where the data came
+/// from, for the error.
+pub fn verify_data(data: &[u8], origin: &Path) -> Result<(), StorageError> {
+    verified_payload(data, origin).map(|_| ())
+}
+
+/// The format version and payload of snapshot data that passed [`verify_data`]'s checks.
+fn verified_payload<'d>(data: &'d [u8], origin: &Path) -> Result<(u8, &'d [u8]), StorageError> {
     if data.len() > SNAPSHOT_BYTES_MAX {
         return Err(StorageError::TooLarge {
             record: format!("snapshot data for {}", origin.display()),
@@ -225,38 +230,56 @@ pub fn decode_table(data: &[u8], origin: &Path) -> Result<LockTable, StorageErro
             max: SNAPSHOT_BYTES_MAX,
         });
     }
+    codec::verify_versions(data, &DATA_VERSIONS).map_err(|source| StorageError::Corrupt {
+        record: "snapshot data".to_string(),
+        path: origin.to_path_buf(),
+        source,
+    })
+}
+
+/// Decodes snapshot data into a lock table and checks its invariants: the bytes came from the
+/// disk or from the leader, and a table that breaks an invariant must never be served.
+/// `origin` names where the data came from, for the error.
+pub fn decode_table(data: &[u8], origin: &Path) -> Result<LockTable, StorageError> {
+    let (version, payload) = verified_payload(data, origin)?;
     let corrupt = |source| StorageError::Corrupt {
         record: "snapshot data".to_string(),
         path: origin.to_path_buf(),
         source,
     };
-    let (version, payload) = codec::verify_versions(data, &DATA_VERSIONS).map_err(corrupt)?;
     let layout = |message: String| StorageError::Layout {
         path: origin.to_path_buf(),
         message: format!("snapshot data: {message}"),
     };
-    let mut table = if version == DATA_WITH_PRINCIPALS {
-        let (limits, principals, mut table): (ApplyLimits, BTreeMap<String, String>, LockTable) =
-            codec::decode_payload(payload).map_err(corrupt)?;
-        table
-            .set_limits(limits)
-            .map_err(|invalid| layout(invalid.to_string()))?;
-        table.set_principals(principals).map_err(layout)?;
-        table
-    } else if version == DATA_WITH_LIMITS {
-        let (limits, mut table): (ApplyLimits, LockTable) =
-            codec::decode_payload(payload).map_err(corrupt)?;
-        table
-            .set_limits(limits)
-            .map_err(|invalid| layout(invalid.to_string()))?;
-        table
-    } else {
-        // Version 1 recorded no limits: it was applied under V1, whatever this build's
-        // constants say.
-        codec::decode_payload::<LockTable>(payload).map_err(corrupt)?
-    };
-    // The encoding repeats a session's ids in each of its grants: held once, as applying the
-    // log holds them.
+    // Each session's grants share its holder as they decode (`sharing_holders`), so the
+    // decode never holds a holder per grant.
+    let mut table = table::sharing_holders(|| {
+        if version == DATA_WITH_PRINCIPALS {
+            let (limits, principals, mut table): (
+                ApplyLimits,
+                BTreeMap<String, String>,
+                LockTable,
+            ) = codec::decode_payload(payload).map_err(corrupt)?;
+            table
+                .set_limits(limits)
+                .map_err(|invalid| layout(invalid.to_string()))?;
+            table.set_principals(principals).map_err(layout)?;
+            Ok(table)
+        } else if version == DATA_WITH_LIMITS {
+            let (limits, mut table): (ApplyLimits, LockTable) =
+                codec::decode_payload(payload).map_err(corrupt)?;
+            table
+                .set_limits(limits)
+                .map_err(|invalid| layout(invalid.to_string()))?;
+            Ok(table)
+        } else {
+            // Version 1 recorded no limits: it was applied under V1, whatever this build's
+            // constants say.
+            codec::decode_payload::<LockTable>(payload).map_err(corrupt)
+        }
+    })?;
+    // The encoding repeats a session's keys in the session's lock set: held once, as applying
+    // the log holds them (and any holder the pool could not share).
     table.share_holders();
     table
         .check_invariants()

@@ -16,6 +16,7 @@ use serde::de::Deserializer;
 use serde::ser::{SerializeStruct, Serializer};
 use serde::{Deserialize, Serialize};
 
+use super::holder_pool;
 use crate::command::Grant;
 
 /// The ids of the session a grant belongs to: one per session, shared by the session's
@@ -127,11 +128,12 @@ impl HeldGrant {
 }
 
 impl From<Grant> for HeldGrant {
-    /// A grant with a holder of its own (the table shares it with its session's once decoded).
+    /// A grant with a holder of its own, or while a snapshot decodes the one its session's
+    /// grants share (`holder_pool`; the table shares it with its session's once decoded).
     fn from(grant: Grant) -> Self {
         HeldGrant {
             key: grant.key.into(),
-            holder: Holder::new(grant.session_id, grant.owner_id),
+            holder: holder_pool::holder(grant.session_id, grant.owner_id),
             request_id: grant.request_id,
             token: grant.token,
             ttl_ms: grant.ttl_ms,

@@ -36,6 +36,7 @@ mod binding;
 mod chunked;
 mod commands;
 mod held;
+mod holder_pool;
 mod invariants;
 mod session;
 mod shared;
@@ -53,6 +54,7 @@ use shared::Shared;
 
 pub use apply_limits::{ApplyLimits, InvalidLimits};
 pub use held::HeldGrant;
+pub(crate) use holder_pool::sharing_holders;
 pub use invariants::InvariantViolation;
 pub use session::{LockSet, Session};
 
@@ -117,7 +119,7 @@ impl Entry for SessionEntry {
     }
     fn from_parts(id: &str, session: Session) -> Result<Self, String> {
         Ok(SessionEntry {
-            holder: Holder::new(id.to_owned(), session.owner_id.clone()),
+            holder: holder_pool::holder(id.to_owned(), session.owner_id.clone()),
             session: Shared::new(session),
         })
     }
@@ -481,8 +483,8 @@ mod tests {
     }
 
     /// Every grant of a session points at the session's one holder, and the session's lock set
-    /// at the grant's key: after the applies that made them, and after a decode once
-    /// `share_holders` ran, as every install runs it.
+    /// at the grant's key: after the applies that made them, after a decode once
+    /// `share_holders` ran, as every install runs it, and after a decode in the holder pool.
     #[test]
     fn grants_share_their_sessions_holder() {
         let mut events = Vec::new();
@@ -529,6 +531,12 @@ mod tests {
         assert!(shared(&back) && keys_shared(&back));
         assert_eq!(back, t);
         assert_eq!(back.grant("s2/b").map(|g| g.owner_id()), Some("owner-s2"));
+        // Decoded with the holder pool, as a snapshot install decodes, the grants share their
+        // session's holder from the start: no holder per grant ever existed.
+        let pooled: LockTable =
+            sharing_holders(|| postcard::from_bytes(&bytes)).expect("deserializes");
+        assert!(shared(&pooled), "a pooled decode shares the holders");
+        assert_eq!(pooled, t);
     }
 
     /// Debug builds check the invariants after every apply and name the command that broke
