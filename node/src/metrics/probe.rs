@@ -41,16 +41,20 @@ impl NodeProbe {
                 storage,
             } => {
                 raft.refresh(f);
-                let (sessions, locks, waiters) = reader.read(|table| {
+                // While a snapshot install replaces the table the gauges keep their last
+                // values rather than dropping to zero for its duration.
+                let counts = reader.read_applied(|table| {
                     (
                         table.session_count(),
                         table.grant_count(),
                         table.waiter_total(),
                     )
                 });
-                f.sessions.set(sessions as i64);
-                f.locks_held.set(locks as i64);
-                f.waiters.set(waiters as i64);
+                if let Some((sessions, locks, waiters)) = counts {
+                    f.sessions.set(sessions as i64);
+                    f.locks_held.set(locks as i64);
+                    f.waiters.set(waiters as i64);
+                }
                 storage.refresh(f);
             }
             NodeProbe::Stateless { .. } => {}

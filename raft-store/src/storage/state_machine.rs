@@ -27,6 +27,7 @@ use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use futures::{Stream, TryStreamExt};
 use openraft::storage::{EntryResponder, RaftStateMachine};
 use openraft::{OptionalSend, RaftSnapshotBuilder};
+use tokio::sync::watch;
 
 use super::StorageError;
 use super::disk::Disk;
@@ -61,6 +62,11 @@ struct AppliedState {
     /// Commands applied since the store opened (an entry counts its batch's commands, a blank
     /// or membership entry one): what the snapshot policy bounds a restart's replay by.
     commands_applied: u64,
+    /// A snapshot install let go of `table` (empty meanwhile) and has not put the installed
+    /// one in its place: nothing may be read from, applied to or snapshotted of the table
+    /// until it has. Stays set if the install failed, which stops the node (openraft stops on
+    /// any state machine error); a restart rebuilds the table from this node's own disk.
+    installing: bool,
 }
 
 type SharedState = Arc<RwLock<AppliedState>>;
@@ -94,9 +100,14 @@ pub struct StateMachineStore {
     log_bytes: Option<Arc<LogBytes>>,
     /// Where the last snapshot left the policy's inputs.
     mark: Arc<SnapshotMark>,
+    /// Whether an install holds the table (`AppliedState::installing`), for a build to wait on.
+    installs: Arc<watch::Sender<bool>>,
     /// Tests: a barrier every build meets twice between taking its view and encoding it.
     #[cfg(test)]
     build_gate: Option<Arc<std::sync::Barrier>>,
+    /// Tests: a barrier every install meets twice once it has let go of the old table.
+    #[cfg(test)]
+    install_gate: Option<Arc<std::sync::Barrier>>,
 }
 
 /// The last snapshot as the policy sees it.
@@ -163,6 +174,7 @@ impl StateMachineStore {
                         .unwrap_or_else(|| snapshot_dir.to_path_buf()),
                 )?,
                 commands_applied: 0,
+                installing: false,
             },
         };
         Ok(StateMachineStore {
@@ -173,8 +185,11 @@ impl StateMachineStore {
             policy: SnapshotPolicy::default(),
             log_bytes: None,
             mark: Arc::new(mark),
+            installs: Arc::new(watch::Sender::new(false)),
             #[cfg(test)]
             build_gate: None,
+            #[cfg(test)]
+            install_gate: None,
         })
     }
 
@@ -230,6 +245,7 @@ impl StateMachineStore {
             storage: self.storage.clone(),
             log_bytes: self.log_bytes.clone(),
             mark: self.mark.clone(),
+            installs: self.installs.clone(),
             #[cfg(test)]
             build_gate: self.build_gate.clone(),
         }
@@ -239,7 +255,8 @@ impl StateMachineStore {
     /// returns each entry's answer ([`Response::NoCommand`] for blank and membership entries).
     /// openraft's `apply` goes through here; tools and tests may drive the state machine with
     /// it directly. The observer runs before any answer leaves: whoever gets an answer may rely
-    /// on the observer having seen its events.
+    /// on the observer having seen its events. Not after a failed install
+    /// ([`RaftStateMachine::install_snapshot`]): openraft's `apply` refuses to then.
     pub fn apply_entries(&self, entries: impl IntoIterator<Item = Entry>) -> Vec<Response> {
         let entries = entries.into_iter();
         let mut answers = Vec::with_capacity(entries.size_hint().0);
@@ -304,8 +321,20 @@ impl fmt::Debug for StateReader {
 impl StateReader {
     /// Runs `f` on the lock table as of the last applied entry. Keep `f` short: applies wait
     /// for it.
+    ///
+    /// While a snapshot install replaces the table, the table `f` sees is empty: the leader's
+    /// paths may use this (a leader never installs), a node's own answers use
+    /// [`StateReader::read_applied`].
     pub fn read<R>(&self, f: impl FnOnce(&LockTable) -> R) -> R {
         f(&read_state(&self.state).table)
+    }
+
+    /// Runs `f` on the lock table as of the last applied entry, or answers `None` while a
+    /// snapshot install replaces it (the node has no applied state to answer from then: the
+    /// install let go of its own table before decoding the one it received).
+    pub fn read_applied<R>(&self, f: impl FnOnce(&LockTable) -> R) -> Option<R> {
+        let state = read_state(&self.state);
+        (!state.installing).then(|| f(&state.table))
     }
 
     /// The last applied entry's log id; `None` before any.
@@ -316,17 +345,6 @@ impl StateReader {
     /// The last applied membership.
     pub fn membership(&self) -> StoredMembership {
         read_state(&self.state).last_membership.clone()
-    }
-}
-
-/// Drops `value` on a blocking thread: freeing a table of a million grants takes long enough
-/// to stall a runtime thread.
-fn drop_off_runtime<T: Send + 'static>(value: T) {
-    match tokio::runtime::Handle::try_current() {
-        Ok(runtime) => {
-            runtime.spawn_blocking(move || drop(value));
-        }
-        Err(_) => drop(value),
     }
 }
 
@@ -363,6 +381,14 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         // (blocking) state lock is taken.
         let (entries, responders): (Vec<_>, Vec<_>) =
             entries.try_collect::<Vec<_>>().await?.into_iter().unzip();
+        if read_state(&self.state).installing {
+            return Err(to_io(StorageError::Layout {
+                path: self.snapshots.dir().to_path_buf(),
+                message: "a failed snapshot install left the state machine without its table; \
+                          restart the node to rebuild it from its own snapshot and log"
+                    .to_string(),
+            }));
+        }
         let answers = self.apply_entries(entries);
         for (responder, answer) in responders.into_iter().zip(answers) {
             if let Some(responder) = responder {
@@ -389,6 +415,14 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         Some(self.builder())
     }
 
+    /// Installs the snapshot a leader sent. Its data is verified (size, version, checksum)
+    /// first; then the node lets go of its own table, so that the old table and the new one
+    /// are never in memory together (at a million held locks that is the difference between
+    /// a peak under 512 MiB and one near 800: docs/PERFORMANCE.md, session 14). Until the new
+    /// table is in place, [`StateReader::read_applied`] answers `None` and a build waits. Data
+    /// that passes the checksum but does not decode into a table that keeps every invariant
+    /// fails the install, which stops the node: its own snapshot file is still current, and a
+    /// restart rebuilds its table from that and its log.
     async fn install_snapshot(
         &mut self,
         meta: &SnapshotMeta,
@@ -396,11 +430,30 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
     ) -> Result<(), io::Error> {
         let data = snapshot.into_inner();
         let data_len = data.len() as u64;
+        snapshot::verify_data(&data, self.snapshots.dir()).map_err(to_io)?;
         // Decoding (and checking) a large table takes a while: off the runtime's threads, and
-        // without the state lock, which is taken only to swap the tables.
+        // without the state lock, which is taken only to let go of the old table and to put
+        // the new one in.
         let snapshots = self.snapshots.clone();
+        let state = self.state.clone();
+        let installs = self.installs.clone();
         let file_meta = meta.clone();
+        #[cfg(test)]
+        let gate = self.install_gate.clone();
         let table = tokio::task::spawn_blocking(move || {
+            let own = {
+                let mut state = write_state(&state);
+                state.installing = true;
+                installs.send_replace(true);
+                std::mem::take(&mut state.table)
+            };
+            // Freed here, before the decode allocates: the decode reuses the memory.
+            drop(own);
+            #[cfg(test)]
+            if let Some(gate) = gate {
+                gate.wait();
+                gate.wait();
+            }
             // The file is written and synced under a temporary name while the table is
             // decoded, so the disk's time and the decoder's overlap; it becomes the current
             // snapshot only once the table decoded and checked, and durable before the table
@@ -437,26 +490,19 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         .await
         .map_err(|join| join_error("install snapshot into", self.snapshots.dir(), join))?
         .map_err(to_io)?;
-        let (replaced, commands_now) = {
+        let commands_now = {
             let mut state = write_state(&self.state);
             // The count goes on across the install, so a build that took its view before it
             // cannot move the mark back.
-            let commands_now = state.commands_applied;
-            let replaced = std::mem::replace(
-                &mut *state,
-                AppliedState {
-                    last_applied: meta.last_log_id,
-                    last_membership: meta.last_membership.clone(),
-                    table,
-                    commands_applied: commands_now,
-                },
-            );
-            (replaced, commands_now)
+            state.last_applied = meta.last_log_id;
+            state.last_membership = meta.last_membership.clone();
+            state.table = table;
+            state.installing = false;
+            state.commands_applied
         };
+        self.installs.send_replace(false);
         let log_bytes_now = self.log_bytes.as_ref().map_or(0, |l| l.get());
         self.mark.set(data_len, log_bytes_now, commands_now);
-        // Freeing a large table takes a while too.
-        drop_off_runtime(replaced);
         Ok(())
     }
 
@@ -483,6 +529,7 @@ pub struct SnapshotBuilder {
     storage: Option<Arc<dyn StorageObserver>>,
     log_bytes: Option<Arc<LogBytes>>,
     mark: Arc<SnapshotMark>,
+    installs: Arc<watch::Sender<bool>>,
     #[cfg(test)]
     build_gate: Option<Arc<std::sync::Barrier>>,
 }
@@ -503,19 +550,32 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         // The read lock is held only to clone the table, which shares every chunk with it
         // (`LockTable`'s docs): applies go on while the clone is encoded and written on a
         // blocking thread, copying only the chunks they change meanwhile.
-        let (meta, table, log_bytes_at, commands_at) = {
+        let mut installs = self.installs.subscribe();
+        let (meta, table, log_bytes_at, commands_at) = loop {
+            // An install holds no table to build from until it has put the new one in: the
+            // build waits for it and snapshots the installed state. (If the install failed,
+            // the node is stopping and the build never finishes.)
+            if installs.wait_for(|installing| !installing).await.is_err() {
+                return Err(to_io(StorageError::Layout {
+                    path: self.snapshots.dir().to_path_buf(),
+                    message: "the state machine closed during a snapshot build".to_string(),
+                }));
+            }
             let state = read_state(&self.state);
+            if state.installing {
+                continue;
+            }
             let meta = SnapshotMeta {
                 last_log_id: state.last_applied,
                 last_membership: state.last_membership.clone(),
             };
             let log_bytes_at = self.log_bytes.as_ref().map_or(0, |l| l.get());
-            (
+            break (
                 meta,
                 state.table.clone(),
                 log_bytes_at,
                 state.commands_applied,
-            )
+            );
         };
         let snapshots = self.snapshots.clone();
         let file_meta = meta.clone();
@@ -635,6 +695,133 @@ mod tests {
         );
         assert!(reader.read(|t| t.session("during").is_some()));
         drop(sm);
+    }
+
+    /// The snapshot data of a state machine holding session `session` at index `index`.
+    async fn snapshot_holding(session: &str, index: u64) -> Snapshot {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut sm = StateMachineStore::open(dir.path(), None).expect("open");
+        sm.apply_entries([entry(index, open_session(session))]);
+        sm.get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await
+            .expect("built");
+        sm.get_current_snapshot()
+            .await
+            .expect("read")
+            .expect("current")
+    }
+
+    /// An install lets go of the node's own table before it decodes the one it received, so
+    /// the two are never held together: meanwhile the node answers no read from its applied
+    /// state, and a build started then waits and snapshots the installed state (one that
+    /// went ahead would write an empty table as the state at the node's old index).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_install_lets_go_of_the_old_table_first_and_a_build_meanwhile_waits_for_it() {
+        let sent = snapshot_holding("sent", 5).await;
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut sm = StateMachineStore::open(dir.path(), None).expect("open");
+        let gate = Arc::new(std::sync::Barrier::new(2));
+        sm.install_gate = Some(gate.clone());
+        let reader = sm.reader();
+        let installs = sm.installs.clone();
+        sm.apply_entries([entry(1, open_session("own"))]);
+        assert_eq!(reader.read_applied(|t| t.session_count()), Some(1));
+        let mut builder = sm.get_snapshot_builder().await;
+        let install = tokio::spawn(async move {
+            sm.install_snapshot(&sent.meta, sent.snapshot)
+                .await
+                .map(|()| sm)
+        });
+        let meet = |gate: Arc<std::sync::Barrier>| tokio::task::spawn_blocking(move || gate.wait());
+        meet(gate.clone()).await.expect("the install let go");
+        assert_eq!(reader.read_applied(|t| t.session_count()), None);
+        assert_eq!(
+            reader.read(|t| t.session_count()),
+            0,
+            "the own table is gone"
+        );
+        let build = tokio::spawn(async move { builder.build_snapshot().await });
+        while installs.receiver_count() == 0 {
+            tokio::task::yield_now().await;
+        }
+        // Given a moment, a build that did not wait would finish with the empty table.
+        for _ in 0..50 {
+            if build.is_finished() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        }
+        let waited = !build.is_finished();
+        meet(gate).await.expect("the install goes on");
+        assert!(waited, "a build waits for the install");
+        let mut sm = install.await.expect("install task").expect("installed");
+        assert_eq!(
+            reader.read_applied(|t| t.session("sent").is_some()),
+            Some(true)
+        );
+        assert_eq!(
+            reader.read_applied(|t| t.session("own").is_some()),
+            Some(false)
+        );
+        let built = build.await.expect("build task").expect("built");
+        assert_eq!(built.meta.last_log_id.map(|id| id.index), Some(5));
+        let current = sm
+            .get_current_snapshot()
+            .await
+            .expect("read")
+            .expect("current");
+        let table =
+            snapshot::decode_table(current.snapshot.get_ref(), dir.path()).expect("decodes");
+        assert!(table.session("sent").is_some());
+    }
+
+    /// Data that passes its checksum but is no table fails the install after the old table
+    /// was let go of: nothing is applied to the empty table then (openraft stops the node on
+    /// the error; a restart rebuilds the table from the node's own snapshot, still current).
+    #[tokio::test]
+    async fn after_a_failed_install_nothing_is_applied_and_the_own_snapshot_stays_current() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut sm = StateMachineStore::open(dir.path(), None).expect("open");
+        let reader = sm.reader();
+        sm.apply_entries([entry(1, open_session("own"))]);
+        sm.get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await
+            .expect("built");
+        let own = sm.get_current_snapshot().await.expect("read").expect("own");
+        let framed = crate::storage::codec::encode_as(1, &"not a table").expect("framed");
+        let mut sent = snapshot_holding("sent", 5).await;
+        sent.snapshot = Cursor::new(framed);
+        let error = sm
+            .install_snapshot(&sent.meta, sent.snapshot)
+            .await
+            .expect_err("not a table");
+        assert!(error.to_string().contains("snapshot data"), "{error}");
+        assert_eq!(reader.read_applied(|t| t.session_count()), None);
+        let refused = sm
+            .apply(futures::stream::iter([Ok((
+                entry(2, open_session("after")),
+                None,
+            ))]))
+            .await
+            .expect_err("no apply to a table let go of");
+        assert!(
+            refused.to_string().contains("restart the node"),
+            "{refused}"
+        );
+        let current = sm.get_current_snapshot().await.expect("read").expect("own");
+        assert_eq!(current.meta, own.meta);
+        drop(sm);
+        let reopened = StateMachineStore::open(dir.path(), None).expect("reopen");
+        assert_eq!(
+            reopened
+                .reader()
+                .read_applied(|t| t.session("own").is_some()),
+            Some(true)
+        );
     }
 
     /// openraft's periodic ask is answered by the policy: no builder until the log written

@@ -537,17 +537,23 @@ impl Backend for RaftBackend {
             self.leases_ready()?;
             self.confirm_leadership().await?;
         }
-        let state = self.inner.reader.read(|table| {
-            table.grant(key).map(|g| KeyState {
-                key: g.key().to_owned(),
-                owner_id: g.owner_id().to_owned(),
-                session_id: g.session_id().to_owned(),
-                token: g.token,
-                acquired_at_ms: g.acquired_at_ms,
-                expires_at_ms: g.expires_at_ms,
-                waiter_count: table.waiter_count(key),
+        // A node installing a snapshot has let go of its applied state until the installed
+        // one is in place: it sends the caller to the leader.
+        let state = self
+            .inner
+            .reader
+            .read_applied(|table| {
+                table.grant(key).map(|g| KeyState {
+                    key: g.key().to_owned(),
+                    owner_id: g.owner_id().to_owned(),
+                    session_id: g.session_id().to_owned(),
+                    token: g.token,
+                    acquired_at_ms: g.acquired_at_ms,
+                    expires_at_ms: g.expires_at_ms,
+                    waiter_count: table.waiter_count(key),
+                })
             })
-        });
+            .ok_or_else(|| self.not_leader())?;
         Ok(state.map(|mut state| {
             // On the promoted leader the live lease is the better expiry than the last one
             // logged (renewals are not logged).
