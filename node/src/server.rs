@@ -152,6 +152,7 @@ async fn serve(
     // one only once the log since the last is large against it, staggered by this node's id.
     state_machine.set_snapshot_policy(storage::SnapshotPolicy::for_node(config.node_id));
     let reader = state_machine.reader();
+    let inbox = state_machine.inbox();
     tracing::info!(engine = %log_store.engine_kind(), dir = %log_store.dir().display(), "raft log opened");
 
     let raft_config = Arc::new(config.raft_config()?);
@@ -237,7 +238,7 @@ async fn serve(
     )
     .await?;
 
-    let raft_service = RaftServiceServer::new(RaftRpc::new(raft.clone(), stop_rx))
+    let raft_service = RaftServiceServer::new(RaftRpc::new(raft.clone(), inbox, stop_rx))
         .max_decoding_message_size(RAFT_MESSAGE_BYTES_MAX)
         .max_encoding_message_size(RAFT_MESSAGE_BYTES_MAX);
     let served = grpc::serve::serve(

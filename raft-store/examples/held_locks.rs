@@ -255,8 +255,18 @@ async fn run(
     let other = tempfile::tempdir()?;
     let (_log2, mut follower) = storage::open(other.path(), None)?;
     for own in ["nothing", "its own table"] {
-        // The received data, as the transport hands it over.
-        let received = snapshot.snapshot.clone();
+        // The received data, as the transport hands it over: written into a file of the
+        // follower's inbox as it arrives.
+        let received = {
+            let bytes = snapshot.snapshot.to_vec()?;
+            let mut incoming = follower
+                .inbox()
+                .receive(&snapshot.meta, bytes.len() as u64)?;
+            for chunk in bytes.chunks(1 << 20) {
+                incoming.write(chunk)?;
+            }
+            incoming.finish()?
+        };
         let (rss_before, _) = memory();
         let _ = std::fs::write("/proc/self/clear_refs", "5");
         let t = Instant::now();
@@ -276,7 +286,7 @@ async fn run(
 
     // Where an install's time goes: the decode and the invariant check, apart (the data is a
     // version 1 record, the table alone after a 5-byte header, when no session is bound).
-    let data = snapshot.snapshot.get_ref();
+    let data = snapshot.snapshot.to_vec()?;
     if data.first() == Some(&1) {
         let t = Instant::now();
         let table: lock_raft_store::LockTable = postcard::from_bytes(&data[5..])?;

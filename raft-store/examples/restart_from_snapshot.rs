@@ -30,7 +30,6 @@
 //! the node's time before it serves anything. Each reports its time and `VmRSS`/`VmHWM` from
 //! `/proc/self/status`, under mimalloc, the `lockd` binary's allocator.
 
-use std::io::Cursor;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -180,7 +179,7 @@ async fn fill(dir: &Path, sessions: usize, locks: usize) -> Result<(), Box<dyn s
         .get_current_snapshot()
         .await?
         .ok_or("no snapshot after a build")?;
-    let data = snapshot.snapshot.into_inner();
+    let data = snapshot.snapshot.to_vec()?;
     std::fs::write(dir.join("leader.data"), &data)?;
     std::fs::write(
         dir.join("shape"),
@@ -286,7 +285,7 @@ async fn install(
         last_membership: Default::default(),
     };
     let t = Instant::now();
-    sm.install_snapshot(&meta, Cursor::new(data)).await?;
+    sm.install_snapshot(&meta, data.into()).await?;
     let installed = t.elapsed();
     let (rss, hwm) = memory();
     println!(
@@ -331,7 +330,7 @@ async fn send(dir: &Path) -> Result<(), Box<dyn std::error::Error>> {
     let (rss, hwm) = memory();
     println!(
         "send: the current snapshot ({:.1} MiB of data) read in {:.2} s; RSS {rss:.0} MiB (before {before:.0}), peak during the read {hwm:.0} MiB",
-        snapshot.snapshot.get_ref().len() as f64 / (1024.0 * 1024.0),
+        snapshot.snapshot.len() as f64 / (1024.0 * 1024.0),
         read.as_secs_f64()
     );
     Ok(())

@@ -69,8 +69,9 @@ pub type StoredMembership = openraft::StoredMembership<CommittedLeaderId, NodeId
 pub type SnapshotMeta = openraft::SnapshotMeta<CommittedLeaderId, NodeId, Node>;
 /// A snapshot: its meta and the encoded lock table.
 pub type Snapshot = openraft::Snapshot<CommittedLeaderId, NodeId, Node, SnapshotData>;
-/// The bytes of a snapshot as the state machine and the transport hand it over.
-pub type SnapshotData = std::io::Cursor<Vec<u8>>;
+/// The data of a snapshot as the state machine and the transport hand it over
+/// ([`storage::SnapshotData`]: a range of a snapshot file, never whole in memory).
+pub use storage::SnapshotData;
 
 /// A lock cluster node's openraft handle, over the lock state machine.
 pub type Raft = openraft::Raft<TypeConfig, storage::StateMachineStore>;

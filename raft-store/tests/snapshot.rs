@@ -4,13 +4,12 @@
 //!
 //! The command sequence is random but seeded: `SEED=<n>` reruns a failure; the seed is printed.
 
-use std::io::Cursor;
 use std::path::Path;
 
 use lock_raft_store::storage::{self, StateMachineStore};
 use lock_raft_store::{
     Command, Entry, EntryPayload, LeaderId, LockTable, LogId, Membership, Node, Request, Response,
-    SnapshotMeta,
+    SnapshotData, SnapshotMeta,
 };
 use openraft::RaftSnapshotBuilder;
 use openraft::storage::RaftStateMachine;
@@ -238,7 +237,7 @@ async fn t10_installed_snapshot_is_identical_and_answers_identically() {
         .expect("the built snapshot");
     assert_eq!(sent.meta, built.meta);
     follower
-        .install_snapshot(&sent.meta, Cursor::new(sent.snapshot.get_ref().clone()))
+        .install_snapshot(&sent.meta, sent.snapshot)
         .await
         .expect("install");
 
@@ -326,7 +325,10 @@ async fn t20_snapshot_survives_a_restart() {
         .expect("current")
         .expect("a snapshot");
     assert_eq!(current.meta, second.meta);
-    assert_eq!(current.snapshot.get_ref(), written.snapshot.get_ref());
+    assert_eq!(
+        current.snapshot.to_vec().expect("reads"),
+        written.snapshot.to_vec().expect("reads")
+    );
     assert_eq!(table_of(&reopened), table);
     assert_eq!(reopened.applied_state().await.expect("state"), applied);
 }
@@ -375,7 +377,7 @@ async fn t40_garbage_snapshot_data_is_refused_and_changes_nothing() {
         last_membership: Default::default(),
     };
     let error = sm
-        .install_snapshot(&meta, Cursor::new(b"not a snapshot".to_vec()))
+        .install_snapshot(&meta, SnapshotData::from(b"not a snapshot".to_vec()))
         .await
         .expect_err("garbage");
     assert!(error.to_string().contains("snapshot data"), "{error}");

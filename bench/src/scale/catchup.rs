@@ -55,6 +55,9 @@ pub struct CatchUp {
     /// The follower's resident memory after catching up, in MiB (state rebuilt from the
     /// snapshot): now and peak.
     pub follower_memory_after: Option<super::procfs::Memory>,
+    /// The leader's resident memory after the catch-up: now and its peak since it started,
+    /// which covers sending the snapshot.
+    pub leader_memory_after: Option<super::procfs::Memory>,
 }
 
 /// Stops the follower after the leader, writes about `entries` log entries (at least until a
@@ -192,5 +195,6 @@ pub async fn measure(
             .map(|s| s.index),
         follower_snapshot_builds_after: after.and_then(|v| v.snapshot_builds),
         follower_memory_after: cluster.pid(follower).and_then(super::procfs::memory),
+        leader_memory_after: cluster.pid(leader).and_then(super::procfs::memory),
     })
 }

@@ -254,7 +254,8 @@ impl ScaleReport {
                 "\nCatch-up: node {} stopped at index {}, {} entries written in {:.1} s, leader's \
                  snapshot at {} ({} MiB, past the follower: {}); after the restart it was up in {} s, \
                  **caught up in {} s** (applied ≥ {}), matched by the leader in {} s; its snapshot \
-                 then at {}, {} built by itself; RSS after {} MiB (peak {}).",
+                 then at {}, {} built by itself; RSS after {} MiB (peak {}); the leader's RSS \
+                 after {} MiB (peak since its start, the sending included, {}).",
                 c.node_id,
                 c.stopped_at_index,
                 c.entries_written,
@@ -273,6 +274,8 @@ impl ScaleReport {
                     .map_or("–".to_owned(), |b| b.to_string()),
                 opt(c.follower_memory_after.map(|m| m.rss_mib), 0),
                 opt(c.follower_memory_after.map(|m| m.peak_mib), 0),
+                opt(c.leader_memory_after.map(|m| m.rss_mib), 0),
+                opt(c.leader_memory_after.map(|m| m.peak_mib), 0),
             );
         }
         if let Some(f) = &self.failover {

@@ -15,8 +15,8 @@ use std::pin::Pin;
 use futures::{Stream, StreamExt};
 use lock_proto::v1::RaftPayload;
 use lock_proto::v1::raft_service_server::RaftService;
-use lock_raft_store::storage::SNAPSHOT_BYTES_MAX;
-use lock_raft_store::{Raft, Snapshot, TypeConfig};
+use lock_raft_store::storage::{SNAPSHOT_BYTES_MAX, SnapshotInbox, StorageError};
+use lock_raft_store::{Raft, Snapshot, SnapshotData, TypeConfig};
 use openraft::raft::{AppendEntriesRequest, VoteRequest};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -35,6 +35,8 @@ type AppendRequests = Pin<Box<dyn Stream<Item = AppendEntriesRequest<TypeConfig>
 #[derive(Clone)]
 pub struct RaftRpc {
     raft: Raft,
+    /// Where a snapshot a leader sends is written as it arrives.
+    inbox: SnapshotInbox,
     /// Becomes true when the node stops: open append streams then take no new append.
     stop: watch::Receiver<bool>,
 }
@@ -46,10 +48,11 @@ impl std::fmt::Debug for RaftRpc {
 }
 
 impl RaftRpc {
-    /// Serves `raft`; `stop` turning true ends every open append stream before its next
-    /// message, so that a stopping node acknowledges no further append.
-    pub fn new(raft: Raft, stop: watch::Receiver<bool>) -> Self {
-        Self { raft, stop }
+    /// Serves `raft`, whose state machine takes snapshots in through `inbox`; `stop` turning
+    /// true ends every open append stream before its next message, so that a stopping node
+    /// acknowledges no further append.
+    pub fn new(raft: Raft, inbox: SnapshotInbox, stop: watch::Receiver<bool>) -> Self {
+        Self { raft, inbox, stop }
     }
 }
 
@@ -149,9 +152,32 @@ fn openraft_pipeline(
     tokio_stream::wrappers::ReceiverStream::new(rx)
 }
 
+/// A failure to take a snapshot in: the sender's (too long, too short, damaged:
+/// `InvalidArgument`) or this node's disk (`Internal`).
+fn refused(err: StorageError) -> Status {
+    match err {
+        StorageError::Io { .. } => Status::internal(format!("snapshot: {err}")),
+        _ => Status::invalid_argument(format!("snapshot: {err}")),
+    }
+}
+
+/// Runs `f` on a blocking thread (snapshot files are written with blocking calls).
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, StorageError> + Send + 'static,
+) -> Result<T, Status> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|join| Status::internal(format!("snapshot: the writing task failed: {join}")))?
+        .map_err(refused)
+}
+
 /// Reads a `Snapshot` stream: the header, then exactly `header.len` bytes of data, at most
-/// [`SNAPSHOT_BYTES_MAX`].
-async fn receive_snapshot<S>(mut incoming: S) -> Result<(SnapshotHeader, Vec<u8>), Status>
+/// [`SNAPSHOT_BYTES_MAX`], written into a file of `inbox` as they arrive (never whole in
+/// memory) and checked (the data record's version and checksum) once all arrived.
+async fn receive_snapshot<S>(
+    inbox: &SnapshotInbox,
+    mut incoming: S,
+) -> Result<(SnapshotHeader, SnapshotData), Status>
 where
     S: Stream<Item = Result<RaftPayload, Status>> + Unpin,
 {
@@ -161,30 +187,20 @@ where
         .transpose()?
         .ok_or_else(|| Status::invalid_argument("snapshot: the stream has no header"))?;
     let header: SnapshotHeader = decode("snapshot header", &first)?;
-    let len = usize::try_from(header.len)
-        .ok()
-        .filter(|len| *len <= SNAPSHOT_BYTES_MAX)
-        .ok_or_else(|| {
-            Status::invalid_argument(format!(
-                "snapshot: {} bytes announced, above the limit of {SNAPSHOT_BYTES_MAX}",
-                header.len
-            ))
-        })?;
-    let mut data = Vec::with_capacity(len);
-    while let Some(chunk) = incoming.next().await.transpose()? {
-        if data.len() + chunk.data.len() > len {
-            return Err(Status::invalid_argument(format!(
-                "snapshot: more than the {len} bytes announced"
-            )));
-        }
-        data.extend_from_slice(&chunk.data);
-    }
-    if data.len() != len {
+    if header.len > SNAPSHOT_BYTES_MAX as u64 {
         return Err(Status::invalid_argument(format!(
-            "snapshot: {} of the {len} bytes announced arrived",
-            data.len()
+            "snapshot: {} bytes announced, above the limit of {SNAPSHOT_BYTES_MAX}",
+            header.len
         )));
     }
+    let mut file = {
+        let (inbox, meta, len) = (inbox.clone(), header.meta.clone(), header.len);
+        blocking(move || inbox.receive(&meta, len)).await?
+    };
+    while let Some(chunk) = incoming.next().await.transpose()? {
+        file = blocking(move || file.write(&chunk.data).map(|()| file)).await?;
+    }
+    let data = blocking(move || file.finish()).await?;
     Ok((header, data))
 }
 
@@ -229,10 +245,10 @@ impl RaftService for RaftRpc {
         &self,
         request: Request<Streaming<RaftPayload>>,
     ) -> Result<Response<RaftPayload>, Status> {
-        let (header, data) = receive_snapshot(request.into_inner()).await?;
+        let (header, data) = receive_snapshot(&self.inbox, request.into_inner()).await?;
         let snapshot = Snapshot {
             meta: header.meta,
-            snapshot: std::io::Cursor::new(data),
+            snapshot: data,
         };
         let answer = self
             .raft
@@ -366,16 +382,33 @@ mod tests {
         })
     }
 
+    /// A snapshot is its header and exactly the bytes announced, a sound data record, written
+    /// into a file of the inbox; anything else is refused and leaves no file behind.
     #[tokio::test]
     async fn a_snapshot_is_its_header_and_exactly_the_bytes_announced() {
-        let stream = futures::stream::iter(vec![header(5), chunk(b"ab"), chunk(b"cde")]);
-        let (received, data) = receive_snapshot(stream).await.expect("a whole snapshot");
-        assert_eq!(received.len, 5);
+        let dir = tempfile::tempdir().unwrap();
+        let inbox = lock_raft_store::StateMachineStore::open(dir.path(), None)
+            .unwrap()
+            .inbox();
+        // A data record: format version 1, the payload's CRC, the payload.
+        let mut record = vec![1u8];
+        record.extend_from_slice(&crc32fast::hash(b"abc").to_le_bytes());
+        record.extend_from_slice(b"abc");
+        let stream =
+            futures::stream::iter(vec![header(8), chunk(&record[..2]), chunk(&record[2..])]);
+        let (received, data) = receive_snapshot(&inbox, stream)
+            .await
+            .expect("a whole snapshot");
+        assert_eq!(received.len, 8);
         assert_eq!(received.meta.last_log_id.map(|id| id.index), Some(9));
-        assert_eq!(data, b"abcde");
+        assert_eq!(data.to_vec().unwrap(), record);
+        assert!(format!("{data:?}").contains(".tmp"), "{data:?}");
+        drop(data);
 
+        let mut damaged = record.clone();
+        damaged[6] ^= 1;
         for (name, messages) in [
-            ("short", vec![header(5), chunk(b"ab")]),
+            ("short", vec![header(8), chunk(&record[..5])]),
             ("long", vec![header(2), chunk(b"abc")]),
             (
                 "over the limit",
@@ -383,12 +416,18 @@ mod tests {
             ),
             ("no header", vec![]),
             ("garbage header", vec![chunk(&[0xff; 4])]),
+            ("damaged", vec![header(8), chunk(&damaged)]),
         ] {
-            let err = receive_snapshot(futures::stream::iter(messages))
+            let err = receive_snapshot(&inbox, futures::stream::iter(messages))
                 .await
                 .expect_err(name);
             assert_eq!(err.code(), tonic::Code::InvalidArgument, "{name}: {err}");
         }
+        let left: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert!(left.is_empty(), "files left behind: {left:?}");
     }
 
     #[test]

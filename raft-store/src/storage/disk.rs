@@ -83,6 +83,15 @@ impl Disk {
         }
     }
 
+    /// Opens the existing file `path` for reading.
+    pub(crate) fn open_read(&self, path: &Path) -> io::Result<DiskFile> {
+        match self {
+            Disk::Os => File::open(path).map(DiskFile::Os),
+            #[cfg(test)]
+            Disk::PowerCut(disk) => disk.open_rw(path).map(DiskFile::PowerCut),
+        }
+    }
+
     /// Opens the existing file `path` for reading and writing.
     pub(crate) fn open_rw(&self, path: &Path) -> io::Result<DiskFile> {
         match self {
@@ -93,24 +102,6 @@ impl Disk {
                 .map(DiskFile::Os),
             #[cfg(test)]
             Disk::PowerCut(disk) => disk.open_rw(path).map(DiskFile::PowerCut),
-        }
-    }
-
-    /// Writes the concatenation of `parts` as the whole content of the file `path` (created, or
-    /// truncated first), one part after the other (a large snapshot is never copied into one
-    /// buffer to be written), and `fsync`s the file. The file's directory entry is not made
-    /// durable (see [`Disk::sync_dir`]).
-    pub(crate) fn write_parts_synced(&self, path: &Path, parts: &[&[u8]]) -> io::Result<()> {
-        match self {
-            Disk::Os => {
-                let mut file = File::create(path)?;
-                for part in parts {
-                    file.write_all(part)?;
-                }
-                file.sync_all()
-            }
-            #[cfg(test)]
-            Disk::PowerCut(disk) => disk.write_synced(path, &parts.concat()),
         }
     }
 
@@ -214,6 +205,15 @@ impl DiskFile {
             DiskFile::Os(file) => file.read_exact_at(buf, offset),
             #[cfg(test)]
             DiskFile::PowerCut(file) => file.read_exact_at(buf, offset),
+        }
+    }
+
+    /// The file's length in bytes.
+    pub(crate) fn len(&self) -> io::Result<u64> {
+        match self {
+            DiskFile::Os(file) => Ok(file.metadata()?.len()),
+            #[cfg(test)]
+            DiskFile::PowerCut(file) => file.read_all().map(|bytes| bytes.len() as u64),
         }
     }
 

@@ -53,6 +53,7 @@ pub mod observer;
 #[cfg(test)]
 mod power_cut_test;
 mod snapshot;
+pub mod snapshot_data;
 pub mod snapshot_policy;
 pub mod state_machine;
 
@@ -67,6 +68,7 @@ pub use engine::{
 pub use log_store::{LogReader, LogStore};
 pub use observer::StorageObserver;
 pub use snapshot::{SNAPSHOT_BYTES_MAX, file_name as snapshot_file_name};
+pub use snapshot_data::{Incoming, SnapshotData, SnapshotInbox};
 pub use snapshot_policy::{LogBytes, SnapshotPolicy, ask_interval};
 pub use state_machine::{ApplyObserver, StateMachineStore, StateReader};
 

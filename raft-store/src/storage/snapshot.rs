@@ -24,7 +24,7 @@
 //! never touches the in-memory state machine.
 
 use std::collections::BTreeMap;
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
@@ -35,6 +35,7 @@ use super::StorageError;
 use super::codec::{self, CodecError};
 use super::disk::Disk;
 use super::engine::sync_dir;
+use super::snapshot_data::{Incoming, SnapshotData};
 use crate::table::{self, ApplyLimits, LockTable};
 use crate::{LogId, SnapshotMeta};
 
@@ -50,7 +51,7 @@ const DATA_WITH_LIMITS: u8 = 2;
 /// Snapshot data version 3: the apply limits, the bound sessions' principals, then the table.
 const DATA_WITH_PRINCIPALS: u8 = 3;
 /// The snapshot data versions this build reads.
-const DATA_VERSIONS: [u8; 3] = [DATA_TABLE_ONLY, DATA_WITH_LIMITS, DATA_WITH_PRINCIPALS];
+pub(crate) const DATA_VERSIONS: [u8; 3] = [DATA_TABLE_ONLY, DATA_WITH_LIMITS, DATA_WITH_PRINCIPALS];
 
 /// Extension of a complete snapshot file.
 const SNAPSHOT_EXT: &str = "snap";
@@ -214,14 +215,8 @@ enum StreamError {
     Encode(StorageError),
 }
 
-/// Checks snapshot data's size, format version and checksum, without decoding it: what an
-/// install confirms before it lets go of the table it has. `origin` names where the data came
-/// from, for the error.
-pub fn verify_data(data: &[u8], origin: &Path) -> Result<(), StorageError> {
-    verified_payload(data, origin).map(|_| ())
-}
-
-/// The format version and payload of snapshot data that passed [`verify_data`]'s checks.
+/// The format version and payload of snapshot data, once its size, version and checksum are
+/// checked.
 fn verified_payload<'d>(data: &'d [u8], origin: &Path) -> Result<(u8, &'d [u8]), StorageError> {
     if data.len() > SNAPSHOT_BYTES_MAX {
         return Err(StorageError::TooLarge {
@@ -242,11 +237,102 @@ fn verified_payload<'d>(data: &'d [u8], origin: &Path) -> Result<(u8, &'d [u8]),
 /// `origin` names where the data came from, for the error.
 pub fn decode_table(data: &[u8], origin: &Path) -> Result<LockTable, StorageError> {
     let (version, payload) = verified_payload(data, origin)?;
+    decode_payload_table(version, Slice(payload), origin)
+}
+
+/// [`decode_table`] of data read from its file a buffer at a time, never whole in memory. The
+/// data must have been verified (version and checksum): a received snapshot is
+/// ([`Incoming::finish`]), and an install verifies any other before it lets go of its table.
+pub(crate) fn decode_table_streamed(
+    data: &SnapshotData,
+    origin: &Path,
+) -> Result<LockTable, StorageError> {
+    if let Some(bytes) = data.bytes() {
+        return decode_table(bytes, origin);
+    }
+    if data.len() > SNAPSHOT_BYTES_MAX as u64 {
+        return Err(StorageError::TooLarge {
+            record: format!("snapshot data for {}", origin.display()),
+            len: usize::try_from(data.len()).unwrap_or(usize::MAX),
+            max: SNAPSHOT_BYTES_MAX,
+        });
+    }
+    let io = |source| StorageError::Io {
+        op: "read snapshot data from",
+        path: origin.to_path_buf(),
+        source,
+    };
+    let mut reader = io::BufReader::with_capacity(STREAM_BUFFER, data.reader());
+    let mut header = [0u8; codec::HEADER_LEN];
+    reader.read_exact(&mut header).map_err(io)?;
+    let mut scratch = vec![0u8; STRING_SCRATCH];
+    decode_payload_table(
+        header[0],
+        Stream {
+            reader: &mut reader,
+            scratch: &mut scratch,
+        },
+        origin,
+    )
+}
+
+/// The longest string a streamed decode reads (postcard copies each into this buffer before
+/// handing it over): far above any string a table holds, each bounded by the apply limits.
+const STRING_SCRATCH: usize = 1 << 20;
+
+/// Bytes read for a snapshot file's head (header, meta and data length): a membership's
+/// encoding is far smaller.
+const HEAD_READ_MAX: u64 = 1 << 20;
+
+/// Where a snapshot's payload is decoded from: a verified slice, or a stream.
+trait PayloadSource {
+    /// Decodes the whole payload as exactly one `T` (trailing bytes are an error).
+    fn take<T: serde::de::DeserializeOwned>(self) -> Result<T, CodecError>;
+}
+
+struct Slice<'p>(&'p [u8]);
+
+impl PayloadSource for Slice<'_> {
+    fn take<T: serde::de::DeserializeOwned>(self) -> Result<T, CodecError> {
+        codec::decode_payload(self.0)
+    }
+}
+
+struct Stream<'r, R> {
+    reader: &'r mut R,
+    scratch: &'r mut [u8],
+}
+
+impl<R: io::Read> PayloadSource for Stream<'_, R> {
+    fn take<T: serde::de::DeserializeOwned>(self) -> Result<T, CodecError> {
+        let (value, (reader, _)) =
+            postcard::from_io((&mut *self.reader, self.scratch)).map_err(CodecError::Payload)?;
+        let mut more = [0u8; 1];
+        match reader.read(&mut more) {
+            Ok(0) => Ok(value),
+            Ok(_) => Err(CodecError::Payload(postcard::Error::DeserializeBadEncoding)),
+            Err(_) => Err(CodecError::Payload(
+                postcard::Error::DeserializeUnexpectedEnd,
+            )),
+        }
+    }
+}
+
+/// The table of a payload of data format `version`, its limits and principals set, its
+/// holders shared and its invariants checked.
+fn decode_payload_table(
+    version: u8,
+    source: impl PayloadSource,
+    origin: &Path,
+) -> Result<LockTable, StorageError> {
     let corrupt = |source| StorageError::Corrupt {
         record: "snapshot data".to_string(),
         path: origin.to_path_buf(),
         source,
     };
+    if !DATA_VERSIONS.contains(&version) {
+        return Err(corrupt(CodecError::Version { found: version }));
+    }
     let layout = |message: String| StorageError::Layout {
         path: origin.to_path_buf(),
         message: format!("snapshot data: {message}"),
@@ -259,15 +345,14 @@ pub fn decode_table(data: &[u8], origin: &Path) -> Result<LockTable, StorageErro
                 ApplyLimits,
                 BTreeMap<String, String>,
                 LockTable,
-            ) = codec::decode_payload(payload).map_err(corrupt)?;
+            ) = source.take().map_err(corrupt)?;
             table
                 .set_limits(limits)
                 .map_err(|invalid| layout(invalid.to_string()))?;
             table.set_principals(principals).map_err(layout)?;
             Ok(table)
         } else if version == DATA_WITH_LIMITS {
-            let (limits, mut table): (ApplyLimits, LockTable) =
-                codec::decode_payload(payload).map_err(corrupt)?;
+            let (limits, mut table): (ApplyLimits, LockTable) = source.take().map_err(corrupt)?;
             table
                 .set_limits(limits)
                 .map_err(|invalid| layout(invalid.to_string()))?;
@@ -275,7 +360,7 @@ pub fn decode_table(data: &[u8], origin: &Path) -> Result<LockTable, StorageErro
         } else {
             // Version 1 recorded no limits: it was applied under V1, whatever this build's
             // constants say.
-            codec::decode_payload::<LockTable>(payload).map_err(corrupt)
+            source.take::<LockTable>().map_err(corrupt)
         }
     })?;
     // The encoding repeats a session's keys in the session's lock set: held once, as applying
@@ -323,6 +408,18 @@ pub struct Prepared {
     temp: PathBuf,
     path: PathBuf,
     meta: Meta,
+}
+
+impl Prepared {
+    /// The temporary file it is written under.
+    pub(crate) fn temp(&self) -> &Path {
+        &self.temp
+    }
+
+    /// The snapshot's metadata.
+    pub(crate) fn meta(&self) -> &Meta {
+        &self.meta
+    }
 }
 
 impl SnapshotDir {
@@ -486,32 +583,6 @@ impl SnapshotDir {
         Ok(data_len)
     }
 
-    /// Writes the snapshot file of `meta` and `data` (received from a leader) under a temporary
-    /// name and `fsync`s it; nothing changes for readers until [`SnapshotDir::commit`] (and a
-    /// crash before it leaves a temp file, which the next open removes). Blocks on the disk.
-    pub fn prepare(&self, meta: &Meta, data: &[u8]) -> Result<Prepared, StorageError> {
-        let path = self.dir.join(file_name(meta.last_log_id.as_ref()));
-        let head = file_head(meta, data).map_err(|source| StorageError::Encode {
-            record: format!("snapshot file {}", path.display()),
-            source,
-        })?;
-        // Unique per write, so a build and an install of the same position never share one.
-        let n = self.temps.fetch_add(1, Ordering::Relaxed);
-        let temp = path.with_extension(format!("{n}.{TEMP_EXT}"));
-        self.disk
-            .write_parts_synced(&temp, &[&head, data])
-            .map_err(|source| StorageError::Io {
-                op: "write and fsync",
-                path: temp.clone(),
-                source,
-            })?;
-        Ok(Prepared {
-            temp,
-            path,
-            meta: meta.clone(),
-        })
-    }
-
     /// Removes a prepared file that will not be committed (best effort: the next open removes
     /// any temp file left).
     pub fn abandon(&self, prepared: Prepared) {
@@ -557,7 +628,181 @@ impl SnapshotDir {
         Ok(())
     }
 
-    /// Reads and verifies the current snapshot file. Blocks on the disk.
+    /// A snapshot of `meta` with `len` bytes of data arriving from a leader: a temporary file
+    /// its chunks are written into as they come ([`Incoming`]), never whole in memory, and
+    /// which an install commits as the current snapshot. Blocks on the disk.
+    pub fn receive(&self, meta: &Meta, len: u64) -> Result<Incoming, StorageError> {
+        let path = self.dir.join(file_name(meta.last_log_id.as_ref()));
+        if len > SNAPSHOT_BYTES_MAX as u64 {
+            return Err(StorageError::TooLarge {
+                record: format!("snapshot data for {}", path.display()),
+                len: usize::try_from(len).unwrap_or(usize::MAX),
+                max: SNAPSHOT_BYTES_MAX,
+            });
+        }
+        // The head's length does not depend on the checksum, which is written at the end.
+        let head_len = file_head_of(meta, len, crc32fast::Hasher::new())
+            .map_err(|source| StorageError::Encode {
+                record: format!("snapshot file {}", path.display()),
+                source,
+            })?
+            .len();
+        // Unique per write, so a build and an install of the same position never share one.
+        let n = self.temps.fetch_add(1, Ordering::Relaxed);
+        let temp = path.with_extension(format!("{n}.{TEMP_EXT}"));
+        let file = self
+            .disk
+            .create_new(&temp)
+            .map_err(|source| StorageError::Io {
+                op: "create",
+                path: temp.clone(),
+                source,
+            })?;
+        Ok(Incoming::new(
+            self.disk.clone(),
+            file,
+            Prepared {
+                temp,
+                path,
+                meta: meta.clone(),
+            },
+            len,
+            head_len,
+        ))
+    }
+
+    /// The current snapshot's meta and data, the data a range of the open file, read as it is
+    /// sent (it stays readable once a newer snapshot replaces the file). The file is verified
+    /// first, a buffer at a time: its record's checksum, and the data record's version and
+    /// checksum. Blocks on the disk.
+    pub fn open_current(&self) -> Result<Option<(Meta, SnapshotData)>, StorageError> {
+        let (path, file) = {
+            let current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
+            let Some((_, path)) = current.as_ref() else {
+                return Ok(None);
+            };
+            let file = self
+                .disk
+                .open_read(path)
+                .map_err(|source| StorageError::Io {
+                    op: "open",
+                    path: path.clone(),
+                    source,
+                })?;
+            (path.clone(), file)
+        };
+        let io = |op: &'static str| {
+            let path = path.clone();
+            move |source| StorageError::Io { op, path, source }
+        };
+        let corrupt = |record: &str, source| StorageError::Corrupt {
+            record: record.to_string(),
+            path: path.clone(),
+            source,
+        };
+        let file_len = file.len().map_err(io("stat"))?;
+        if file_len > (SNAPSHOT_BYTES_MAX + 1024) as u64 {
+            return Err(StorageError::TooLarge {
+                record: format!("snapshot file {}", path.display()),
+                len: usize::try_from(file_len).unwrap_or(usize::MAX),
+                max: SNAPSHOT_BYTES_MAX + 1024,
+            });
+        }
+        // The head: the record's header, the meta and the data's length.
+        let mut head = vec![0u8; usize::try_from(file_len.min(HEAD_READ_MAX)).unwrap_or(0)];
+        file.read_exact_at(&mut head, 0).map_err(io("read"))?;
+        let Some((header, payload)) = head.split_first_chunk::<{ codec::HEADER_LEN }>() else {
+            return Err(corrupt(
+                "snapshot file",
+                CodecError::Truncated { len: head.len() },
+            ));
+        };
+        let [version, crc @ ..] = *header;
+        if version != codec::FORMAT_VERSION {
+            return Err(corrupt(
+                "snapshot file",
+                CodecError::Version { found: version },
+            ));
+        }
+        let (meta, rest): (Meta, &[u8]) = postcard::take_from_bytes(payload)
+            .map_err(|e| corrupt("snapshot file", CodecError::Payload(e)))?;
+        let (data_len, rest): (u64, &[u8]) = postcard::take_from_bytes(rest)
+            .map_err(|e| corrupt("snapshot file", CodecError::Payload(e)))?;
+        let head_len = (head.len() - rest.len()) as u64;
+        if head_len.checked_add(data_len) != Some(file_len) {
+            return Err(corrupt(
+                "snapshot file",
+                CodecError::Payload(postcard::Error::DeserializeBadEncoding),
+            ));
+        }
+        // The checksums: the file's over all after its header, the data's over all after the
+        // data's own header.
+        let mut file_crc = crc32fast::Hasher::new();
+        let mut data_crc = crc32fast::Hasher::new();
+        let data_payload_at = head_len + codec::HEADER_LEN as u64;
+        let mut data_header = [0u8; codec::HEADER_LEN];
+        let mut buffer = vec![0u8; STREAM_BUFFER];
+        let mut at = codec::HEADER_LEN as u64;
+        while at < file_len {
+            let n =
+                usize::try_from(file_len - at).map_or(buffer.len(), |left| left.min(buffer.len()));
+            let chunk = &mut buffer[..n];
+            file.read_exact_at(chunk, at).map_err(io("read"))?;
+            file_crc.update(chunk);
+            let end = at + n as u64;
+            if end > data_payload_at {
+                let from = data_payload_at.saturating_sub(at) as usize;
+                data_crc.update(&chunk[from..]);
+            }
+            if at < data_payload_at && end > head_len {
+                // Some of the data's header is in this chunk.
+                for i in at.max(head_len)..end.min(data_payload_at) {
+                    data_header[(i - head_len) as usize] = chunk[(i - at) as usize];
+                }
+            }
+            at = end;
+        }
+        let stored = u32::from_le_bytes(crc);
+        let computed = file_crc.finalize();
+        if stored != computed {
+            return Err(corrupt(
+                "snapshot file",
+                CodecError::Checksum { stored, computed },
+            ));
+        }
+        if data_len < codec::HEADER_LEN as u64 {
+            return Err(corrupt(
+                "snapshot data",
+                CodecError::Truncated {
+                    len: data_len as usize,
+                },
+            ));
+        }
+        let [data_version, data_stored @ ..] = data_header;
+        if !DATA_VERSIONS.contains(&data_version) {
+            return Err(corrupt(
+                "snapshot data",
+                CodecError::Version {
+                    found: data_version,
+                },
+            ));
+        }
+        let (stored, computed) = (u32::from_le_bytes(data_stored), data_crc.finalize());
+        if stored != computed {
+            return Err(corrupt(
+                "snapshot data",
+                CodecError::Checksum { stored, computed },
+            ));
+        }
+        Ok(Some((
+            meta,
+            SnapshotData::file(file, path, head_len, data_len),
+        )))
+    }
+
+    /// Reads and verifies the current snapshot file. Blocks on the disk. Tests: a node reads it
+    /// a buffer at a time ([`SnapshotDir::open_current`]).
+    #[cfg(test)]
     pub fn read_current(&self) -> Result<Option<SnapshotFile>, StorageError> {
         let current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
         match current.as_ref() {
@@ -592,6 +837,7 @@ fn remove_file(disk: &Disk, path: &Path) -> Result<(), StorageError> {
 /// The bytes of the snapshot file of `meta` and `data` that come before `data`: the codec
 /// header, the encoded meta and the data's length. The file is these followed by `data`, byte
 /// for byte the codec record of a [`SnapshotFile`], without copying `data` into it.
+#[cfg(test)]
 fn file_head(meta: &Meta, data: &[u8]) -> Result<Vec<u8>, postcard::Error> {
     let mut crc = crc32fast::Hasher::new();
     crc.update(data);
@@ -600,7 +846,7 @@ fn file_head(meta: &Meta, data: &[u8]) -> Result<Vec<u8>, postcard::Error> {
 
 /// [`file_head`] of data known by its length and its CRC (a hasher that has seen exactly the
 /// data's bytes): what a build writes before data it has not encoded yet.
-fn file_head_of(
+pub(crate) fn file_head_of(
     meta: &Meta,
     data_len: u64,
     data_crc: crc32fast::Hasher,
@@ -1133,6 +1379,96 @@ mod tests {
                 "a flip of byte {byte} went unnoticed"
             );
         }
+    }
+
+    /// A snapshot received a chunk at a time is committed as the very file a build or an
+    /// earlier release writes of its data; the current file is then read back as a range of
+    /// the open file, decoded a buffer at a time into the table the in-memory decode gives,
+    /// and any damage to it is refused. A received snapshot too short, too long or damaged is
+    /// refused and leaves no file behind.
+    #[test]
+    fn a_received_snapshot_is_the_file_of_its_data_and_is_read_back_in_a_stream() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (snapshots, _) = SnapshotDir::open(Disk::Os, dir.path()).expect("opens");
+        let table = big_table(ApplyLimits::V1, 20, 50, true);
+        let data = encode_table(&table).expect("encodes");
+        assert!(data.len() > 4 * STREAM_BUFFER, "crosses buffers");
+        let meta = Meta {
+            last_log_id: Some(LogId::new(
+                crate::LeaderId {
+                    term: 4,
+                    node_id: 2,
+                },
+                77,
+            )),
+            last_membership: Default::default(),
+        };
+        let receive = |chunks: &[&[u8]], len: u64| {
+            let mut incoming = snapshots.receive(&meta, len)?;
+            for chunk in chunks {
+                incoming.write(chunk)?;
+            }
+            incoming.finish()
+        };
+        let third = data.len() / 3;
+        let mut received = receive(
+            &[&data[..third], &data[third..2 * third], &data[2 * third..]],
+            data.len() as u64,
+        )
+        .expect("received");
+        assert!(received.is_received());
+        assert_eq!(received.to_vec().expect("reads"), data);
+        let prepared = received.take_received().expect("a prepared file");
+        drop(received);
+        snapshots.commit(prepared).expect("commits");
+        let path = dir.path().join(file_name(meta.last_log_id.as_ref()));
+        let file = std::fs::read(&path).expect("the committed file");
+        let record = codec::encode(&SnapshotFile {
+            meta: meta.clone(),
+            data: data.clone(),
+        })
+        .expect("encodes");
+        assert!(
+            file == record,
+            "the received file is the record of its data"
+        );
+
+        let (current_meta, current) = snapshots.open_current().expect("opens").expect("current");
+        assert_eq!(current_meta, meta);
+        assert!(!current.is_received());
+        assert_eq!(current.to_vec().expect("reads"), data);
+        let streamed = decode_table_streamed(&current, &path).expect("decodes");
+        assert_eq!(streamed, decode_table(&data, &path).expect("decodes"));
+        assert_eq!(streamed, table);
+        drop(current);
+
+        for byte in (0..file.len()).step_by(97) {
+            let mut bad = file.clone();
+            bad[byte] ^= 1 << (byte % 8);
+            std::fs::write(&path, &bad).expect("damage");
+            assert!(
+                snapshots.open_current().is_err(),
+                "a flip of byte {byte} went unnoticed"
+            );
+        }
+        std::fs::write(&path, &file).expect("restore");
+
+        let mut damaged = data.clone();
+        damaged[data.len() / 2] ^= 1;
+        for (name, refused) in [
+            ("short", receive(&[&data[..third]], data.len() as u64)),
+            ("long", receive(&[&data[..]], third as u64)),
+            ("damaged", receive(&[&damaged[..]], data.len() as u64)),
+            ("no header", receive(&[&data[..3]], 3)),
+        ] {
+            assert!(refused.is_err(), "{name} was taken in");
+        }
+        let mut left: Vec<_> = std::fs::read_dir(dir.path())
+            .expect("lists")
+            .map(|e| e.expect("entry").file_name())
+            .collect();
+        left.sort();
+        assert_eq!(left, [std::ffi::OsString::from("4-2-77.snap")]);
     }
 
     #[test]

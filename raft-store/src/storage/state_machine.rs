@@ -19,7 +19,7 @@
 //! entries again after a restart.
 
 use std::fmt;
-use std::io::{self, Cursor};
+use std::io;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -33,6 +33,7 @@ use super::StorageError;
 use super::disk::Disk;
 use super::observer::StorageObserver;
 use super::snapshot::{self, SnapshotDir};
+use super::snapshot_data::SnapshotInbox;
 use super::snapshot_policy::{LogBytes, SnapshotPolicy};
 use crate::command::{Command, Event, Response};
 use crate::table::LockTable;
@@ -295,6 +296,12 @@ impl StateMachineStore {
         answers
     }
 
+    /// Where the transport writes the snapshots a leader sends, for this state machine to
+    /// install.
+    pub fn inbox(&self) -> SnapshotInbox {
+        SnapshotInbox(self.snapshots.clone())
+    }
+
     /// A read view of the applied state, for serving reads.
     pub fn reader(&self) -> StateReader {
         StateReader {
@@ -428,9 +435,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         meta: &SnapshotMeta,
         snapshot: SnapshotData,
     ) -> Result<(), io::Error> {
-        let data = snapshot.into_inner();
-        let data_len = data.len() as u64;
-        snapshot::verify_data(&data, self.snapshots.dir()).map_err(to_io)?;
+        let data_len = snapshot.len();
         // Decoding (and checking) a large table takes a while: off the runtime's threads, and
         // without the state lock, which is taken only to let go of the old table and to put
         // the new one in.
@@ -441,6 +446,19 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         #[cfg(test)]
         let gate = self.install_gate.clone();
         let table = tokio::task::spawn_blocking(move || {
+            // The transport hands over a received file of this directory, written, checked
+            // and synced as it arrived (`Incoming`); other data (tests, tools) is copied into
+            // one first, which checks it the same way. Either way the data is sound before
+            // the node lets go of its table.
+            let mut data = if snapshot.is_received() {
+                snapshot
+            } else {
+                received_copy(&snapshots, &file_meta, &snapshot)?
+            };
+            let prepared = data.take_received().ok_or_else(|| StorageError::Layout {
+                path: snapshots.dir().to_path_buf(),
+                message: "snapshot: a received snapshot without its file".to_string(),
+            })?;
             let own = {
                 let mut state = write_state(&state);
                 state.installing = true;
@@ -454,28 +472,11 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                 gate.wait();
                 gate.wait();
             }
-            // The file is written and synced under a temporary name while the table is
-            // decoded, so the disk's time and the decoder's overlap; it becomes the current
-            // snapshot only once the table decoded and checked, and durable before the table
+            // Read from the file a buffer at a time; the file is already durable, and becomes
+            // the current snapshot only once the table decoded and checked, before the table
             // is replaced: once it is, the log before it may be purged.
-            let data = Arc::new(data);
-            let writer = {
-                let (writing, data) = (snapshots.clone(), data.clone());
-                std::thread::Builder::new()
-                    .name("lockd-snapshot-write".into())
-                    .spawn(move || writing.prepare(&file_meta, &data))
-                    .map_err(|source| StorageError::Io {
-                        op: "start a thread to write a snapshot into",
-                        path: snapshots.dir().to_path_buf(),
-                        source,
-                    })?
-            };
-            let table = snapshot::decode_table(&data, snapshots.dir());
-            let prepared = writer.join().map_err(|_| StorageError::Io {
-                op: "write snapshot into",
-                path: snapshots.dir().to_path_buf(),
-                source: io::Error::other("the snapshot writing thread panicked"),
-            })??;
+            let table = snapshot::decode_table_streamed(&data, prepared.temp());
+            drop(data);
             match table {
                 Ok(table) => {
                     snapshots.commit(prepared)?;
@@ -506,18 +507,44 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         Ok(())
     }
 
+    /// The current snapshot, its data a range of its open file (verified, never read whole
+    /// into memory: the transport reads it a chunk at a time as it sends).
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, io::Error> {
         let snapshots = self.snapshots.clone();
-        let file = tokio::task::spawn_blocking(move || snapshots.read_current())
+        let current = tokio::task::spawn_blocking(move || snapshots.open_current())
             .await
             .map_err(|join| join_error("read snapshot from", self.snapshots.dir(), join))?
             .map_err(to_io)?;
-        Ok(file.map(|file| Snapshot {
-            meta: file.meta,
-            snapshot: Cursor::new(file.data),
-        }))
+        Ok(current.map(|(meta, snapshot)| Snapshot { meta, snapshot }))
     }
 }
+
+/// `data` copied into a received snapshot file of `snapshots` for `meta`, a buffer at a time,
+/// and checked as the transport's are. Blocks on the disk.
+fn received_copy(
+    snapshots: &SnapshotDir,
+    meta: &SnapshotMeta,
+    data: &SnapshotData,
+) -> Result<SnapshotData, StorageError> {
+    let mut incoming = snapshots.receive(meta, data.len())?;
+    let mut buffer = vec![0u8; COPY_BUFFER];
+    while incoming.written() < data.len() {
+        let left = data.len() - incoming.written();
+        let chunk =
+            &mut buffer[..usize::try_from(left).map_or(COPY_BUFFER, |l| l.min(COPY_BUFFER))];
+        data.read_at(incoming.written(), chunk)
+            .map_err(|source| StorageError::Io {
+                op: "read snapshot data to install from",
+                path: data.path().unwrap_or(snapshots.dir()).to_path_buf(),
+                source,
+            })?;
+        incoming.write(chunk)?;
+    }
+    incoming.finish()
+}
+
+/// Bytes [`received_copy`] copies at a time.
+const COPY_BUFFER: usize = 1 << 20;
 
 /// Builds a snapshot of the state machine as it is when [`RaftSnapshotBuilder::build_snapshot`]
 /// runs, writes it durably, and makes it the current snapshot. The [`Snapshot`] a build
@@ -604,7 +631,7 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         // (`get_current_snapshot`): the data is not read back.
         Ok(Snapshot {
             meta,
-            snapshot: Cursor::new(Vec::new()),
+            snapshot: SnapshotData::empty(),
         })
     }
 }
@@ -676,18 +703,15 @@ mod tests {
         .expect("applier");
         let snapshot = build.await.expect("build task").expect("built");
         assert_eq!(snapshot.meta.last_log_id.map(|id| id.index), Some(1));
-        assert!(
-            snapshot.snapshot.get_ref().is_empty(),
-            "a build returns no data"
-        );
+        assert!(snapshot.snapshot.is_empty(), "a build returns no data");
         let current = sm
             .get_current_snapshot()
             .await
             .expect("read")
             .expect("the built snapshot is current");
         assert_eq!(current.meta, snapshot.meta);
-        let table =
-            snapshot::decode_table(current.snapshot.get_ref(), dir.path()).expect("decodes");
+        let table = snapshot::decode_table(&current.snapshot.to_vec().expect("reads"), dir.path())
+            .expect("decodes");
         assert!(table.session("before").is_some());
         assert!(
             table.session("during").is_none(),
@@ -772,8 +796,8 @@ mod tests {
             .await
             .expect("read")
             .expect("current");
-        let table =
-            snapshot::decode_table(current.snapshot.get_ref(), dir.path()).expect("decodes");
+        let table = snapshot::decode_table(&current.snapshot.to_vec().expect("reads"), dir.path())
+            .expect("decodes");
         assert!(table.session("sent").is_some());
     }
 
@@ -794,7 +818,7 @@ mod tests {
         let own = sm.get_current_snapshot().await.expect("read").expect("own");
         let framed = crate::storage::codec::encode_as(1, &"not a table").expect("framed");
         let mut sent = snapshot_holding("sent", 5).await;
-        sent.snapshot = Cursor::new(framed);
+        sent.snapshot = SnapshotData::from(framed);
         let error = sm
             .install_snapshot(&sent.meta, sent.snapshot)
             .await
@@ -854,8 +878,7 @@ mod tests {
             .expect("read")
             .expect("built")
             .snapshot
-            .get_ref()
-            .len() as u64;
+            .len();
         assert!(sm.try_create_snapshot_builder(false).await.is_none());
         written.add(size / 2 - 1);
         assert!(!sm.snapshot_due());

@@ -308,7 +308,7 @@ where
             }
             fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<Self::Value, A::Error> {
                 let mut map = ChunkedMap::default();
-                while let Some((key, value)) = access.next_entry::<Key<'de>, E::Value>()? {
+                while let Some((key, value)) = access.next_entry::<Key, E::Value>()? {
                     map.push(E::from_parts(key.as_str(), value).map_err(de::Error::custom)?);
                 }
                 Ok(map)
@@ -318,41 +318,55 @@ where
     }
 }
 
-/// A decoded key, borrowed from the input where the format allows (postcard from a slice),
-/// so a grant's key, which the grant carries again, costs no allocation to check.
-enum Key<'de> {
-    Borrowed(&'de str),
+/// A decoded key, copied into a buffer on the stack when it is short (every key within the
+/// default limits is), so that a grant's key, which the grant carries again, costs no
+/// allocation to check. Read through `deserialize_string`, which hands the visitor a
+/// transient `&str`: decoding from a stream (a snapshot read from its file, docs/DESIGN.md
+/// §3.2) must not borrow from the input, which is gone once read.
+// A key lives on the decoder's stack for one map entry: its size is the point.
+#[allow(clippy::large_enum_variant)]
+enum Key {
+    Inline { bytes: [u8; KEY_INLINE], len: usize },
     Owned(String),
 }
 
-impl Key<'_> {
+/// The longest key a [`Key`] holds without an allocation.
+const KEY_INLINE: usize = 256;
+
+impl Key {
     fn as_str(&self) -> &str {
         match self {
-            Key::Borrowed(key) => key,
+            // Only ever filled from a `&str` of `len` bytes.
+            Key::Inline { bytes, len } => std::str::from_utf8(&bytes[..*len]).unwrap_or_default(),
             Key::Owned(key) => key,
         }
     }
 }
 
-impl<'de> Deserialize<'de> for Key<'de> {
+impl<'de> Deserialize<'de> for Key {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         struct KeyVisitor;
         impl<'de> Visitor<'de> for KeyVisitor {
-            type Value = Key<'de>;
+            type Value = Key;
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str("a string key")
             }
-            fn visit_borrowed_str<E: de::Error>(self, key: &'de str) -> Result<Key<'de>, E> {
-                Ok(Key::Borrowed(key))
+            fn visit_str<E: de::Error>(self, key: &str) -> Result<Key, E> {
+                if key.len() > KEY_INLINE {
+                    return Ok(Key::Owned(key.to_owned()));
+                }
+                let mut bytes = [0u8; KEY_INLINE];
+                bytes[..key.len()].copy_from_slice(key.as_bytes());
+                Ok(Key::Inline {
+                    bytes,
+                    len: key.len(),
+                })
             }
-            fn visit_str<E: de::Error>(self, key: &str) -> Result<Key<'de>, E> {
-                Ok(Key::Owned(key.to_owned()))
-            }
-            fn visit_string<E: de::Error>(self, key: String) -> Result<Key<'de>, E> {
+            fn visit_string<E: de::Error>(self, key: String) -> Result<Key, E> {
                 Ok(Key::Owned(key))
             }
         }
-        deserializer.deserialize_str(KeyVisitor)
+        deserializer.deserialize_string(KeyVisitor)
     }
 }
 

@@ -8,10 +8,12 @@
 //! data as opaque bytes.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
+use futures::{Stream, StreamExt};
 use lock_proto::v1::RaftPayload;
-use lock_raft_store::{Snapshot, TypeConfig, Vote};
+use lock_raft_store::{Snapshot, SnapshotData, TypeConfig, Vote};
 use openraft::OptionalSend;
 use openraft::error::{NetworkError, RPCError, ReplicationClosed, StreamingError};
 use openraft::network::{RPCOption, RPCTypes};
@@ -27,13 +29,37 @@ use crate::raft::{SNAPSHOT_CHUNK_BYTES, SnapshotHeader};
 const SNAPSHOT_BYTES_PER_SEC_MIN: usize = 10 * 1024 * 1024;
 
 /// `data` as the messages that follow the header: chunks of [`SNAPSHOT_CHUNK_BYTES`], the last
-/// one shorter, none for no data; each chunk is copied out only when it is next to leave.
-fn chunks(data: Vec<u8>) -> impl Iterator<Item = RaftPayload> {
-    let count = data.len().div_ceil(SNAPSHOT_CHUNK_BYTES);
-    (0..count).map(move |i| {
-        let end = data.len().min((i + 1) * SNAPSHOT_CHUNK_BYTES);
-        RaftPayload {
-            data: data[i * SNAPSHOT_CHUNK_BYTES..end].to_vec(),
+/// one shorter, none for no data; each chunk is read from the snapshot's file (on a blocking
+/// thread) only when it is next to leave, so the data is never whole in memory. A chunk that
+/// cannot be read ends the stream early: the follower refuses a snapshot shorter than its
+/// header announced, and openraft sends it again.
+fn chunks(data: SnapshotData) -> impl Stream<Item = RaftPayload> {
+    let data = Arc::new(data);
+    let len = data.len();
+    futures::stream::unfold(0u64, move |at| {
+        let data = data.clone();
+        async move {
+            if at >= len {
+                return None;
+            }
+            let n = usize::try_from(len - at)
+                .map_or(SNAPSHOT_CHUNK_BYTES, |left| left.min(SNAPSHOT_CHUNK_BYTES));
+            let read = tokio::task::spawn_blocking(move || {
+                let mut chunk = vec![0u8; n];
+                data.read_at(at, &mut chunk).map(|()| chunk)
+            })
+            .await;
+            match read {
+                Ok(Ok(chunk)) => Some((RaftPayload { data: chunk }, at + n as u64)),
+                Ok(Err(e)) => {
+                    tracing::warn!(%e, at, "cannot read the snapshot being sent; the transfer stops");
+                    None
+                }
+                Err(e) => {
+                    tracing::warn!(%e, at, "the snapshot read task failed; the transfer stops");
+                    None
+                }
+            }
         }
     })
 }
@@ -69,8 +95,8 @@ impl PeerClient {
             closed = &mut cancel => return Err(StreamingError::Closed(closed)),
             _ = self.health.wait_turn() => {}
         }
-        let data_len = snapshot.snapshot.get_ref().len();
-        let data = snapshot.snapshot.into_inner();
+        let data = snapshot.snapshot;
+        let data_len = data.len();
         // openraft's TTL (`install_snapshot_timeout`) is meant for one chunk; the whole
         // transfer (and the follower's durable write) also gets the time the bytes take at the
         // slowest rate a healthy link is expected to sustain.
@@ -79,11 +105,11 @@ impl PeerClient {
         let header = SnapshotHeader {
             vote,
             meta: snapshot.meta,
-            len: data.len() as u64,
+            len: data_len,
         };
         let header =
             encode("snapshot header", &header).map_err(|e| to_streaming(self.error(kind, e)))?;
-        let messages = futures::stream::iter(std::iter::once(header).chain(chunks(data)));
+        let messages = futures::stream::iter([header]).chain(chunks(data));
         let mut client = self
             .client()
             .map_err(|e| to_streaming(self.error(kind, e)))?;
@@ -115,28 +141,36 @@ impl PeerClient {
 mod tests {
     use super::*;
 
-    fn lengths(data_len: usize) -> Vec<usize> {
-        let data: Vec<u8> = (0..data_len).map(|i| i as u8).collect();
-        chunks(data).map(|chunk| chunk.data.len()).collect()
+    fn data(len: usize) -> Vec<u8> {
+        (0..len).map(|i| (i % 251) as u8).collect()
     }
 
-    #[test]
-    fn snapshot_bytes_leave_in_full_chunks_and_one_shorter_last_chunk() {
-        assert_eq!(lengths(0), Vec::<usize>::new());
-        assert_eq!(lengths(1), [1]);
-        assert_eq!(lengths(SNAPSHOT_CHUNK_BYTES), [SNAPSHOT_CHUNK_BYTES]);
-        assert_eq!(
-            lengths(2 * SNAPSHOT_CHUNK_BYTES + 3),
-            [SNAPSHOT_CHUNK_BYTES, SNAPSHOT_CHUNK_BYTES, 3]
-        );
+    async fn sent(data: Vec<u8>) -> Vec<Vec<u8>> {
+        chunks(SnapshotData::from(data))
+            .map(|chunk| chunk.data)
+            .collect()
+            .await
     }
 
-    #[test]
-    fn the_chunks_put_together_are_the_snapshot() {
-        let data: Vec<u8> = (0..SNAPSHOT_CHUNK_BYTES + 10)
-            .map(|i| (i % 251) as u8)
-            .collect();
-        let joined: Vec<u8> = chunks(data.clone()).flat_map(|chunk| chunk.data).collect();
-        assert_eq!(joined, data);
+    #[tokio::test]
+    async fn snapshot_bytes_leave_in_full_chunks_and_one_shorter_last_chunk() {
+        for (len, expected) in [
+            (0, vec![]),
+            (1, vec![1]),
+            (SNAPSHOT_CHUNK_BYTES, vec![SNAPSHOT_CHUNK_BYTES]),
+            (
+                2 * SNAPSHOT_CHUNK_BYTES + 3,
+                vec![SNAPSHOT_CHUNK_BYTES, SNAPSHOT_CHUNK_BYTES, 3],
+            ),
+        ] {
+            let lengths: Vec<usize> = sent(data(len)).await.iter().map(Vec::len).collect();
+            assert_eq!(lengths, expected, "{len} bytes");
+        }
+    }
+
+    #[tokio::test]
+    async fn the_chunks_put_together_are_the_snapshot() {
+        let data = data(SNAPSHOT_CHUNK_BYTES + 10);
+        assert_eq!(sent(data.clone()).await.concat(), data);
     }
 }
