@@ -15,7 +15,7 @@ use std::pin::Pin;
 use futures::{Stream, StreamExt};
 use lock_proto::v1::RaftPayload;
 use lock_proto::v1::raft_service_server::RaftService;
-use lock_raft_store::storage::{SNAPSHOT_BYTES_MAX, SnapshotInbox, StorageError};
+use lock_raft_store::storage::{SnapshotInbox, StorageError};
 use lock_raft_store::{Raft, Snapshot, SnapshotData, TypeConfig};
 use openraft::raft::{AppendEntriesRequest, VoteRequest};
 use serde::Serialize;
@@ -172,7 +172,7 @@ async fn blocking<T: Send + 'static>(
 }
 
 /// Reads a `Snapshot` stream: the header, then exactly `header.len` bytes of data, at most
-/// [`SNAPSHOT_BYTES_MAX`], written into a file of `inbox` as they arrive (never whole in
+/// [`SNAPSHOT_BYTES_MAX`](lock_raft_store::storage::SNAPSHOT_BYTES_MAX), written into a file of `inbox` as they arrive (never whole in
 /// memory) and checked (the data record's version and checksum) once all arrived.
 async fn receive_snapshot<S>(
     inbox: &SnapshotInbox,
@@ -187,12 +187,7 @@ where
         .transpose()?
         .ok_or_else(|| Status::invalid_argument("snapshot: the stream has no header"))?;
     let header: SnapshotHeader = decode("snapshot header", &first)?;
-    if header.len > SNAPSHOT_BYTES_MAX as u64 {
-        return Err(Status::invalid_argument(format!(
-            "snapshot: {} bytes announced, above the limit of {SNAPSHOT_BYTES_MAX}",
-            header.len
-        )));
-    }
+    // `receive` refuses a length above the limit before it creates any file.
     let mut file = {
         let (inbox, meta, len) = (inbox.clone(), header.meta.clone(), header.len);
         blocking(move || inbox.receive(&meta, len)).await?
@@ -262,6 +257,7 @@ impl RaftService for RaftRpc {
 #[cfg(test)]
 mod tests {
     use futures::StreamExt;
+    use lock_raft_store::storage::SNAPSHOT_BYTES_MAX;
     use lock_raft_store::{LeaderId, LogId, SnapshotMeta};
 
     use super::*;

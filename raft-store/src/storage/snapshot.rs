@@ -215,9 +215,10 @@ enum StreamError {
     Encode(StorageError),
 }
 
-/// The format version and payload of snapshot data, once its size, version and checksum are
-/// checked.
-fn verified_payload<'d>(data: &'d [u8], origin: &Path) -> Result<(u8, &'d [u8]), StorageError> {
+/// Decodes snapshot data into a lock table and checks its invariants: the bytes came from the
+/// disk or from the leader, and a table that breaks an invariant must never be served.
+/// `origin` names where the data came from, for the error.
+pub fn decode_table(data: &[u8], origin: &Path) -> Result<LockTable, StorageError> {
     if data.len() > SNAPSHOT_BYTES_MAX {
         return Err(StorageError::TooLarge {
             record: format!("snapshot data for {}", origin.display()),
@@ -225,18 +226,12 @@ fn verified_payload<'d>(data: &'d [u8], origin: &Path) -> Result<(u8, &'d [u8]),
             max: SNAPSHOT_BYTES_MAX,
         });
     }
-    codec::verify_versions(data, &DATA_VERSIONS).map_err(|source| StorageError::Corrupt {
-        record: "snapshot data".to_string(),
-        path: origin.to_path_buf(),
-        source,
-    })
-}
-
-/// Decodes snapshot data into a lock table and checks its invariants: the bytes came from the
-/// disk or from the leader, and a table that breaks an invariant must never be served.
-/// `origin` names where the data came from, for the error.
-pub fn decode_table(data: &[u8], origin: &Path) -> Result<LockTable, StorageError> {
-    let (version, payload) = verified_payload(data, origin)?;
+    let (version, payload) =
+        codec::verify_versions(data, &DATA_VERSIONS).map_err(|source| StorageError::Corrupt {
+            record: "snapshot data".to_string(),
+            path: origin.to_path_buf(),
+            source,
+        })?;
     decode_payload_table(version, Slice(payload), origin)
 }
 
@@ -1331,12 +1326,9 @@ mod tests {
     /// A file is taken apart in place into what decoding its record gives; a file cut short,
     /// one with a byte past its data (checksums made to match, so only the layout is wrong)
     /// and every bit flipped in its head or data are refused.
-    #[test]
-    fn a_file_is_read_in_place_as_its_record_and_any_damage_is_refused() {
-        let mut table = LockTable::new();
-        replay(&mut table, &log());
-        let data = encode_table(&table).expect("encodes");
-        let meta = Meta {
+    /// The meta of a snapshot at index 77 of term 4, led by node 2.
+    fn meta_4_2_77() -> Meta {
+        Meta {
             last_log_id: Some(LogId::new(
                 crate::LeaderId {
                     term: 4,
@@ -1345,7 +1337,15 @@ mod tests {
                 77,
             )),
             last_membership: Default::default(),
-        };
+        }
+    }
+
+    #[test]
+    fn a_file_is_read_in_place_as_its_record_and_any_damage_is_refused() {
+        let mut table = LockTable::new();
+        replay(&mut table, &log());
+        let data = encode_table(&table).expect("encodes");
+        let meta = meta_4_2_77();
         let record = codec::encode(&SnapshotFile {
             meta: meta.clone(),
             data: data.clone(),
@@ -1393,16 +1393,7 @@ mod tests {
         let table = big_table(ApplyLimits::V1, 20, 50, true);
         let data = encode_table(&table).expect("encodes");
         assert!(data.len() > 4 * STREAM_BUFFER, "crosses buffers");
-        let meta = Meta {
-            last_log_id: Some(LogId::new(
-                crate::LeaderId {
-                    term: 4,
-                    node_id: 2,
-                },
-                77,
-            )),
-            last_membership: Default::default(),
-        };
+        let meta = meta_4_2_77();
         let receive = |chunks: &[&[u8]], len: u64| {
             let mut incoming = snapshots.receive(&meta, len)?;
             for chunk in chunks {

@@ -249,16 +249,6 @@ impl Incoming {
         self.written
     }
 
-    /// The data's announced length.
-    pub fn len(&self) -> u64 {
-        self.range.len
-    }
-
-    /// Whether no data is announced.
-    pub fn is_empty(&self) -> bool {
-        self.range.len == 0
-    }
-
     fn io(&self, op: &'static str, source: io::Error) -> StorageError {
         StorageError::Io {
             op,
