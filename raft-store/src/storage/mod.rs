@@ -67,7 +67,7 @@ pub use engine::{
 };
 pub use log_store::{LogReader, LogStore};
 pub use observer::StorageObserver;
-pub use snapshot::{SNAPSHOT_BYTES_MAX, file_name as snapshot_file_name};
+pub use snapshot::{SNAPSHOT_BYTES_MAX, decode_table, file_name as snapshot_file_name};
 pub use snapshot_data::{Incoming, SnapshotData, SnapshotInbox};
 pub use snapshot_policy::{LogBytes, SnapshotPolicy, ask_interval};
 pub use state_machine::{ApplyObserver, StateMachineStore, StateReader};

@@ -20,6 +20,8 @@ use serde::de::{self, MapAccess, Visitor};
 use serde::ser::SerializeMap;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+use super::decoded::InlineStr;
+
 /// Most entries in one chunk: a chunk past it is split. A copy-on-write copies one chunk, so
 /// this bounds the work an apply does while a snapshot build holds the old chunks.
 const CHUNK_MAX: usize = 256;
@@ -215,6 +217,14 @@ impl<E: Entry> ChunkedMap<E> {
         self.chunks.iter().flat_map(|chunk| chunk.iter())
     }
 
+    /// Every entry, in key order, to change anything but its key (copies every chunk a clone
+    /// shares).
+    pub(crate) fn entries_mut(&mut self) -> impl Iterator<Item = &mut E> {
+        self.chunks
+            .iter_mut()
+            .flat_map(|chunk| Arc::make_mut(chunk).iter_mut())
+    }
+
     /// Every `(key, value)`, in key order.
     pub(crate) fn iter(&self) -> impl Iterator<Item = (&str, &E::Value)> {
         self.entries().map(|e| (e.key(), e.value()))
@@ -308,65 +318,13 @@ where
             }
             fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<Self::Value, A::Error> {
                 let mut map = ChunkedMap::default();
-                while let Some((key, value)) = access.next_entry::<Key, E::Value>()? {
+                while let Some((key, value)) = access.next_entry::<InlineStr, E::Value>()? {
                     map.push(E::from_parts(key.as_str(), value).map_err(de::Error::custom)?);
                 }
                 Ok(map)
             }
         }
         deserializer.deserialize_map(MapVisitor(PhantomData))
-    }
-}
-
-/// A decoded key, copied into a buffer on the stack when it is short (every key within the
-/// default limits is), so that a grant's key, which the grant carries again, costs no
-/// allocation to check. Read through `deserialize_string`, which hands the visitor a
-/// transient `&str`: decoding from a stream (a snapshot read from its file, docs/DESIGN.md
-/// §3.2) must not borrow from the input, which is gone once read.
-// A key lives on the decoder's stack for one map entry: its size is the point.
-#[allow(clippy::large_enum_variant)]
-enum Key {
-    Inline { bytes: [u8; KEY_INLINE], len: usize },
-    Owned(String),
-}
-
-/// The longest key a [`Key`] holds without an allocation.
-const KEY_INLINE: usize = 256;
-
-impl Key {
-    fn as_str(&self) -> &str {
-        match self {
-            // Only ever filled from a `&str` of `len` bytes.
-            Key::Inline { bytes, len } => std::str::from_utf8(&bytes[..*len]).unwrap_or_default(),
-            Key::Owned(key) => key,
-        }
-    }
-}
-
-impl<'de> Deserialize<'de> for Key {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct KeyVisitor;
-        impl<'de> Visitor<'de> for KeyVisitor {
-            type Value = Key;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a string key")
-            }
-            fn visit_str<E: de::Error>(self, key: &str) -> Result<Key, E> {
-                if key.len() > KEY_INLINE {
-                    return Ok(Key::Owned(key.to_owned()));
-                }
-                let mut bytes = [0u8; KEY_INLINE];
-                bytes[..key.len()].copy_from_slice(key.as_bytes());
-                Ok(Key::Inline {
-                    bytes,
-                    len: key.len(),
-                })
-            }
-            fn visit_string<E: de::Error>(self, key: String) -> Result<Key, E> {
-                Ok(Key::Owned(key))
-            }
-        }
-        deserializer.deserialize_string(KeyVisitor)
     }
 }
 

@@ -16,6 +16,7 @@ use serde::de::Deserializer;
 use serde::ser::{SerializeStruct, Serializer};
 use serde::{Deserialize, Serialize};
 
+use super::decoded::{InlineStr, SharedStr};
 use super::holder_pool;
 use crate::command::Grant;
 
@@ -100,7 +101,6 @@ impl HeldGrant {
     }
 
     /// The session this grant points at.
-    #[cfg(test)]
     pub(crate) fn holder(&self) -> &Arc<Holder> {
         &self.holder
     }
@@ -133,7 +133,7 @@ impl From<Grant> for HeldGrant {
     fn from(grant: Grant) -> Self {
         HeldGrant {
             key: grant.key.into(),
-            holder: holder_pool::holder(grant.session_id, grant.owner_id),
+            holder: holder_pool::holder_of(&grant.session_id, &grant.owner_id),
             request_id: grant.request_id,
             token: grant.token,
             ttl_ms: grant.ttl_ms,
@@ -159,10 +159,34 @@ impl Serialize for HeldGrant {
     }
 }
 
+/// What a `Grant` wrote, read with one allocation (the key's): the ids are only looked up in
+/// the decode's pool of holders (`holder_pool`), which allocates a session's once.
+#[derive(Deserialize)]
+#[serde(rename = "Grant")]
+struct DecodedGrant {
+    key: SharedStr,
+    owner_id: InlineStr,
+    session_id: InlineStr,
+    request_id: u64,
+    token: u64,
+    ttl_ms: u64,
+    acquired_at_ms: u64,
+    expires_at_ms: u64,
+}
+
 impl<'de> Deserialize<'de> for HeldGrant {
     /// Reads what a `Grant` wrote.
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        Grant::deserialize(deserializer).map(HeldGrant::from)
+        let g = DecodedGrant::deserialize(deserializer)?;
+        Ok(HeldGrant {
+            key: g.key.0,
+            holder: holder_pool::holder_of(g.session_id.as_str(), g.owner_id.as_str()),
+            request_id: g.request_id,
+            token: g.token,
+            ttl_ms: g.ttl_ms,
+            acquired_at_ms: g.acquired_at_ms,
+            expires_at_ms: g.expires_at_ms,
+        })
     }
 }
 

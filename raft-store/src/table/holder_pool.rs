@@ -65,17 +65,19 @@ pub(crate) fn sharing_holders<R>(decode: impl FnOnce() -> R) -> R {
 /// The holder of session `session_id` of owner `owner_id`: the pooled one while a decode
 /// runs and one with these ids is pooled, else a new one (pooled if its session id is not
 /// yet). A holder whose owner differs from the pooled one's is not shared: the table's
-/// invariant check reports the mismatch.
-pub(crate) fn holder(session_id: String, owner_id: String) -> Arc<Holder> {
+/// invariant check reports the mismatch. The ids are only borrowed: a decode reads them into
+/// a buffer of its own, and they are allocated only for a new holder.
+pub(crate) fn holder_of(session_id: &str, owner_id: &str) -> Arc<Holder> {
+    let new = || Holder::new(session_id.to_owned(), owner_id.to_owned());
     POOL.with_borrow_mut(|pool| {
         let Some(pool) = pool else {
-            return Holder::new(session_id, owner_id);
+            return new();
         };
-        match pool.get(session_id.as_str()) {
+        match pool.get(session_id) {
             Some(pooled) if pooled.0.owner_id == owner_id => pooled.0.clone(),
-            Some(_) => Holder::new(session_id, owner_id),
+            Some(_) => new(),
             None => {
-                let holder = Holder::new(session_id, owner_id);
+                let holder = new();
                 pool.insert(BySession(holder.clone()));
                 holder
             }
@@ -88,7 +90,7 @@ mod tests {
     use super::*;
 
     fn pooled(session_id: &str, owner_id: &str) -> Arc<Holder> {
-        holder(session_id.to_owned(), owner_id.to_owned())
+        holder_of(session_id, owner_id)
     }
 
     #[test]

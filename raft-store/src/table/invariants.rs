@@ -2,10 +2,19 @@
 //! from scratch (openraft's `Validate` for `RaftState` is the model). Reads the table only;
 //! never repairs anything — a violation is a bug in `apply`, reported with the key or session.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::fmt;
+use std::sync::Arc;
 
-use super::LockTable;
+use super::chunked::Entry;
+use super::held::Holder;
+use super::{LockTable, SessionEntry};
+
+/// A session entry's address: its identity while the table is borrowed, cheaper to sort and
+/// compare than its id.
+fn session_address(entry: &SessionEntry) -> usize {
+    std::ptr::from_ref(entry) as usize
+}
 
 /// A broken lock-table invariant: which rule, and the key or session that breaks it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -67,9 +76,20 @@ impl LockTable {
         // Sorted and compared once at the end: a million grants are checked on every snapshot
         // install, and a sorted `Vec` of their tokens is far cheaper to build than a set.
         let mut tokens = Vec::with_capacity(self.grants.len());
-        // Every grant's `(session, request id)`, sorted below: no two acquires of a session
-        // share a request id.
-        let mut acquires = Vec::with_capacity(self.grants.len());
+        // Every grant's `(session, request id)`, the session as its entry's address, sorted
+        // below: no two acquires of a session share a request id.
+        let mut acquires: Vec<(usize, u64)> = Vec::with_capacity(self.grants.len());
+        // A grant whose holder is its session's finds the session by the holder's address
+        // and its key at the next place of that session's lock set (grants and lock sets are
+        // both in key order): no search by id or key for each of a million grants. Any other
+        // grant is looked up by id and searched for.
+        let slots: Vec<&SessionEntry> = self.sessions.entries().collect();
+        let by_holder: HashMap<*const Holder, usize> = slots
+            .iter()
+            .enumerate()
+            .map(|(i, entry)| (Arc::as_ptr(&entry.holder), i))
+            .collect();
+        let mut next_key = vec![0usize; slots.len()];
         for (key, grant) in self.grants.iter() {
             ensure!(
                 grant.key() == key,
@@ -85,29 +105,42 @@ impl LockTable {
                 self.last_token
             );
             tokens.push(grant.token);
-            acquires.push((grant.session_id(), grant.request_id));
-            let Some(session) = self.sessions.get(grant.session_id()) else {
-                return broken(
-                    "every holder's session is live",
-                    format!(
-                        "key {key} is held by unknown session {}",
-                        grant.session_id()
-                    ),
-                );
+            let (entry, listed) = match by_holder.get(&Arc::as_ptr(grant.holder())) {
+                Some(&i) => {
+                    let listed = slots[i]
+                        .session
+                        .locks
+                        .position_from(key, &mut next_key[i])
+                        .is_some();
+                    (slots[i], listed)
+                }
+                None => {
+                    let Some(entry) = self.sessions.entry(grant.session_id()) else {
+                        return broken(
+                            "every holder's session is live",
+                            format!(
+                                "key {key} is held by unknown session {}",
+                                grant.session_id()
+                            ),
+                        );
+                    };
+                    (entry, entry.session.locks.contains(key))
+                }
             };
+            acquires.push((session_address(entry), grant.request_id));
             ensure!(
-                session.locks.contains(key),
+                listed,
                 "session lock sets agree with grants",
                 "key {key} is held by session {} whose lock set lacks it",
                 grant.session_id()
             );
             ensure!(
-                session.owner_id == grant.owner_id(),
+                entry.session.owner_id == grant.owner_id(),
                 "grants carry their session's owner",
                 "key {key} names owner {} but session {} is owner {}",
                 grant.owner_id(),
                 grant.session_id(),
-                session.owner_id
+                entry.session.owner_id
             );
         }
 
@@ -128,7 +161,11 @@ impl LockTable {
 
         acquires.sort_unstable();
         if let Some(pair) = acquires.windows(2).find(|pair| pair[0] == pair[1]) {
-            let (id, request_id) = pair[0];
+            let (address, request_id) = pair[0];
+            let id = slots
+                .iter()
+                .find(|entry| session_address(entry) == address)
+                .map_or("?", |entry| entry.key());
             return broken(
                 "no waiter queued twice",
                 format!("session {id} has two acquires with request id {request_id}"),
@@ -218,7 +255,8 @@ impl LockTable {
             self.wait_deadlines.len()
         );
 
-        for (id, session) in self.sessions.iter() {
+        for entry in &slots {
+            let (id, session) = (entry.key(), &*entry.session);
             let mut request_ids = BTreeSet::new();
             for (key, request_id) in &session.waits {
                 ensure!(
@@ -230,7 +268,9 @@ impl LockTable {
                 );
                 ensure!(
                     request_ids.insert(*request_id)
-                        && acquires.binary_search(&(id, *request_id)).is_err(),
+                        && acquires
+                            .binary_search(&(session_address(entry), *request_id))
+                            .is_err(),
                     "no waiter queued twice",
                     "session {id} has two acquires with request id {request_id}"
                 );
@@ -328,10 +368,20 @@ mod tests {
         t
     }
 
+    /// The rule `t` breaks, as the check names it. A grant put in by hand has a holder of its
+    /// own, which the check finds its session for by id; with every holder shared with its
+    /// session's (as after a decode), the check finds the sessions by holder and the keys by
+    /// position instead: both ways must name the same rule, key and session.
     fn broken_rule(t: &LockTable) -> (&'static str, String) {
         let v = t
             .check_invariants()
             .expect_err("the corruption is detected");
+        let mut shared = t.clone();
+        shared.share_holders();
+        let same = shared
+            .check_invariants()
+            .expect_err("the corruption is detected with the holders shared");
+        assert_eq!(same, v, "both ways of finding a grant's session agree");
         let shown = v.to_string();
         (v.invariant, shown)
     }
@@ -411,6 +461,26 @@ mod tests {
         let (rule, shown) = broken_rule(&t);
         assert_eq!(rule, "session lock sets agree with grants");
         assert!(shown.contains("s2") && shown.contains("key a"), "{shown}");
+    }
+
+    /// A grant that shares its session's holder (as every grant applied does) but is missing
+    /// from the session's lock set is caught, whatever else the set lists.
+    #[test]
+    fn a_grant_missing_from_its_sessions_lock_set_is_caught() {
+        let mut t = table();
+        let locks = &mut t.sessions.get_mut("s1").expect("live").locks;
+        locks.remove("a");
+        locks.insert("0".into());
+        assert!(
+            Arc::ptr_eq(
+                t.grants.get("a").expect("held").holder(),
+                &t.sessions.entry("s1").expect("live").holder
+            ),
+            "the grant shares its session's holder"
+        );
+        let (rule, shown) = broken_rule(&t);
+        assert_eq!(rule, "session lock sets agree with grants");
+        assert!(shown.contains("s1") && shown.contains("key a"), "{shown}");
     }
 
     #[test]

@@ -35,13 +35,14 @@ mod apply_limits;
 mod binding;
 mod chunked;
 mod commands;
+mod decoded;
 mod held;
 mod holder_pool;
 mod invariants;
 mod session;
 mod shared;
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
@@ -119,7 +120,7 @@ impl Entry for SessionEntry {
     }
     fn from_parts(id: &str, session: Session) -> Result<Self, String> {
         Ok(SessionEntry {
-            holder: holder_pool::holder(id.to_owned(), session.owner_id.clone()),
+            holder: holder_pool::holder_of(id, &session.owner_id),
             session: Shared::new(session),
         })
     }
@@ -267,8 +268,32 @@ impl LockTable {
     /// its own, as the encoding repeats the ids per grant and the keys per session.
     /// Changes no value, only how many copies of the ids are kept; a grant of a session the
     /// table does not hold (corruption, which the invariant check names) keeps its own.
+    ///
+    /// A decode shares the holders as it goes (`holder_pool`): each grant then finds its
+    /// session by its holder's address, and its key at the next place of that session's lock
+    /// set (both are in key order), with no search by id or key. The grants whose holder is
+    /// not their session's, if any, are then matched by id.
     pub(crate) fn share_holders(&mut self) {
         let grants = &self.grants;
+        let mut sets: Vec<(&mut LockSet, usize)> = Vec::with_capacity(self.sessions.len());
+        let mut by_holder = HashMap::with_capacity(self.sessions.len());
+        for entry in self.sessions.entries_mut() {
+            by_holder.insert(Arc::as_ptr(&entry.holder), sets.len());
+            sets.push((&mut entry.session.make_mut().locks, 0));
+        }
+        let mut unshared = false;
+        for grant in grants.values() {
+            match by_holder.get(&Arc::as_ptr(grant.holder())) {
+                Some(&i) => {
+                    let (locks, next) = &mut sets[i];
+                    locks.share_key(grant.key_arc(), next);
+                }
+                None => unshared = true,
+            }
+        }
+        if !unshared {
+            return;
+        }
         for session in self.sessions.values_mut() {
             session
                 .locks
@@ -533,10 +558,16 @@ mod tests {
         assert_eq!(back.grant("s2/b").map(|g| g.owner_id()), Some("owner-s2"));
         // Decoded with the holder pool, as a snapshot install decodes, the grants share their
         // session's holder from the start: no holder per grant ever existed.
-        let pooled: LockTable =
+        let mut pooled: LockTable =
             sharing_holders(|| postcard::from_bytes(&bytes)).expect("deserializes");
         assert!(shared(&pooled), "a pooled decode shares the holders");
+        // Then each grant finds its session by its holder and its key by position.
+        pooled.share_holders();
+        assert!(shared(&pooled) && keys_shared(&pooled));
         assert_eq!(pooled, t);
+        pooled
+            .check_invariants()
+            .expect("the decoded table is valid");
     }
 
     /// Debug builds check the invariants after every apply and name the command that broke

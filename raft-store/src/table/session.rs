@@ -3,9 +3,13 @@
 //! consistent with each other; the lock table decides what changes.
 
 use std::collections::BTreeMap;
+use std::fmt;
 use std::sync::Arc;
 
+use serde::de::{SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use super::decoded::SharedStr;
 
 use crate::command::Response;
 
@@ -36,6 +40,9 @@ pub struct Session {
     /// first.
     pub(crate) answers: BTreeMap<u64, Remembered>,
 }
+
+/// Keys reserved for ahead of a decoded lock set, whatever length its encoding announces.
+const KEYS_RESERVE_MAX: usize = 4096;
 
 /// The keys a session holds, in key order: a packed sorted `Vec` rather than a `BTreeSet`,
 /// since every held lock pays for it (a set's nodes of eleven slots are partly empty), and a
@@ -93,6 +100,30 @@ impl LockSet {
         }
     }
 
+    /// Where `key` is, looking first at `*next`: a caller visiting the grants in key order
+    /// meets each session's keys in this set's order, so the look is nearly always right and
+    /// a search is the exception. Moves `*next` past the key found.
+    pub(crate) fn position_from(&self, key: &str, next: &mut usize) -> Option<usize> {
+        let at = match self.0.get(*next) {
+            Some(k) if **k == *key => *next,
+            _ => self.find(key).ok()?,
+        };
+        *next = at + 1;
+        Some(at)
+    }
+
+    /// Points the set's copy of `key` at `key`'s own allocation (the grant's), found by
+    /// [`LockSet::position_from`]; `false` if the set lacks the key.
+    pub(crate) fn share_key(&mut self, key: &Arc<str>, next: &mut usize) -> bool {
+        match self.position_from(key, next) {
+            Some(at) => {
+                self.0[at] = key.clone();
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Replaces each key by the allocation `shared` answers for it (the grant's), so a decoded
     /// set holds no copy of its own; a key `shared` does not know keeps its own.
     pub(crate) fn share_keys<'a>(&mut self, shared: impl Fn(&str) -> Option<&'a Arc<str>>) {
@@ -127,13 +158,30 @@ impl Serialize for LockSet {
 impl<'de> Deserialize<'de> for LockSet {
     /// Reads what a `BTreeSet<String>` wrote; keys out of order or repeated (never written so)
     /// are put in order once, as the set did.
+    /// Each key is allocated once, as the `Arc<str>` the set keeps ([`SharedStr`]).
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let mut keys = Vec::<String>::deserialize(deserializer)?;
+        struct KeysVisitor;
+        impl<'de> Visitor<'de> for KeysVisitor {
+            type Value = Vec<Arc<str>>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a sequence of keys")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                // The announced length is the input's word: trusted only up to a bound.
+                let mut keys =
+                    Vec::with_capacity(seq.size_hint().unwrap_or(0).min(KEYS_RESERVE_MAX));
+                while let Some(SharedStr(key)) = seq.next_element()? {
+                    keys.push(key);
+                }
+                Ok(keys)
+            }
+        }
+        let mut keys = deserializer.deserialize_seq(KeysVisitor)?;
         if !keys.windows(2).all(|pair| pair[0] < pair[1]) {
             keys.sort_unstable();
             keys.dedup();
         }
-        Ok(LockSet(keys.into_iter().map(Arc::from).collect()))
+        Ok(LockSet(keys))
     }
 }
 
