@@ -130,7 +130,8 @@ impl Disk {
         }
     }
 
-    /// The length of the file `path`.
+    /// The length of the file `path` (tests: a node reads a length from the open file).
+    #[cfg(test)]
     pub(crate) fn len(&self, path: &Path) -> io::Result<u64> {
         match self {
             Disk::Os => std::fs::metadata(path).map(|m| m.len()),
@@ -139,7 +140,9 @@ impl Disk {
         }
     }
 
-    /// The whole content of the file `path`.
+    /// The whole content of the file `path` (tests: a node reads a snapshot a buffer at a
+    /// time).
+    #[cfg(test)]
     pub(crate) fn read(&self, path: &Path) -> io::Result<Vec<u8>> {
         match self {
             Disk::Os => std::fs::read(path),

@@ -29,11 +29,11 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use super::StorageError;
 use super::codec::{self, CodecError};
-use super::disk::Disk;
+use super::disk::{Disk, DiskFile};
 use super::engine::sync_dir;
 use super::snapshot_data::{Incoming, SnapshotData};
 use crate::table::{self, ApplyLimits, LockTable};
@@ -61,8 +61,10 @@ const TEMP_EXT: &str = "tmp";
 /// Snapshot metadata with the cluster's node types.
 pub type Meta = SnapshotMeta;
 
-/// The content of a snapshot file.
-#[derive(Debug, Serialize, Deserialize)]
+/// The content of a snapshot file, as its codec record encodes it (tests: a node writes and
+/// reads the same bytes a buffer at a time, never the whole file in memory).
+#[cfg(test)]
+#[derive(Debug, Serialize, serde::Deserialize)]
 pub struct SnapshotFile {
     /// openraft's metadata: last log id and membership (and, in the encoding, the always empty
     /// snapshot id openraft 0.9 had there).
@@ -424,7 +426,7 @@ impl SnapshotDir {
     pub fn open(
         disk: Disk,
         dir: &Path,
-    ) -> Result<(SnapshotDir, Option<SnapshotFile>), StorageError> {
+    ) -> Result<(SnapshotDir, Option<(Meta, SnapshotData)>), StorageError> {
         disk.create_dir_all(dir)
             .map_err(|source| StorageError::Io {
                 op: "create directory",
@@ -435,7 +437,7 @@ impl SnapshotDir {
         // purged.
         let parent = dir.parent().filter(|p| !p.as_os_str().is_empty());
         sync_dir(&disk, parent.unwrap_or(Path::new(".")))?;
-        let mut newest: Option<(SnapshotFile, PathBuf)> = None;
+        let mut newest: Option<(Meta, SnapshotData, PathBuf)> = None;
         let mut stale = Vec::new();
         let mut paths: Vec<PathBuf> = list(&disk, dir)?;
         paths.sort();
@@ -443,13 +445,18 @@ impl SnapshotDir {
             match path.extension().and_then(|e| e.to_str()) {
                 Some(TEMP_EXT) => stale.push(path),
                 Some(SNAPSHOT_EXT) => {
-                    let file = read_file(&disk, &path)?;
+                    let file = disk.open_read(&path).map_err(|source| StorageError::Io {
+                        op: "open",
+                        path: path.clone(),
+                        source,
+                    })?;
+                    let (meta, data) = verify_file(file, path.clone())?;
                     let newer = match &newest {
                         None => true,
-                        Some((best, _)) => file.meta.last_log_id > best.meta.last_log_id,
+                        Some((best, _, _)) => meta.last_log_id > best.last_log_id,
                     };
                     if newer {
-                        if let Some((_, old)) = newest.replace((file, path)) {
+                        if let Some((_, _, old)) = newest.replace((meta, data, path)) {
                             stale.push(old);
                         }
                     } else {
@@ -469,14 +476,14 @@ impl SnapshotDir {
         }
         let current = newest
             .as_ref()
-            .map(|(file, path)| (file.meta.clone(), path.clone()));
+            .map(|(meta, _, path)| (meta.clone(), path.clone()));
         let snapshot_dir = SnapshotDir {
             dir: dir.to_path_buf(),
             disk,
             current: Mutex::new(current),
             temps: AtomicU64::new(0),
         };
-        Ok((snapshot_dir, newest.map(|(file, _)| file)))
+        Ok((snapshot_dir, newest.map(|(meta, data, _)| (meta, data))))
     }
 
     /// The directory, for error messages.
@@ -686,113 +693,7 @@ impl SnapshotDir {
                 })?;
             (path.clone(), file)
         };
-        let io = |op: &'static str| {
-            let path = path.clone();
-            move |source| StorageError::Io { op, path, source }
-        };
-        let corrupt = |record: &str, source| StorageError::Corrupt {
-            record: record.to_string(),
-            path: path.clone(),
-            source,
-        };
-        let file_len = file.len().map_err(io("stat"))?;
-        if file_len > (SNAPSHOT_BYTES_MAX + 1024) as u64 {
-            return Err(StorageError::TooLarge {
-                record: format!("snapshot file {}", path.display()),
-                len: usize::try_from(file_len).unwrap_or(usize::MAX),
-                max: SNAPSHOT_BYTES_MAX + 1024,
-            });
-        }
-        // The head: the record's header, the meta and the data's length.
-        let mut head = vec![0u8; usize::try_from(file_len.min(HEAD_READ_MAX)).unwrap_or(0)];
-        file.read_exact_at(&mut head, 0).map_err(io("read"))?;
-        let Some((header, payload)) = head.split_first_chunk::<{ codec::HEADER_LEN }>() else {
-            return Err(corrupt(
-                "snapshot file",
-                CodecError::Truncated { len: head.len() },
-            ));
-        };
-        let [version, crc @ ..] = *header;
-        if version != codec::FORMAT_VERSION {
-            return Err(corrupt(
-                "snapshot file",
-                CodecError::Version { found: version },
-            ));
-        }
-        let (meta, rest): (Meta, &[u8]) = postcard::take_from_bytes(payload)
-            .map_err(|e| corrupt("snapshot file", CodecError::Payload(e)))?;
-        let (data_len, rest): (u64, &[u8]) = postcard::take_from_bytes(rest)
-            .map_err(|e| corrupt("snapshot file", CodecError::Payload(e)))?;
-        let head_len = (head.len() - rest.len()) as u64;
-        if head_len.checked_add(data_len) != Some(file_len) {
-            return Err(corrupt(
-                "snapshot file",
-                CodecError::Payload(postcard::Error::DeserializeBadEncoding),
-            ));
-        }
-        // The checksums: the file's over all after its header, the data's over all after the
-        // data's own header.
-        let mut file_crc = crc32fast::Hasher::new();
-        let mut data_crc = crc32fast::Hasher::new();
-        let data_payload_at = head_len + codec::HEADER_LEN as u64;
-        let mut data_header = [0u8; codec::HEADER_LEN];
-        let mut buffer = vec![0u8; STREAM_BUFFER];
-        let mut at = codec::HEADER_LEN as u64;
-        while at < file_len {
-            let n =
-                usize::try_from(file_len - at).map_or(buffer.len(), |left| left.min(buffer.len()));
-            let chunk = &mut buffer[..n];
-            file.read_exact_at(chunk, at).map_err(io("read"))?;
-            file_crc.update(chunk);
-            let end = at + n as u64;
-            if end > data_payload_at {
-                let from = data_payload_at.saturating_sub(at) as usize;
-                data_crc.update(&chunk[from..]);
-            }
-            if at < data_payload_at && end > head_len {
-                // Some of the data's header is in this chunk.
-                for i in at.max(head_len)..end.min(data_payload_at) {
-                    data_header[(i - head_len) as usize] = chunk[(i - at) as usize];
-                }
-            }
-            at = end;
-        }
-        let stored = u32::from_le_bytes(crc);
-        let computed = file_crc.finalize();
-        if stored != computed {
-            return Err(corrupt(
-                "snapshot file",
-                CodecError::Checksum { stored, computed },
-            ));
-        }
-        if data_len < codec::HEADER_LEN as u64 {
-            return Err(corrupt(
-                "snapshot data",
-                CodecError::Truncated {
-                    len: data_len as usize,
-                },
-            ));
-        }
-        let [data_version, data_stored @ ..] = data_header;
-        if !DATA_VERSIONS.contains(&data_version) {
-            return Err(corrupt(
-                "snapshot data",
-                CodecError::Version {
-                    found: data_version,
-                },
-            ));
-        }
-        let (stored, computed) = (u32::from_le_bytes(data_stored), data_crc.finalize());
-        if stored != computed {
-            return Err(corrupt(
-                "snapshot data",
-                CodecError::Checksum { stored, computed },
-            ));
-        }
-        Ok(Some((
-            meta,
-            SnapshotData::file(file, path, head_len, data_len),
-        )))
+        verify_file(file, path).map(Some)
     }
 
     /// Reads and verifies the current snapshot file. Blocks on the disk. Tests: a node reads it
@@ -805,6 +706,115 @@ impl SnapshotDir {
             Some((_, path)) => read_file(&self.disk, path).map(Some),
         }
     }
+}
+
+/// Verifies the snapshot file `file` (named `path`) a buffer at a time, never whole in memory:
+/// its record's checksum, and the data record's version and checksum. Answers its meta and its
+/// data, a range of the open file.
+fn verify_file(file: DiskFile, path: PathBuf) -> Result<(Meta, SnapshotData), StorageError> {
+    let io = |op: &'static str| {
+        let path = path.clone();
+        move |source| StorageError::Io { op, path, source }
+    };
+    let corrupt = |record: &str, source| StorageError::Corrupt {
+        record: record.to_string(),
+        path: path.clone(),
+        source,
+    };
+    let file_len = file.len().map_err(io("stat"))?;
+    if file_len > (SNAPSHOT_BYTES_MAX + 1024) as u64 {
+        return Err(StorageError::TooLarge {
+            record: format!("snapshot file {}", path.display()),
+            len: usize::try_from(file_len).unwrap_or(usize::MAX),
+            max: SNAPSHOT_BYTES_MAX + 1024,
+        });
+    }
+    // The head: the record's header, the meta and the data's length.
+    let mut head = vec![0u8; usize::try_from(file_len.min(HEAD_READ_MAX)).unwrap_or(0)];
+    file.read_exact_at(&mut head, 0).map_err(io("read"))?;
+    let Some((header, payload)) = head.split_first_chunk::<{ codec::HEADER_LEN }>() else {
+        return Err(corrupt(
+            "snapshot file",
+            CodecError::Truncated { len: head.len() },
+        ));
+    };
+    let [version, crc @ ..] = *header;
+    if version != codec::FORMAT_VERSION {
+        return Err(corrupt(
+            "snapshot file",
+            CodecError::Version { found: version },
+        ));
+    }
+    let (meta, rest): (Meta, &[u8]) = postcard::take_from_bytes(payload)
+        .map_err(|e| corrupt("snapshot file", CodecError::Payload(e)))?;
+    let (data_len, rest): (u64, &[u8]) = postcard::take_from_bytes(rest)
+        .map_err(|e| corrupt("snapshot file", CodecError::Payload(e)))?;
+    let head_len = (head.len() - rest.len()) as u64;
+    if head_len.checked_add(data_len) != Some(file_len) {
+        return Err(corrupt(
+            "snapshot file",
+            CodecError::Payload(postcard::Error::DeserializeBadEncoding),
+        ));
+    }
+    // The checksums: the file's over all after its header, the data's over all after the
+    // data's own header.
+    let mut file_crc = crc32fast::Hasher::new();
+    let mut data_crc = crc32fast::Hasher::new();
+    let data_payload_at = head_len + codec::HEADER_LEN as u64;
+    let mut data_header = [0u8; codec::HEADER_LEN];
+    let mut buffer = vec![0u8; STREAM_BUFFER];
+    let mut at = codec::HEADER_LEN as u64;
+    while at < file_len {
+        let n = usize::try_from(file_len - at).map_or(buffer.len(), |left| left.min(buffer.len()));
+        let chunk = &mut buffer[..n];
+        file.read_exact_at(chunk, at).map_err(io("read"))?;
+        file_crc.update(chunk);
+        let end = at + n as u64;
+        if end > data_payload_at {
+            let from = data_payload_at.saturating_sub(at) as usize;
+            data_crc.update(&chunk[from..]);
+        }
+        if at < data_payload_at && end > head_len {
+            // Some of the data's header is in this chunk.
+            for i in at.max(head_len)..end.min(data_payload_at) {
+                data_header[(i - head_len) as usize] = chunk[(i - at) as usize];
+            }
+        }
+        at = end;
+    }
+    let stored = u32::from_le_bytes(crc);
+    let computed = file_crc.finalize();
+    if stored != computed {
+        return Err(corrupt(
+            "snapshot file",
+            CodecError::Checksum { stored, computed },
+        ));
+    }
+    if data_len < codec::HEADER_LEN as u64 {
+        return Err(corrupt(
+            "snapshot data",
+            CodecError::Truncated {
+                len: data_len as usize,
+            },
+        ));
+    }
+    let [data_version, data_stored @ ..] = data_header;
+    if !DATA_VERSIONS.contains(&data_version) {
+        return Err(corrupt(
+            "snapshot data",
+            CodecError::Version {
+                found: data_version,
+            },
+        ));
+    }
+    let (stored, computed) = (u32::from_le_bytes(data_stored), data_crc.finalize());
+    if stored != computed {
+        return Err(corrupt(
+            "snapshot data",
+            CodecError::Checksum { stored, computed },
+        ));
+    }
+    Ok((meta, SnapshotData::file(file, path, head_len, data_len)))
 }
 
 /// The paths of the entries of `dir`.
@@ -857,7 +867,9 @@ pub(crate) fn file_head_of(
     Ok(head)
 }
 
-/// Reads and verifies one snapshot file, and the data record inside it.
+/// Reads and verifies one snapshot file, and the data record inside it, whole into memory
+/// (tests: a node verifies a file a buffer at a time, [`verify_file`]).
+#[cfg(test)]
 fn read_file(disk: &Disk, path: &Path) -> Result<SnapshotFile, StorageError> {
     let io = |op: &'static str| {
         let path = path.to_path_buf();
@@ -896,6 +908,7 @@ fn read_file(disk: &Disk, path: &Path) -> Result<SnapshotFile, StorageError> {
 /// and takes it apart in place: the data is the record's tail, so it is kept in the buffer
 /// read from the disk (its head moved off) instead of being decoded byte by byte into a
 /// second buffer of its size. Reads exactly what `codec::decode::<SnapshotFile>` reads.
+#[cfg(test)]
 fn split_file(mut record: Vec<u8>) -> Result<SnapshotFile, CodecError> {
     let payload = codec::verify(&record)?;
     let (meta, rest): (Meta, &[u8]) =

@@ -23,6 +23,7 @@ use std::io;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::Instant;
 
 use futures::{Stream, TryStreamExt};
 use openraft::storage::{EntryResponder, RaftStateMachine};
@@ -160,23 +161,34 @@ impl StateMachineStore {
     ) -> Result<StateMachineStore, StorageError> {
         let (snapshots, current) = SnapshotDir::open(disk, snapshot_dir)?;
         let mark = SnapshotMark::default();
-        if let Some(file) = &current {
-            mark.set(file.data.len() as u64, 0, 0);
-        }
         let state = match current {
             None => AppliedState::default(),
-            Some(file) => AppliedState {
-                last_applied: file.meta.last_log_id,
-                last_membership: file.meta.last_membership,
-                table: snapshot::decode_table(
-                    &file.data,
-                    &snapshots
-                        .current_path()
-                        .unwrap_or_else(|| snapshot_dir.to_path_buf()),
-                )?,
-                commands_applied: 0,
-                installing: false,
-            },
+            Some((meta, data)) => {
+                mark.set(data.len(), 0, 0);
+                let origin = snapshots
+                    .current_path()
+                    .unwrap_or_else(|| snapshot_dir.to_path_buf());
+                // Read from the file a buffer at a time, as an install reads the one it
+                // received: the file was verified as the directory opened.
+                let started = Instant::now();
+                let table = snapshot::decode_table_streamed(&data, &origin)?;
+                tracing::info!(
+                    path = %origin.display(),
+                    index = meta.last_log_id.map(|id| id.index),
+                    bytes = data.len(),
+                    locks = table.grant_count(),
+                    sessions = table.session_count(),
+                    took_ms = started.elapsed().as_millis() as u64,
+                    "state loaded from the node's own snapshot"
+                );
+                AppliedState {
+                    last_applied: meta.last_log_id,
+                    last_membership: meta.last_membership,
+                    table,
+                    commands_applied: 0,
+                    installing: false,
+                }
+            }
         };
         Ok(StateMachineStore {
             state: Arc::new(RwLock::new(state)),
