@@ -448,6 +448,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         snapshot: SnapshotData,
     ) -> Result<(), io::Error> {
         let data_len = snapshot.len();
+        let started = Instant::now();
         // Decoding (and checking) a large table takes a while: off the runtime's threads, and
         // without the state lock, which is taken only to let go of the old table and to put
         // the new one in.
@@ -503,6 +504,14 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         .await
         .map_err(|join| join_error("install snapshot into", self.snapshots.dir(), join))?
         .map_err(to_io)?;
+        tracing::info!(
+            index = meta.last_log_id.map(|id| id.index),
+            bytes = data_len,
+            locks = table.grant_count(),
+            sessions = table.session_count(),
+            took_ms = started.elapsed().as_millis() as u64,
+            "installed the leader's snapshot"
+        );
         let commands_now = {
             let mut state = write_state(&self.state);
             // The count goes on across the install, so a build that took its view before it
