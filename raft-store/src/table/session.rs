@@ -158,7 +158,7 @@ impl Serialize for LockSet {
 impl<'de> Deserialize<'de> for LockSet {
     /// Reads what a `BTreeSet<String>` wrote; keys out of order or repeated (never written so)
     /// are put in order once, as the set did.
-    /// Each key is allocated once, as the `Arc<str>` the set keeps ([`SharedStr`]).
+    /// Each key is allocated once, as the `Arc<str>` the set keeps (`table::decoded::SharedStr`).
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         struct KeysVisitor;
         impl<'de> Visitor<'de> for KeysVisitor {
