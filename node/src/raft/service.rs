@@ -172,8 +172,9 @@ async fn blocking<T: Send + 'static>(
 }
 
 /// Reads a `Snapshot` stream: the header, then exactly `header.len` bytes of data, at most
-/// [`SNAPSHOT_BYTES_MAX`](lock_raft_store::storage::SNAPSHOT_BYTES_MAX), written into a file of `inbox` as they arrive (never whole in
-/// memory) and checked (the data record's version and checksum) once all arrived.
+/// [`SNAPSHOT_BYTES_MAX`](lock_raft_store::storage::SNAPSHOT_BYTES_MAX), written into a file
+/// of `inbox` as they arrive (never whole in memory) and checked (the data record's version
+/// and checksum) once all arrived.
 async fn receive_snapshot<S>(
     inbox: &SnapshotInbox,
     mut incoming: S,

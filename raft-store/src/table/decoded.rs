@@ -7,7 +7,7 @@
 //! decoding from a stream (a snapshot read from its file, docs/DESIGN.md §3.2) must not borrow
 //! from the input, which is gone once read. Serde's own `String` and `Arc<str>` cost one
 //! allocation and two respectively for every string; at a million held locks the decode met
-//! three million of them (bench/PERFORMANCE.md, session 15).
+//! four million of them (bench/PERFORMANCE.md, session 15).
 
 use std::fmt;
 use std::sync::Arc;
@@ -67,23 +67,14 @@ impl<'de> Deserialize<'de> for InlineStr {
     }
 }
 
-/// A decoded string as the `Arc<str>` the table keeps, allocated once from the decoder's
-/// `&str` (serde's `Arc<str>` reads a `String` first, then copies it).
+/// A decoded string as the `Arc<str>` the table keeps, allocated once: read as an
+/// [`InlineStr`], then copied into its `Arc` (serde's `Arc<str>` reads a `String` first, then
+/// copies it).
 pub(crate) struct SharedStr(pub(crate) Arc<str>);
 
 impl<'de> Deserialize<'de> for SharedStr {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct SharedVisitor;
-        impl<'de> Visitor<'de> for SharedVisitor {
-            type Value = SharedStr;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a string")
-            }
-            fn visit_str<E: de::Error>(self, s: &str) -> Result<SharedStr, E> {
-                Ok(SharedStr(Arc::from(s)))
-            }
-        }
-        deserializer.deserialize_string(SharedVisitor)
+        InlineStr::deserialize(deserializer).map(|s| SharedStr(Arc::from(s.as_str())))
     }
 }
 
@@ -116,9 +107,9 @@ mod tests {
         }
     }
 
-    /// A value that is not a string is refused, not read as one.
+    /// A string cut short is an error, not a panic nor a shorter string.
     #[test]
-    fn a_number_is_not_a_string() {
+    fn a_string_cut_short_is_an_error() {
         let bytes = postcard::to_allocvec(&7u64).expect("encodes");
         // Postcard's string is its length then the bytes: 7 announces bytes that are missing.
         assert!(postcard::from_bytes::<SharedStr>(&bytes).is_err());

@@ -3,10 +3,8 @@
 //! consistent with each other; the lock table decides what changes.
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::sync::Arc;
 
-use serde::de::{SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::decoded::SharedStr;
@@ -40,9 +38,6 @@ pub struct Session {
     /// first.
     pub(crate) answers: BTreeMap<u64, Remembered>,
 }
-
-/// Keys reserved for ahead of a decoded lock set, whatever length its encoding announces.
-const KEYS_RESERVE_MAX: usize = 4096;
 
 /// The keys a session holds, in key order: a packed sorted `Vec` rather than a `BTreeSet`,
 /// since every held lock pays for it (a set's nodes of eleven slots are partly empty), and a
@@ -113,14 +108,11 @@ impl LockSet {
     }
 
     /// Points the set's copy of `key` at `key`'s own allocation (the grant's), found by
-    /// [`LockSet::position_from`]; `false` if the set lacks the key.
-    pub(crate) fn share_key(&mut self, key: &Arc<str>, next: &mut usize) -> bool {
-        match self.position_from(key, next) {
-            Some(at) => {
-                self.0[at] = key.clone();
-                true
-            }
-            None => false,
+    /// [`LockSet::position_from`]; nothing if the set lacks the key (the invariant check
+    /// names that).
+    pub(crate) fn share_key(&mut self, key: &Arc<str>, next: &mut usize) {
+        if let Some(at) = self.position_from(key, next) {
+            self.0[at] = key.clone();
         }
     }
 
@@ -157,26 +149,13 @@ impl Serialize for LockSet {
 
 impl<'de> Deserialize<'de> for LockSet {
     /// Reads what a `BTreeSet<String>` wrote; keys out of order or repeated (never written so)
-    /// are put in order once, as the set did.
-    /// Each key is allocated once, as the `Arc<str>` the set keeps (`table::decoded::SharedStr`).
+    /// are put in order once, as the set did. Each key is allocated once, as the `Arc<str>` the
+    /// set keeps (`table::decoded::SharedStr`).
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct KeysVisitor;
-        impl<'de> Visitor<'de> for KeysVisitor {
-            type Value = Vec<Arc<str>>;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a sequence of keys")
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-                // The announced length is the input's word: trusted only up to a bound.
-                let mut keys =
-                    Vec::with_capacity(seq.size_hint().unwrap_or(0).min(KEYS_RESERVE_MAX));
-                while let Some(SharedStr(key)) = seq.next_element()? {
-                    keys.push(key);
-                }
-                Ok(keys)
-            }
-        }
-        let mut keys = deserializer.deserialize_seq(KeysVisitor)?;
+        let mut keys: Vec<Arc<str>> = Vec::<SharedStr>::deserialize(deserializer)?
+            .into_iter()
+            .map(|SharedStr(key)| key)
+            .collect();
         if !keys.windows(2).all(|pair| pair[0] < pair[1]) {
             keys.sort_unstable();
             keys.dedup();
