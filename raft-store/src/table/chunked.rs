@@ -103,45 +103,23 @@ impl<E: Entry> ChunkedMap<E> {
         }
     }
 
-    /// The values under `keys`, in the order given: what [`ChunkedMap::get`] gives for each,
-    /// found by one forward walk when the keys come in ascending order. A search from the top
-    /// reads about log2(chunks) chunk ends, each a cache miss in a large map; keys in order
-    /// (a `HeartbeatBatch` sorted by the caller) mostly step to the same or the next chunk, so
-    /// the walk gallops forward from where the last key was. A key below the current chunk
-    /// (keys out of order) restarts the walk from the first chunk, so every order is answered
-    /// correctly, only sorted ones fast.
-    pub(crate) fn get_sorted<'a, 'k>(
-        &'a self,
-        keys: impl IntoIterator<Item = &'k str>,
-    ) -> impl Iterator<Item = Option<&'a E::Value>> {
-        let mut at = 0;
-        keys.into_iter().map(move |key| {
-            let last = self.chunks.len().checked_sub(1)?;
-            if self.chunks[at].first().is_some_and(|e| key < e.key()) {
-                at = 0;
-            }
-            // Every chunk before `lo` ends below `key`; gallop to a chunk `hi` that does not
-            // (or the last), then search between.
-            let below = |chunk: &Arc<Vec<E>>| chunk.last().is_some_and(|e| e.key() < key);
-            let (mut lo, mut hi, mut step) = (at, at, 1);
-            while hi < last && below(&self.chunks[hi]) {
-                lo = hi + 1;
-                hi = (hi + step).min(last);
-                step *= 2;
-            }
-            at = lo + self.chunks[lo..hi].partition_point(below);
-            let chunk = &self.chunks[at];
-            let i = chunk.binary_search_by(|e| e.key().cmp(key)).ok()?;
-            Some(chunk[i].value())
-        })
-    }
-
-    /// The entry under `key`.
-    pub(crate) fn entry(&self, key: &str) -> Option<&E> {
-        match self.locate(key) {
-            Slot::Found(c, i) => Some(&self.chunks[c][i]),
-            Slot::Vacant(..) => None,
-        }
+    /// The values whose keys are above `after` (every value for `None`), in key order: a walk
+    /// in steps resumes with one search, not by skipping what it has seen.
+    pub(crate) fn values_after(&self, after: Option<&str>) -> impl Iterator<Item = &E::Value> {
+        let (c, i) = match after.map(|key| self.locate(key)) {
+            None => (0, 0),
+            Some(Slot::Found(c, i)) => (c, i + 1),
+            Some(Slot::Vacant(c, i)) => (c, i),
+        };
+        let first = self
+            .chunks
+            .get(c)
+            .map_or(&[][..], |chunk| &chunk[i.min(chunk.len())..]);
+        let rest = self.chunks.get(c + 1..).unwrap_or_default();
+        first
+            .iter()
+            .chain(rest.iter().flat_map(|chunk| chunk.iter()))
+            .map(Entry::value)
     }
 
     /// Whether `key` is in the map.
@@ -215,14 +193,6 @@ impl<E: Entry> ChunkedMap<E> {
     /// Every entry, in key order.
     pub(crate) fn entries(&self) -> impl Iterator<Item = &E> {
         self.chunks.iter().flat_map(|chunk| chunk.iter())
-    }
-
-    /// Every entry, in key order, to change anything but its key (copies every chunk a clone
-    /// shares).
-    pub(crate) fn entries_mut(&mut self) -> impl Iterator<Item = &mut E> {
-        self.chunks
-            .iter_mut()
-            .flat_map(|chunk| Arc::make_mut(chunk).iter_mut())
     }
 
     /// Every `(key, value)`, in key order.
@@ -331,6 +301,7 @@ where
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
+    use std::ops::Bound;
 
     use super::*;
 
@@ -358,39 +329,35 @@ mod tests {
         format!("k{:06}", (i * 7919) % 10_007)
     }
 
-    /// `get_sorted` answers what `get` answers for every key, present or not, in any order:
-    /// sorted (the fast walk), reversed and shuffled (the walk restarts), across many chunks.
+    /// `values_after` gives the values above any key, present or not, below or above every
+    /// key, across many chunks: what a `BTreeMap`'s range gives.
     #[test]
-    fn get_sorted_answers_what_get_answers_in_every_order() {
+    fn values_after_resume_where_a_btreemaps_range_does() {
         let mut map = ChunkedMap::<Pair>::default();
+        let mut model = BTreeMap::new();
         for i in 0..5_000 {
             map.insert(Pair(key(i), i));
+            model.insert(key(i), i);
         }
         assert!(map.chunk_count() > 10);
-        let mut keys: Vec<String> = (0..6_000).map(key).collect();
-        keys.push(String::new());
-        keys.push("zzz".into());
-        keys.sort();
-        let want = |keys: &[String]| keys.iter().map(|k| map.get(k).copied()).collect::<Vec<_>>();
-        let got = |keys: &[String]| {
-            map.get_sorted(keys.iter().map(String::as_str))
-                .map(|v| v.copied())
-                .collect::<Vec<_>>()
-        };
-        assert_eq!(got(&keys), want(&keys));
-        assert!(got(&keys).iter().filter(|v| v.is_some()).count() == 5_000);
-        keys.reverse();
-        assert_eq!(got(&keys), want(&keys));
-        let shuffled: Vec<String> = (0..keys.len())
-            .map(|i| keys[(i * 7_919) % keys.len()].clone())
-            .collect();
-        assert_eq!(got(&shuffled), want(&shuffled));
+        let mut afters: Vec<String> = (0..6_000).step_by(7).map(key).collect();
+        afters.extend([String::new(), "k".into(), "zzz".into()]);
+        for after in &afters {
+            let got: Vec<u64> = map.values_after(Some(after)).copied().collect();
+            let want: Vec<u64> = model
+                .range::<str, _>((Bound::Excluded(after.as_str()), Bound::Unbounded))
+                .map(|(_, v)| *v)
+                .collect();
+            assert_eq!(got, want, "after {after:?}");
+        }
+        assert!(map.values_after(None).copied().eq(model.values().copied()));
         assert_eq!(
             ChunkedMap::<Pair>::default()
-                .get_sorted(["a", "b"])
-                .collect::<Vec<_>>(),
-            [None, None]
+                .values_after(Some("a"))
+                .count(),
+            0
         );
+        assert_eq!(ChunkedMap::<Pair>::default().values_after(None).count(), 0);
     }
 
     /// Random-order inserts, removals and changes give what a `BTreeMap` gives, in the same

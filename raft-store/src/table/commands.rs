@@ -9,8 +9,7 @@ use std::sync::Arc;
 use lock_api::{LockError, validate};
 
 use super::session::{Session, WindowCheck};
-use super::shared::Shared;
-use super::{ApplyLimits, HeldGrant, Holder, LockTable, SessionEntry, Waiter};
+use super::{ApplyLimits, HeldGrant, Holder, LockTable, Waiter};
 use crate::command::{Command, Event, FreeCause, Grant, Rejection, Response, Revocation};
 
 /// A short name of a command for assertion messages (a batch's contents may be huge).
@@ -204,10 +203,10 @@ impl LockTable {
                 self.sessions.len()
             ));
         }
-        self.sessions.insert(SessionEntry {
-            holder: Holder::new(session_id.clone(), owner_id.clone()),
-            session: Shared::new(Session::new(owner_id, principal, ttl_ms, stamp_ms)),
-        });
+        self.sessions.insert(
+            Holder::new(session_id.clone(), owner_id.clone()),
+            Session::new(owner_id, principal, ttl_ms, stamp_ms),
+        );
         events.push(Event::SessionOpened {
             session_id: session_id.clone(),
             ttl_ms,
@@ -225,7 +224,7 @@ impl LockTable {
         events: &mut Vec<Event>,
     ) -> Response {
         // Removed first, so no hand-off below can pick one of its waiters.
-        let Some(SessionEntry { session, .. }) = self.sessions.remove(session_id) else {
+        let Some(session) = self.sessions.remove(session_id) else {
             return Response::SessionClosed { locks_released: 0 };
         };
         for (key, request_id) in &session.waits {
@@ -584,7 +583,8 @@ impl LockTable {
         for grant in self.grants.values_mut() {
             grant.expires_at_ms = stamp_ms.saturating_add(grant.ttl_ms);
         }
-        for session in self.sessions.values_mut() {
+        // Every session alike, so the hash index's order cannot show.
+        for (_, session) in self.sessions.sessions_mut_any_order() {
             session.expires_at_ms = stamp_ms.saturating_add(session.ttl_ms);
         }
         events.push(Event::Promoted { stamp_ms });

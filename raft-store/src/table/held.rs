@@ -10,6 +10,9 @@
 //! as the [`Grant`] it stands for, so snapshots are byte for byte the ones earlier releases
 //! wrote and read; what it hands out of the table is a [`Grant`] (`to_grant`) or its fields.
 
+use std::borrow::Borrow;
+use std::cmp::Ordering;
+use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use serde::de::Deserializer;
@@ -37,6 +40,44 @@ impl Holder {
             session_id,
             owner_id,
         })
+    }
+}
+
+/// A holder found by its session id: the key under which the table's session map and a
+/// decode's holder pool file it. Hashes, compares and orders exactly as its id does, so a map of
+/// them is searched with a `&str`.
+#[derive(Clone)]
+pub(crate) struct BySession(pub(crate) Arc<Holder>);
+
+impl Borrow<str> for BySession {
+    fn borrow(&self) -> &str {
+        &self.0.session_id
+    }
+}
+
+impl Hash for BySession {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.0.session_id.as_str().hash(state);
+    }
+}
+
+impl PartialEq for BySession {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.session_id == other.0.session_id
+    }
+}
+
+impl Eq for BySession {}
+
+impl PartialOrd for BySession {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for BySession {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.0.session_id.cmp(&other.0.session_id)
     }
 }
 

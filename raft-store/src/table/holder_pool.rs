@@ -9,36 +9,11 @@
 //! the duration of [`sharing_holders`] only; outside it every grant gets a holder of its own,
 //! as before. It is a thread-local because serde's derived decoders pass no context down.
 
-use std::borrow::Borrow;
 use std::cell::RefCell;
 use std::collections::HashSet;
-use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
-use super::held::Holder;
-
-/// A pooled holder, found by its session id.
-struct BySession(Arc<Holder>);
-
-impl Borrow<str> for BySession {
-    fn borrow(&self) -> &str {
-        &self.0.session_id
-    }
-}
-
-impl Hash for BySession {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        self.0.session_id.as_str().hash(state);
-    }
-}
-
-impl PartialEq for BySession {
-    fn eq(&self, other: &Self) -> bool {
-        self.0.session_id == other.0.session_id
-    }
-}
-
-impl Eq for BySession {}
+use super::held::{BySession, Holder};
 
 thread_local! {
     /// The pool of the decode running on this thread, if one is.

@@ -6,14 +6,17 @@ use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::sync::Arc;
 
-use super::chunked::Entry;
+use super::LockTable;
+use super::Session;
 use super::held::Holder;
-use super::{LockTable, SessionEntry};
 
-/// A session entry's address: its identity while the table is borrowed, cheaper to sort and
-/// compare than its id.
-fn session_address(entry: &SessionEntry) -> usize {
-    std::ptr::from_ref(entry) as usize
+/// A session as the check walks it: its holder and its state.
+type Slot<'a> = (&'a Arc<Holder>, &'a Session);
+
+/// A session's address, its holder's: its identity while the table is borrowed (one holder per
+/// live session), cheaper to sort and compare than its id.
+fn session_address(holder: &Arc<Holder>) -> usize {
+    Arc::as_ptr(holder) as usize
 }
 
 /// A broken lock-table invariant: which rule, and the key or session that breaks it.
@@ -53,6 +56,7 @@ impl LockTable {
     /// Checks every invariant of the table and returns the first one broken:
     ///
     /// - one holder per key, filed under its own key, with the owner of its session;
+    /// - the sessions' hash index and their id order hold the same sessions;
     /// - every holder's and every waiter's session is live;
     /// - each session's lock and wait sets agree exactly with the grants and queues;
     /// - no waiter queued twice (same session and key, or same session and request id), none
@@ -83,11 +87,16 @@ impl LockTable {
         // and its key at the next place of that session's lock set (grants and lock sets are
         // both in key order): no search by id or key for each of a million grants. Any other
         // grant is looked up by id and searched for.
-        let slots: Vec<&SessionEntry> = self.sessions.entries().collect();
+        ensure!(
+            self.sessions.index_agrees(),
+            "the session index lists every session",
+            "the hash index and the id order of the sessions disagree"
+        );
+        let slots: Vec<Slot<'_>> = self.sessions.iter().collect();
         let by_holder: HashMap<*const Holder, usize> = slots
             .iter()
             .enumerate()
-            .map(|(i, entry)| (Arc::as_ptr(&entry.holder), i))
+            .map(|(i, (holder, _))| (Arc::as_ptr(holder), i))
             .collect();
         let mut next_key = vec![0usize; slots.len()];
         for (key, grant) in self.grants.iter() {
@@ -108,7 +117,7 @@ impl LockTable {
             let (entry, listed) = match by_holder.get(&Arc::as_ptr(grant.holder())) {
                 Some(&i) => {
                     let listed = slots[i]
-                        .session
+                        .1
                         .locks
                         .position_from(key, &mut next_key[i])
                         .is_some();
@@ -124,10 +133,10 @@ impl LockTable {
                             ),
                         );
                     };
-                    (entry, entry.session.locks.contains(key))
+                    (entry, entry.1.locks.contains(key))
                 }
             };
-            acquires.push((session_address(entry), grant.request_id));
+            acquires.push((session_address(entry.0), grant.request_id));
             ensure!(
                 listed,
                 "session lock sets agree with grants",
@@ -135,12 +144,12 @@ impl LockTable {
                 grant.session_id()
             );
             ensure!(
-                entry.session.owner_id == grant.owner_id(),
+                entry.1.owner_id == grant.owner_id(),
                 "grants carry their session's owner",
                 "key {key} names owner {} but session {} is owner {}",
                 grant.owner_id(),
                 grant.session_id(),
-                entry.session.owner_id
+                entry.1.owner_id
             );
         }
 
@@ -164,8 +173,8 @@ impl LockTable {
             let (address, request_id) = pair[0];
             let id = slots
                 .iter()
-                .find(|entry| session_address(entry) == address)
-                .map_or("?", |entry| entry.key());
+                .find(|(holder, _)| session_address(holder) == address)
+                .map_or("?", |(holder, _)| holder.session_id.as_str());
             return broken(
                 "no waiter queued twice",
                 format!("session {id} has two acquires with request id {request_id}"),
@@ -173,9 +182,10 @@ impl LockTable {
         }
         // Every grant is in its session's lock set (above), so the lock sets list exactly the
         // grants when they are as many: only then is each listed key looked up, to name it.
-        let listed: usize = self.sessions.values().map(|s| s.locks.len()).sum();
+        let listed: usize = slots.iter().map(|(_, s)| s.locks.len()).sum();
         if listed != self.grants.len() {
-            for (id, session) in self.sessions.iter() {
+            for &(holder, session) in &slots {
+                let id = holder.session_id.as_str();
                 for key in &session.locks {
                     if self.grants.get(key).is_none_or(|g| g.session_id() != id) {
                         return broken(
@@ -255,8 +265,8 @@ impl LockTable {
             self.wait_deadlines.len()
         );
 
-        for entry in &slots {
-            let (id, session) = (entry.key(), &*entry.session);
+        for &(holder, session) in &slots {
+            let id = holder.session_id.as_str();
             let mut request_ids = BTreeSet::new();
             for (key, request_id) in &session.waits {
                 ensure!(
@@ -269,7 +279,7 @@ impl LockTable {
                 ensure!(
                     request_ids.insert(*request_id)
                         && acquires
-                            .binary_search(&(session_address(entry), *request_id))
+                            .binary_search(&(session_address(holder), *request_id))
                             .is_err(),
                     "no waiter queued twice",
                     "session {id} has two acquires with request id {request_id}"
@@ -443,6 +453,13 @@ mod tests {
     }
 
     #[test]
+    fn a_session_missing_from_the_id_order_is_caught() {
+        let mut t = table();
+        t.sessions.forget_order_of("s2");
+        assert_eq!(broken_rule(&t).0, "the session index lists every session");
+    }
+
+    #[test]
     fn a_waiter_on_a_free_key_is_caught() {
         let mut t = table();
         t.grants.remove("a");
@@ -474,7 +491,7 @@ mod tests {
         assert!(
             Arc::ptr_eq(
                 t.grants.get("a").expect("held").holder(),
-                &t.sessions.entry("s1").expect("live").holder
+                t.sessions.entry("s1").expect("live").0
             ),
             "the grant shares its session's holder"
         );

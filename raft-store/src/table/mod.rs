@@ -40,6 +40,7 @@ mod held;
 mod holder_pool;
 mod invariants;
 mod session;
+mod session_map;
 mod shared;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
@@ -51,6 +52,7 @@ use crate::command::{Command, Event, Response, Revocation};
 
 use chunked::{ChunkedMap, Entry};
 use held::Holder;
+use session_map::SessionMap;
 use shared::Shared;
 
 pub use apply_limits::{ApplyLimits, InvalidLimits};
@@ -98,38 +100,11 @@ impl Entry for HeldGrant {
     }
 }
 
-/// A session under its id, shared with the table's clones until one of them changes it (a
-/// session lists every key it holds, so copying a chunk of sessions must not copy those).
-/// Its [`Holder`] (id and owner) is the one every grant of the session points at.
-#[derive(Clone, Debug)]
-struct SessionEntry {
-    holder: Arc<Holder>,
-    session: Shared<Session>,
-}
-
-impl Entry for SessionEntry {
-    type Value = Session;
-    fn key(&self) -> &str {
-        &self.holder.session_id
-    }
-    fn value(&self) -> &Session {
-        &self.session
-    }
-    fn value_mut(&mut self) -> &mut Session {
-        self.session.make_mut()
-    }
-    fn from_parts(id: &str, session: Session) -> Result<Self, String> {
-        Ok(SessionEntry {
-            holder: holder_pool::holder_of(id, &session.owner_id),
-            session: Shared::new(session),
-        })
-    }
-}
-
 /// The replicated lock state. See the module docs for the rules it applies.
 ///
-/// Cloning it is cheap (`O(chunks)`, about one `Arc` per 200 grants): every part is shared
-/// with the clone and copied, a chunk at a time, only when one side changes it. The snapshot
+/// Cloning it is cheap (`O(chunks + sessions)`, about one `Arc` per 200 grants and two per
+/// session): every part is shared with the clone and copied, a chunk or a session at a time,
+/// only when one side changes it. The snapshot
 /// builder relies on that to encode a clone without holding the state lock. The encoding is
 /// the one every earlier release wrote (maps of `(key, value)` in key order).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -143,8 +118,8 @@ pub struct LockTable {
     /// `O(lapsed · log n)` at the start of each command instead of by scanning every queue.
     /// A session waits at most once per key, so the triple is unique.
     wait_deadlines: Shared<BTreeSet<(u64, String, String)>>,
-    /// Live sessions by id.
-    sessions: ChunkedMap<SessionEntry>,
+    /// Live sessions by id (a hash index beside the id order).
+    sessions: SessionMap,
     /// The force-revoke audit log, oldest first, at most `limits.audit_log_max`.
     revocations: Shared<VecDeque<Revocation>>,
     /// Highest token ever issued or burned. The next grant takes `last_token + 1`.
@@ -225,7 +200,7 @@ impl LockTable {
     pub(crate) fn principals(&self) -> BTreeMap<String, String> {
         self.sessions
             .iter()
-            .filter_map(|(id, s)| Some((id.to_owned(), s.principal.clone()?)))
+            .filter_map(|(h, s)| Some((h.session_id.clone(), s.principal.clone()?)))
             .collect()
     }
 
@@ -263,6 +238,12 @@ impl LockTable {
         self.grants.values()
     }
 
+    /// The grants whose keys are above `after` (every grant for `None`), in key order: a walk
+    /// in steps resumes at the cost of one search.
+    pub fn grants_after(&self, after: Option<&str>) -> impl Iterator<Item = &HeldGrant> {
+        self.grants.values_after(after)
+    }
+
     /// Points every grant at its session's one [`Holder`] and every session's lock set at its
     /// grants' keys, as a table that applied the log holds them: decoded, each has copies of
     /// its own, as the encoding repeats the ids per grant and the keys per session.
@@ -277,9 +258,9 @@ impl LockTable {
         let grants = &self.grants;
         let mut sets: Vec<(&mut LockSet, usize)> = Vec::with_capacity(self.sessions.len());
         let mut by_holder = HashMap::with_capacity(self.sessions.len());
-        for entry in self.sessions.entries_mut() {
-            by_holder.insert(Arc::as_ptr(&entry.holder), sets.len());
-            sets.push((&mut entry.session.make_mut().locks, 0));
+        for (holder, session) in self.sessions.sessions_mut_any_order() {
+            by_holder.insert(Arc::as_ptr(holder), sets.len());
+            sets.push((&mut session.locks, 0));
         }
         let mut unshared = false;
         for grant in grants.values() {
@@ -294,7 +275,7 @@ impl LockTable {
         if !unshared {
             return;
         }
-        for session in self.sessions.values_mut() {
+        for (_, session) in self.sessions.sessions_mut_any_order() {
             session
                 .locks
                 .share_keys(|key| grants.get(key).map(HeldGrant::key_arc));
@@ -305,7 +286,7 @@ impl LockTable {
             let holder = match last {
                 Some(h) if h.session_id == grant.session_id() => h,
                 _ => match sessions.entry(grant.session_id()) {
-                    Some(entry) => &entry.holder,
+                    Some((holder, _)) => holder,
                     None => continue,
                 },
             };
@@ -316,7 +297,7 @@ impl LockTable {
 
     /// The shared holder of session `session_id`, for a new grant of it.
     fn holder_of(&self, session_id: &str) -> Option<&Arc<Holder>> {
-        self.sessions.entry(session_id).map(|e| &e.holder)
+        self.sessions.entry(session_id).map(|(holder, _)| holder)
     }
 
     /// Number of grants (keys held).
@@ -346,19 +327,25 @@ impl LockTable {
     }
 
     /// The live sessions under `session_ids`, in the order given: [`LockTable::session`] for
-    /// each. Fast when the ids come sorted (one forward walk over the sessions, not a search
-    /// from the top for each; a `HeartbeatBatch` of 1,024 ids among 100,000 sessions sorts its
-    /// ids first); correct in any order.
-    pub fn sessions_sorted<'a, 'k>(
+    /// each, one hash probe apiece whatever the number of sessions.
+    pub fn sessions_of<'a, 'k>(
         &'a self,
         session_ids: impl IntoIterator<Item = &'k str>,
     ) -> impl Iterator<Item = Option<&'a Session>> {
-        self.sessions.get_sorted(session_ids)
+        session_ids.into_iter().map(|id| self.sessions.get(id))
     }
 
     /// Every live session, in id order.
     pub fn sessions(&self) -> impl Iterator<Item = (&str, &Session)> {
-        self.sessions.iter()
+        self.sessions_after(None)
+    }
+
+    /// The live sessions whose ids are above `after` (every one for `None`), in id order: a
+    /// walk in steps resumes at the cost of one search.
+    pub fn sessions_after(&self, after: Option<&str>) -> impl Iterator<Item = (&str, &Session)> {
+        self.sessions
+            .iter_after(after)
+            .map(|(holder, session)| (holder.session_id.as_str(), session))
     }
 
     /// Number of live sessions.
@@ -453,7 +440,7 @@ mod tests {
             "{}",
             Arc::strong_count(shared[1])
         );
-        let held = t.grants.entry("shared/key").expect("held by s2");
+        let held = t.grants.get("shared/key").expect("held by s2");
         assert!(
             Arc::ptr_eq(shared[1], held.key_arc()),
             "the same allocation"
@@ -531,12 +518,12 @@ mod tests {
         }
         let shared = |t: &LockTable| {
             t.grants.entries().all(|g| {
-                let entry = t.sessions.entry(g.session_id()).expect("live session");
-                Arc::ptr_eq(g.holder(), &entry.holder)
+                let (holder, _) = t.sessions.entry(g.session_id()).expect("live session");
+                Arc::ptr_eq(g.holder(), holder)
             })
         };
         let keys_shared = |t: &LockTable| {
-            t.sessions.values().all(|s| {
+            t.sessions.iter().all(|(_, s)| {
                 s.locks.arcs().iter().all(|key| {
                     let grant = t.grants.get(key).expect("held");
                     Arc::ptr_eq(key, grant.key_arc())

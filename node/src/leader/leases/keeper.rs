@@ -239,7 +239,7 @@ impl LeaseKeeper {
     /// `reader`'s `table.session(id).and_then(|s| s.principal())` answers (`None` for an
     /// unbound session and for one the state does not hold). Sessions already checked while
     /// this node leads are answered from memory; the others are read from the state in one
-    /// read, in id order ([`lock_raft_store::table::LockTable::sessions_sorted`]), and
+    /// read ([`lock_raft_store::table::LockTable::sessions_of`]), and
     /// remembered under that read, so no apply ending one of them lands between the read and
     /// the memo (the event that removes it follows the apply). A `HeartbeatBatch` of 1,024
     /// among 100,000 sessions otherwise searched the state for every id of every beat, over
@@ -256,14 +256,13 @@ impl LeaseKeeper {
                 .map(|id| state.principals.get(*id).cloned())
                 .collect()
         };
-        let mut unknown: Vec<usize> = (0..session_ids.len())
+        let unknown: Vec<usize> = (0..session_ids.len())
             .filter(|&i| known[i].is_none())
             .collect();
         if !unknown.is_empty() {
-            unknown.sort_unstable_by(|&a, &b| session_ids[a].cmp(session_ids[b]));
             reader.read(|table| {
                 let ids = unknown.iter().map(|&i| session_ids[i]);
-                let sessions: Vec<_> = table.sessions_sorted(ids).collect();
+                let sessions: Vec<_> = table.sessions_of(ids).collect();
                 let state = &mut *self.lock();
                 if state.principals.len() + unknown.len() > PRINCIPAL_MEMO_MAX {
                     state.principals = HashMap::new();
