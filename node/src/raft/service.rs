@@ -11,6 +11,7 @@
 //! one stream too (a header and its bytes), bounded by `SNAPSHOT_BYTES_MAX`.
 
 use std::pin::Pin;
+use std::time::{Duration, Instant};
 
 use futures::{Stream, StreamExt};
 use lock_proto::v1::RaftPayload;
@@ -189,14 +190,27 @@ where
         .ok_or_else(|| Status::invalid_argument("snapshot: the stream has no header"))?;
     let header: SnapshotHeader = decode("snapshot header", &first)?;
     // `receive` refuses a length above the limit before it creates any file.
+    let started = Instant::now();
     let mut file = {
         let (inbox, meta, len) = (inbox.clone(), header.meta.clone(), header.len);
         blocking(move || inbox.receive(&meta, len)).await?
     };
+    let mut writing = Duration::ZERO;
     while let Some(chunk) = incoming.next().await.transpose()? {
+        let write = Instant::now();
         file = blocking(move || file.write(&chunk.data).map(|()| file)).await?;
+        writing += write.elapsed();
     }
+    let arrived = started.elapsed();
     let data = blocking(move || file.finish()).await?;
+    tracing::info!(
+        index = header.meta.last_log_id.map(|id| id.index),
+        bytes = header.len,
+        took_ms = started.elapsed().as_millis() as u64,
+        writing_ms = writing.as_millis() as u64,
+        sync_ms = (started.elapsed() - arrived).as_millis() as u64,
+        "snapshot received from the leader"
+    );
     Ok((header, data))
 }
 
