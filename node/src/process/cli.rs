@@ -11,6 +11,7 @@ use tracing_subscriber::EnvFilter;
 
 use crate::process::config::{Config, LogFormat, RunArgs};
 use crate::process::dev::{DevArgs, Signals};
+use crate::process::huge_pages;
 
 /// The default log filter when `RUST_LOG` is not set: lockd at info, openraft at warn (it logs
 /// every vote and membership step at info), and at error the openraft modules whose warnings
@@ -103,6 +104,9 @@ pub fn main() -> ExitCode {
                 }
             };
             init_logging(config.log_format);
+            // Before the runtime's threads start and the state loads: see `huge_pages`.
+            let allow = std::env::var(huge_pages::ALLOW_VAR).ok();
+            huge_pages::log(&huge_pages::disable_unless_allowed(allow.as_deref()));
             let rt = match runtime(config.worker_threads) {
                 Ok(rt) => rt,
                 Err(code) => return code,

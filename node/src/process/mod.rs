@@ -5,4 +5,5 @@ pub mod cli;
 pub mod config;
 pub mod dev;
 pub mod dev_tls;
+pub mod huge_pages;
 pub mod identity;
