@@ -30,6 +30,9 @@ use super::holder_pool;
 use super::session::Session;
 use super::shared::Shared;
 
+/// Capacity of the hash index below which a removal never shrinks it.
+const SHRINK_ABOVE: usize = 1_024;
+
 /// The live sessions by id; see the module docs.
 ///
 /// Cloning it copies one entry per session (two `Arc`s each, no session): the table's clone for
@@ -82,6 +85,10 @@ impl SessionMap {
     pub(crate) fn remove(&mut self, id: &str) -> Option<Shared<Session>> {
         let (_, session) = self.by_id.remove_entry(id)?;
         self.order.remove(id);
+        // A hash map keeps its capacity: after 100,000 sessions closed, give most of it back.
+        if self.by_id.capacity() > SHRINK_ABOVE && self.by_id.len() < self.by_id.capacity() / 4 {
+            self.by_id.shrink_to(self.by_id.len() * 2);
+        }
         Some(session)
     }
 
@@ -229,6 +236,10 @@ mod tests {
 
         assert_eq!(map.len(), model.len());
         assert!(map.index_agrees());
+        assert!(
+            map.by_id.capacity() >= map.len(),
+            "the index never shrinks below what it holds"
+        );
         for i in 0..2_000 {
             assert_eq!(
                 map.get(&id(i)).map(|s| s.ttl_ms),
@@ -252,6 +263,26 @@ mod tests {
             let expected: Vec<&String> = model.keys().filter(|k| k.as_str() > after).collect();
             assert_eq!(rest, expected, "after {after}");
         }
+    }
+
+    /// After most sessions end, the index gives back most of its capacity.
+    #[test]
+    fn the_index_shrinks_when_most_sessions_are_gone() {
+        let mut map = SessionMap::default();
+        for i in 0..20_000 {
+            map.insert(holder(&format!("t{i:06}"), "o"), session("o", i));
+        }
+        let full = map.by_id.capacity();
+        for i in 0..19_900 {
+            map.remove(&format!("t{i:06}"));
+        }
+        assert!(
+            map.by_id.capacity() * 8 <= full,
+            "{} of {full}",
+            map.by_id.capacity()
+        );
+        assert!(map.index_agrees());
+        assert_eq!(map.iter().count(), 100);
     }
 
     #[test]
