@@ -87,12 +87,12 @@ impl LockTable {
         // and its key at the next place of that session's lock set (grants and lock sets are
         // both in key order): no search by id or key for each of a million grants. Any other
         // grant is looked up by id and searched for.
-        ensure!(
-            self.sessions.index_agrees(),
-            "the session index lists every session",
-            "the hash index and the id order of the sessions disagree"
-        );
-        let slots: Vec<Slot<'_>> = self.sessions.iter().collect();
+        let Some(slots): Option<Vec<Slot<'_>>> = self.sessions.checked_in_order() else {
+            return broken(
+                "the session index lists every session",
+                "the hash index and the id order of the sessions disagree".to_string(),
+            );
+        };
         let by_holder: HashMap<*const Holder, usize> = slots
             .iter()
             .enumerate()

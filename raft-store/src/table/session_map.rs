@@ -124,18 +124,26 @@ impl SessionMap {
         self.by_id.iter_mut().map(|(h, s)| (&h.0, s.make_mut()))
     }
 
-    /// Whether the hash index and the id order hold the same holders (for the invariant check).
-    pub(crate) fn index_agrees(&self) -> bool {
-        self.order.len() == self.by_id.len()
-            && self.order.iter().all(|holder| {
-                self.by_id
-                    .get_key_value(holder)
-                    .is_some_and(|(indexed, _)| Arc::ptr_eq(&indexed.0, &holder.0))
+    /// Every session with its holder, in id order, as [`SessionMap::iter`] gives them; `None`
+    /// if the hash index and the id order do not hold the same holders (for the invariant
+    /// check, which walks the sessions anyway: one probe of the index per session checks both).
+    pub(crate) fn checked_in_order(&self) -> Option<Vec<(&Arc<Holder>, &Session)>> {
+        if self.order.len() != self.by_id.len() {
+            return None;
+        }
+        // As many holders in each, ids unique in the order, and each found in the index as
+        // that very holder: the two hold the same ones.
+        self.order
+            .iter()
+            .map(|holder| {
+                let (indexed, session) = self.by_id.get_key_value(holder)?;
+                Arc::ptr_eq(&indexed.0, &holder.0).then_some((&indexed.0, &**session))
             })
+            .collect()
     }
 
-    /// Breaks the agreement [`SessionMap::index_agrees`] checks: drops `id` from the id order
-    /// alone.
+    /// Breaks the agreement [`SessionMap::checked_in_order`] checks: drops `id` from the id
+    /// order alone.
     #[cfg(test)]
     pub(crate) fn forget_order_of(&mut self, id: &str) {
         self.order.remove(id);
@@ -235,7 +243,7 @@ mod tests {
         model.insert(id(1), 77);
 
         assert_eq!(map.len(), model.len());
-        assert!(map.index_agrees());
+        assert!(map.checked_in_order().is_some());
         assert!(
             map.by_id.capacity() >= map.len(),
             "the index never shrinks below what it holds"
@@ -281,7 +289,7 @@ mod tests {
             "{} of {full}",
             map.by_id.capacity()
         );
-        assert!(map.index_agrees());
+        assert!(map.checked_in_order().is_some());
         assert_eq!(map.iter().count(), 100);
     }
 
@@ -314,15 +322,15 @@ mod tests {
         assert_eq!(bytes, postcard::to_allocvec(&reference).expect("encodes"));
         let back: SessionMap = postcard::from_bytes(&bytes).expect("decodes");
         assert_eq!(back, map);
-        assert!(back.index_agrees());
+        assert!(back.checked_in_order().is_some());
     }
 
     #[test]
     fn a_broken_index_is_seen() {
         let mut map = SessionMap::default();
         map.insert(holder("s1", "o"), session("o", 10));
-        assert!(map.index_agrees());
+        assert!(map.checked_in_order().is_some());
         map.forget_order_of("s1");
-        assert!(!map.index_agrees());
+        assert!(map.checked_in_order().is_none());
     }
 }
