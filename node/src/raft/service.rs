@@ -202,13 +202,15 @@ where
         writing += write.elapsed();
     }
     let arrived = started.elapsed();
+    // The checks of the whole, the file's head and its sync.
     let data = blocking(move || file.finish()).await?;
+    let took = started.elapsed();
     tracing::info!(
         index = header.meta.last_log_id.map(|id| id.index),
         bytes = header.len,
-        took_ms = started.elapsed().as_millis() as u64,
+        took_ms = took.as_millis() as u64,
         writing_ms = writing.as_millis() as u64,
-        sync_ms = (started.elapsed() - arrived).as_millis() as u64,
+        sync_ms = (took - arrived).as_millis() as u64,
         "snapshot received from the leader"
     );
     Ok((header, data))

@@ -109,12 +109,16 @@ impl SessionMap {
         self.order
             .range::<str, _>((from, Bound::Unbounded))
             .map(|holder| {
-                let (holder, session) = self
-                    .by_id
-                    .get_key_value(holder)
-                    .expect("the id order and the hash index hold the same sessions");
-                (&holder.0, &**session)
+                self.indexed(holder)
+                    .expect("the id order and the hash index hold the same sessions")
             })
+    }
+
+    /// `holder`'s session as the hash index holds it, if the index files that very holder
+    /// under its id.
+    fn indexed(&self, holder: &BySession) -> Option<(&Arc<Holder>, &Session)> {
+        let (indexed, session) = self.by_id.get_key_value(holder)?;
+        Arc::ptr_eq(&indexed.0, &holder.0).then_some((&indexed.0, &**session))
     }
 
     /// Every session with its holder, to change anything but its ids, in the hash index's
@@ -137,10 +141,7 @@ impl SessionMap {
         // that very holder: the two hold the same ones.
         self.order
             .iter()
-            .map(|holder| {
-                let (indexed, session) = self.by_id.get_key_value(holder)?;
-                Arc::ptr_eq(&indexed.0, &holder.0).then_some((&indexed.0, &**session))
-            })
+            .map(|holder| self.indexed(holder))
             .collect()
     }
 
