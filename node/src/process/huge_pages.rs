@@ -4,10 +4,10 @@
 //! measured on), every 2 MiB region of the allocator's arena that anything touches is faulted
 //! in whole. mimalloc spreads its small pages (one per size class and thread) across its arena,
 //! so a node paid for whole huge pages it used a few KiB of: an idle node held 53 MiB of huge
-//! pages and 54 MiB of anonymous memory in all, 28 MiB without them. At a million held locks
-//! W5 measured 461–489 MiB per node, peak 502–530, with them and 433–438 MiB, peak 475–480,
-//! without, with W1 and W3 unchanged within the run-to-run noise (bench/PERFORMANCE.md,
-//! "Session 16").
+//! pages and 54 MiB of anonymous memory in all, 34 MiB with this module's call. At a million
+//! held locks W5 measured 461–489 MiB per node, peak 502–530, with them and 433–452 MiB, peak
+//! 470–481, without, with W1 and W3 unchanged within the run-to-run noise
+//! (docs/PERFORMANCE.md, "Session 16").
 //!
 //! So `lockd run` turns them off for its process before its runtime starts or its state
 //! loads (`prctl(PR_SET_THP_DISABLE)`, which is mimalloc's own `MIMALLOC_ALLOW_THP=0`). An

@@ -104,9 +104,9 @@ impl Entry for HeldGrant {
 ///
 /// Cloning it is cheap (`O(chunks + sessions)`, about one `Arc` per 200 grants and two per
 /// session): every part is shared with the clone and copied, a chunk or a session at a time,
-/// only when one side changes it. The snapshot
-/// builder relies on that to encode a clone without holding the state lock. The encoding is
-/// the one every earlier release wrote (maps of `(key, value)` in key order).
+/// only when one side changes it. The snapshot builder relies on that to encode a clone
+/// without holding the state lock. The encoding is the one every earlier release wrote (maps
+/// of `(key, value)` in key order).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LockTable {
     /// The one grant of each held key.

@@ -136,8 +136,8 @@ pub async fn run_promoter(
 /// [`RECONCILE_STEP`] (each step resumes after the last key of the one before with one search,
 /// so the walk is linear in the state, not quadratic), handing each step to the keeper under
 /// the state's read lock and yielding between steps, so neither the apply loop nor the
-/// renewals and heartbeats wait on more than one step. Returns `false` (the walk abandoned) once `leading` says this node no longer leads
-/// in the promoted term.
+/// renewals and heartbeats wait on more than one step. Returns `false` (the walk abandoned)
+/// once `leading` says this node no longer leads in the promoted term.
 async fn reconcile(
     keeper: &LeaseKeeper,
     reader: &StateReader,
