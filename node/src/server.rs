@@ -164,12 +164,13 @@ async fn serve(
             "raft dial override active: Raft RPCs to this peer connect to the dial address"
         );
     }
+    let network = NetworkFactory::new(config.node_id)
+        .with_dial_overrides(config.raft_dial.clone())
+        .with_tls(tls.as_ref().map(|(_, client)| client.clone()));
     let raft = Raft::new(
         config.node_id,
         raft_config,
-        NetworkFactory::new(config.node_id)
-            .with_dial_overrides(config.raft_dial.clone())
-            .with_tls(tls.as_ref().map(|(_, client)| client.clone())),
+        network.clone(),
         log_store,
         state_machine,
     )
@@ -238,9 +239,13 @@ async fn serve(
     )
     .await?;
 
-    let raft_service = RaftServiceServer::new(RaftRpc::new(raft.clone(), inbox, stop_rx))
-        .max_decoding_message_size(RAFT_MESSAGE_BYTES_MAX)
-        .max_encoding_message_size(RAFT_MESSAGE_BYTES_MAX);
+    let raft_service =
+        RaftServiceServer::new(RaftRpc::new(raft.clone(), inbox, stop_rx, network.hints()))
+            .max_decoding_message_size(RAFT_MESSAGE_BYTES_MAX)
+            .max_encoding_message_size(RAFT_MESSAGE_BYTES_MAX);
+    // The listener is bound and the serve loop starts below: a peer that tries this node on
+    // hearing from it is answered.
+    tokio::spawn(say_hello(raft.clone(), network));
     let served = grpc::serve::serve(
         Serve {
             backend,
@@ -268,6 +273,36 @@ async fn serve(
     served?;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Tells each peer of the membership this node starts with that it is listening, so a leader
+/// backing off from it while it was down reaches it now (`raft::network::hello`); a node with
+/// no membership yet (before `bootstrap` or `init`) has nobody to tell.
+async fn say_hello(raft: Raft, network: NetworkFactory) {
+    use openraft::async_runtime::WatchReceiver;
+    let peers: Vec<_> = {
+        let metrics = raft.metrics();
+        let metrics = metrics.borrow_watched();
+        metrics
+            .membership_config
+            .membership()
+            .nodes()
+            .map(|(id, node)| (*id, node.clone()))
+            .collect()
+    };
+    let others = peers
+        .iter()
+        .filter(|(id, _)| *id != network.self_id())
+        .count();
+    if others == 0 {
+        return;
+    }
+    let answered = network.say_hello(peers).await;
+    tracing::info!(
+        peers = others,
+        answered,
+        "told the raft peers this node is listening"
+    );
 }
 
 /// Who may call what on this node: the role map and the tokens file of `config`, enforced on

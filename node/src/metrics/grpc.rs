@@ -78,7 +78,7 @@ const UNKNOWN: &str = "unknown";
 
 /// The RPC names of lockd's own services (proto/lockd/v1/*.proto) and of health, borrowed by
 /// [`split_path`] so that counting a call allocates nothing.
-const KNOWN_METHODS: [&str; 27] = [
+const KNOWN_METHODS: [&str; 28] = [
     "Acquire",
     "TryAcquire",
     "CancelAcquire",
@@ -102,6 +102,7 @@ const KNOWN_METHODS: [&str; 27] = [
     "Vote",
     "PreVote",
     "Snapshot",
+    "Hello",
     "Check",
     "Watch",
     "List",

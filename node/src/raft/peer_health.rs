@@ -28,8 +28,8 @@ use crate::log_limit::{LogLimit, Note};
 pub struct PeerHealth {
     target: NodeId,
     state: Mutex<State>,
-    /// Counts successes, so a call waiting for its turn ([`PeerHealth::wait_turn`]) goes at
-    /// once when another client reached the peer.
+    /// Counts successes and hints, so a call waiting for its turn ([`PeerHealth::wait_turn`])
+    /// goes at once when another client reached the peer or the peer said it is back.
     reached: watch::Sender<u64>,
 }
 
@@ -38,6 +38,10 @@ struct State {
     backoff: Backoff,
     /// `None` while the peer is reachable; else the earliest time of the next attempt.
     retry_at: Option<Instant>,
+    /// Whether a hint ([`PeerHealth::heard_from`]) already brought the current retry forward:
+    /// one hint per failed round, so a peer that calls often but cannot be reached adds at
+    /// most one attempt per backoff delay.
+    hinted: bool,
     log: LogLimit,
 }
 
@@ -59,6 +63,7 @@ impl PeerHealth {
             state: Mutex::new(State {
                 backoff: Backoff::new(seed),
                 retry_at: None,
+                hinted: false,
                 log: LogLimit::default(),
             }),
             reached: watch::Sender::new(0),
@@ -104,6 +109,7 @@ impl PeerHealth {
                 return;
             }
             state.retry_at = None;
+            state.hinted = false;
             state.backoff.reset();
             state.log.succeeded(now.into_std())
         };
@@ -116,6 +122,26 @@ impl PeerHealth {
                 "raft peer reachable again"
             );
         }
+    }
+
+    /// Records that the peer called this node at `now` to say it is listening (a `Hello`): if
+    /// it was unreachable and its next attempt is not due, the attempt becomes due now, once
+    /// per failed round, and waiting calls go. Not a success: only a call of this node's that
+    /// gets through shows the way to the peer works, and if the attempt fails the backoff goes
+    /// on from where it was. Returns whether the retry was brought forward.
+    pub fn heard_from(&self, now: Instant) -> bool {
+        {
+            let mut state = self.state();
+            match state.retry_at {
+                Some(at) if at > now && !state.hinted => {
+                    state.retry_at = Some(now);
+                    state.hinted = true;
+                }
+                _ => return false,
+            }
+        }
+        self.reached.send_modify(|n| *n = n.wrapping_add(1));
+        true
     }
 
     /// Records that a call to the peer at `addr` failed at `now` with `error`.
@@ -131,6 +157,7 @@ impl PeerHealth {
             if due {
                 let delay = state.backoff.next_delay();
                 state.retry_at = Some(now + delay);
+                state.hinted = false;
             }
             let retry_in = state.retry_at.map_or(Duration::ZERO, |at| at - now);
             (state.log.failed(now.into_std(), error), retry_in)
@@ -225,6 +252,51 @@ mod tests {
             panic!("closed");
         };
         assert_eq!(first, second);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_hello_brings_the_next_attempt_forward_once_per_failed_round() {
+        let health = Arc::new(PeerHealth::new(1, 2));
+        // Reachable: nothing to bring forward.
+        assert!(!health.heard_from(Instant::now()));
+        // Push the delay up to the cap, then wait for the turn in a call.
+        for _ in 0..10 {
+            health.wait_turn().await;
+            health.failed(Instant::now(), "a", &"refused");
+        }
+        let start = Instant::now();
+        let Err(before) = health.turn(start) else {
+            panic!("closed");
+        };
+        assert!(before.retry_in >= BACKOFF_CAP / 2, "{before:?}");
+        let waiter = tokio::spawn({
+            let health = health.clone();
+            async move {
+                health.wait_turn().await;
+                Instant::now()
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert!(health.heard_from(Instant::now()));
+        let woke = waiter.await.unwrap();
+        assert!(
+            woke - start < Duration::from_millis(20),
+            "woke after {:?}",
+            woke - start
+        );
+        // A second hello in the same round changes nothing.
+        assert!(!health.heard_from(Instant::now()));
+        assert_eq!(health.turn(Instant::now()), Ok(()));
+        // The attempt fails: the backoff goes on from the cap, not from the start, and the
+        // new round may be brought forward once more.
+        health.failed(Instant::now(), "a", &"refused");
+        let Err(after) = health.turn(Instant::now()) else {
+            panic!("closed");
+        };
+        assert!(after.retry_in >= BACKOFF_CAP / 2, "{after:?}");
+        assert!(!health.is_reachable());
+        assert!(health.heard_from(Instant::now()));
+        assert!(!health.heard_from(Instant::now()));
     }
 
     #[tokio::test(start_paused = true)]

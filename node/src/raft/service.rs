@@ -24,6 +24,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::{oneshot, watch};
 use tonic::{Request, Response, Status, Streaming};
 
+use super::network::PeerHints;
 use super::{SnapshotHeader, StreamAnswer};
 
 /// The answers of an `AppendStream`.
@@ -40,6 +41,8 @@ pub struct RaftRpc {
     inbox: SnapshotInbox,
     /// Becomes true when the node stops: open append streams then take no new append.
     stop: watch::Receiver<bool>,
+    /// Where a peer's `Hello` goes: this node's next attempt to it comes forward.
+    hints: PeerHints,
 }
 
 impl std::fmt::Debug for RaftRpc {
@@ -51,9 +54,20 @@ impl std::fmt::Debug for RaftRpc {
 impl RaftRpc {
     /// Serves `raft`, whose state machine takes snapshots in through `inbox`; `stop` turning
     /// true ends every open append stream before its next message, so that a stopping node
-    /// acknowledges no further append.
-    pub fn new(raft: Raft, inbox: SnapshotInbox, stop: watch::Receiver<bool>) -> Self {
-        Self { raft, inbox, stop }
+    /// acknowledges no further append. A peer's `Hello` goes to `hints`, the hints of the
+    /// network this node's Raft calls its peers through.
+    pub fn new(
+        raft: Raft,
+        inbox: SnapshotInbox,
+        stop: watch::Receiver<bool>,
+        hints: PeerHints,
+    ) -> Self {
+        Self {
+            raft,
+            inbox,
+            stop,
+            hints,
+        }
     }
 }
 
@@ -268,6 +282,14 @@ impl RaftService for RaftRpc {
             .await
             .map_err(|fatal| fatal.to_string());
         encode("snapshot", &answer).map(Response::new)
+    }
+
+    /// A peer that has just started says it is listening: a retry of it that waits for its
+    /// backoff goes now (`raft::network::hello`). Answers `()`.
+    async fn hello(&self, request: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
+        let peer = PeerHints::decode_hello(request.get_ref()).map_err(Status::invalid_argument)?;
+        self.hints.heard_from(peer);
+        encode("hello", &()).map(Response::new)
     }
 }
 

@@ -12,6 +12,8 @@
 //! - `coalesce`: the commit-only coalescing of the requests on an append stream, and the
 //!   answers it owes for them;
 //! - `snapshot`: a whole snapshot on one `Snapshot` stream;
+//! - `hello`: at start, telling each peer once that this node listens, and on receipt of a
+//!   peer's, bringing this node's next attempt to it forward ([`PeerHints`]);
 //! - `call_error` and `payload`: why a call failed, as openraft's error kinds, and the
 //!   postcard encoding of what goes out and comes back.
 //!
@@ -27,12 +29,14 @@
 //! (`raft::peer_health`, `raft::backoff`): replication streams, unary appends and snapshots wait
 //! for the peer's next turn before dialling, heartbeats (which also carry openraft's leadership
 //! confirmation for linearizable reads) and votes fail at once until it comes; one success on
-//! any path opens the gate for all. The peer's changes of state are logged once each.
+//! any path opens the gate for all, and so does, once per failed round, the peer's `Hello`
+//! when it starts. The peer's changes of state are logged once each.
 
 mod append_stream;
 mod call_error;
 mod coalesce;
 mod dial;
+mod hello;
 mod payload;
 mod snapshot;
 #[cfg(test)]
@@ -58,6 +62,7 @@ use openraft::raft::{
 use tonic::transport::Channel;
 
 pub use dial::RAFT_MESSAGE_BYTES_MAX;
+pub use hello::PeerHints;
 
 use super::backoff::BACKOFF_INITIAL;
 use super::peer_health::PeerHealth;
@@ -112,6 +117,11 @@ impl NetworkFactory {
     pub fn with_tls(mut self, tls: Option<Arc<ClientTls>>) -> Self {
         self.tls = tls;
         self
+    }
+
+    /// This node's id.
+    pub fn self_id(&self) -> NodeId {
+        self.self_id
     }
 
     /// Where RPCs to `target`, whose membership entry is `node`, are sent.

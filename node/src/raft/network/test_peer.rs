@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use lock_proto::v1::RaftPayload;
-use lock_raft_store::{LeaderId, LogId, Node, TypeConfig, Vote};
+use lock_raft_store::{LeaderId, LogId, Node, NodeId, TypeConfig, Vote};
 use openraft::base::BoxStream;
 use openraft::network::{RPCOption, RaftNetworkFactory, RaftNetworkV2};
 use openraft::raft::{AppendEntriesRequest, StreamAppendResult, VoteRequest};
@@ -42,6 +42,17 @@ pub(super) struct FakePeer {
     pub(super) conflict_from: Option<u64>,
     pub(super) streams_opened: Arc<AtomicUsize>,
     pub(super) appends_received: Arc<AtomicUsize>,
+    /// Where the node id of each `Hello` goes; without it, `Hello` is unimplemented, as on a
+    /// node older than the call.
+    pub(super) hellos: Option<mpsc::UnboundedSender<NodeId>>,
+}
+
+impl FakePeer {
+    /// The same peer, answering each `Hello` and sending its node id to `hellos`.
+    pub(super) fn on_hello(mut self, hellos: mpsc::UnboundedSender<NodeId>) -> Self {
+        self.hellos = Some(hellos);
+        self
+    }
 }
 
 type Answers =
@@ -132,6 +143,20 @@ impl lock_proto::v1::raft_service_server::RaftService for FakePeer {
         _: tonic::Request<tonic::Streaming<RaftPayload>>,
     ) -> Result<tonic::Response<RaftPayload>, tonic::Status> {
         Err(tonic::Status::unimplemented("snapshot"))
+    }
+
+    async fn hello(
+        &self,
+        request: tonic::Request<RaftPayload>,
+    ) -> Result<tonic::Response<RaftPayload>, tonic::Status> {
+        let Some(hellos) = &self.hellos else {
+            return Err(tonic::Status::unimplemented("hello"));
+        };
+        let from: NodeId = postcard::from_bytes(&request.get_ref().data).unwrap();
+        let _ = hellos.send(from);
+        Ok(tonic::Response::new(RaftPayload {
+            data: postcard::to_stdvec(&()).unwrap(),
+        }))
     }
 }
 

@@ -14,7 +14,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13lockd/v1/raft.proto\x12\x08lockd.v1\"\x1b\n\x0bRaftPayload\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x32\xb2\x02\n\x0bRaftService\x12\x36\n\x06\x41ppend\x12\x15.lockd.v1.RaftPayload\x1a\x15.lockd.v1.RaftPayload\x12@\n\x0c\x41ppendStream\x12\x15.lockd.v1.RaftPayload\x1a\x15.lockd.v1.RaftPayload(\x01\x30\x01\x12\x34\n\x04Vote\x12\x15.lockd.v1.RaftPayload\x1a\x15.lockd.v1.RaftPayload\x12\x37\n\x07PreVote\x12\x15.lockd.v1.RaftPayload\x1a\x15.lockd.v1.RaftPayload\x12:\n\x08Snapshot\x12\x15.lockd.v1.RaftPayload\x1a\x15.lockd.v1.RaftPayload(\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13lockd/v1/raft.proto\x12\x08lockd.v1\"\x1b\n\x0bRaftPayload\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x32\xe9\x02\n\x0bRaftService\x12\x36\n\x06\x41ppend\x12\x15.lockd.v1.RaftPayload\x1a\x15.lockd.v1.RaftPayload\x12@\n\x0c\x41ppendStream\x12\x15.lockd.v1.RaftPayload\x1a\x15.lockd.v1.RaftPayload(\x01\x30\x01\x12\x34\n\x04Vote\x12\x15.lockd.v1.RaftPayload\x1a\x15.lockd.v1.RaftPayload\x12\x37\n\x07PreVote\x12\x15.lockd.v1.RaftPayload\x1a\x15.lockd.v1.RaftPayload\x12:\n\x08Snapshot\x12\x15.lockd.v1.RaftPayload\x1a\x15.lockd.v1.RaftPayload(\x01\x12\x35\n\x05Hello\x12\x15.lockd.v1.RaftPayload\x1a\x15.lockd.v1.RaftPayloadb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -24,5 +24,5 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   _globals['_RAFTPAYLOAD']._serialized_start=33
   _globals['_RAFTPAYLOAD']._serialized_end=60
   _globals['_RAFTSERVICE']._serialized_start=63
-  _globals['_RAFTSERVICE']._serialized_end=369
+  _globals['_RAFTSERVICE']._serialized_end=424
 # @@protoc_insertion_point(module_scope)

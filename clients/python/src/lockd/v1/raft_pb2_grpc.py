@@ -41,6 +41,11 @@ class RaftServiceStub(object):
                 request_serializer=lockd_dot_v1_dot_raft__pb2.RaftPayload.SerializeToString,
                 response_deserializer=lockd_dot_v1_dot_raft__pb2.RaftPayload.FromString,
                 )
+        self.Hello = channel.unary_unary(
+                '/lockd.v1.RaftService/Hello',
+                request_serializer=lockd_dot_v1_dot_raft__pb2.RaftPayload.SerializeToString,
+                response_deserializer=lockd_dot_v1_dot_raft__pb2.RaftPayload.FromString,
+                )
 
 
 class RaftServiceServicer(object):
@@ -96,6 +101,18 @@ class RaftServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Hello(self, request, context):
+        """A node that has just started tells each peer of its membership, once,
+        that it is listening: the request is the caller's node id (a postcard
+        `u64`), the answer empty. A peer that was backing off from the caller as
+        unreachable makes its next attempt at once instead of at its next retry,
+        so a restarted follower is caught up as soon as it serves. Changes nothing
+        in Raft; an older node answers `Unimplemented`, which the caller ignores.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RaftServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -121,6 +138,11 @@ def add_RaftServiceServicer_to_server(servicer, server):
             ),
             'Snapshot': grpc.stream_unary_rpc_method_handler(
                     servicer.Snapshot,
+                    request_deserializer=lockd_dot_v1_dot_raft__pb2.RaftPayload.FromString,
+                    response_serializer=lockd_dot_v1_dot_raft__pb2.RaftPayload.SerializeToString,
+            ),
+            'Hello': grpc.unary_unary_rpc_method_handler(
+                    servicer.Hello,
                     request_deserializer=lockd_dot_v1_dot_raft__pb2.RaftPayload.FromString,
                     response_serializer=lockd_dot_v1_dot_raft__pb2.RaftPayload.SerializeToString,
             ),
@@ -216,6 +238,23 @@ class RaftService(object):
             timeout=None,
             metadata=None):
         return grpc.experimental.stream_unary(request_iterator, target, '/lockd.v1.RaftService/Snapshot',
+            lockd_dot_v1_dot_raft__pb2.RaftPayload.SerializeToString,
+            lockd_dot_v1_dot_raft__pb2.RaftPayload.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def Hello(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/lockd.v1.RaftService/Hello',
             lockd_dot_v1_dot_raft__pb2.RaftPayload.SerializeToString,
             lockd_dot_v1_dot_raft__pb2.RaftPayload.FromString,
             options, channel_credentials,
