@@ -3,7 +3,11 @@
 //! a directory under the cargo target dir, i.e. the real disk rather than a tmpfs).
 //!
 //! - `apply/acquire_release_pairs`: `Acquire` + `Release` of 1 000 keys (of 10 000, rotating)
-//!   on a table with 100 sessions; throughput in commands.
+//!   on a table with 100 sessions; throughput in commands. `..._among_100000_sessions`: the
+//!   same with 99,900 idle sessions beside them (`SESSIONS_MAX` in all), which shows what a
+//!   session lookup costs when there are many.
+//! - `snapshot_view/{1000,30000,100000}`: a clone of a table holding that many sessions, what
+//!   a snapshot build takes under the state lock (the drop is not timed).
 //! - `durable_append/{wal,sled}/{1,16,256}`: one `append` call of one entry holding that many
 //!   commands (`Batch` above 1), acknowledged after flush + `fdatasync`; throughput in
 //!   commands, so entries/s = throughput / commands per entry (= 1 / time per iteration). Both
@@ -37,60 +41,97 @@ fn key(i: usize) -> String {
 }
 
 fn bench_apply(c: &mut Criterion) {
+    let mut group = c.benchmark_group("apply");
+    group.throughput(Throughput::Elements(2 * PAIRS_PER_ITER as u64));
+    for (name, idle_sessions) in [
+        ("acquire_release_pairs", 0),
+        (
+            "acquire_release_pairs_among_100000_sessions",
+            100_000 - SESSIONS,
+        ),
+    ] {
+        let mut table = table_of_sessions(idle_sessions);
+        let mut events = Vec::new();
+        for s in 0..SESSIONS {
+            table.apply(
+                STAMP_MS,
+                Command::OpenSession {
+                    session_id: session_id(s),
+                    owner_id: format!("owner-{s}"),
+                    ttl_ms: 60_000,
+                },
+                &mut events,
+            );
+        }
+        let mut request_id = 0u64;
+        let mut next_key = 0usize;
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                for _ in 0..PAIRS_PER_ITER {
+                    let session = session_id(next_key % SESSIONS);
+                    let key = key(next_key);
+                    next_key += 1;
+                    request_id += 1;
+                    events.clear();
+                    let granted = table.apply(
+                        STAMP_MS,
+                        Command::Acquire {
+                            session_id: session.clone(),
+                            request_id,
+                            key: key.clone(),
+                            ttl_ms: 30_000,
+                            wait_ms: 0,
+                        },
+                        &mut events,
+                    );
+                    let Response::Granted(grant) = granted else {
+                        panic!("the bench's keys are free: {granted:?}");
+                    };
+                    request_id += 1;
+                    let released = table.apply(
+                        STAMP_MS,
+                        Command::Release {
+                            session_id: session,
+                            request_id,
+                            key,
+                            token: grant.token,
+                        },
+                        &mut events,
+                    );
+                    black_box(released);
+                }
+            })
+        });
+    }
+    group.finish();
+}
+
+/// A table of `sessions` sessions and nothing else.
+fn table_of_sessions(sessions: usize) -> LockTable {
     let mut table = LockTable::new();
     let mut events = Vec::new();
-    for s in 0..SESSIONS {
+    for s in 0..sessions {
         table.apply(
             STAMP_MS,
             Command::OpenSession {
-                session_id: session_id(s),
+                session_id: format!("{:032x}", (s as u128).wrapping_mul(0x9e37_79b9_7f4a_7c15)),
                 owner_id: format!("owner-{s}"),
                 ttl_ms: 60_000,
             },
             &mut events,
         );
     }
-    let mut request_id = 0u64;
-    let mut next_key = 0usize;
-    let mut group = c.benchmark_group("apply");
-    group.throughput(Throughput::Elements(2 * PAIRS_PER_ITER as u64));
-    group.bench_function("acquire_release_pairs", |b| {
-        b.iter(|| {
-            for _ in 0..PAIRS_PER_ITER {
-                let session = session_id(next_key % SESSIONS);
-                let key = key(next_key);
-                next_key += 1;
-                request_id += 1;
-                events.clear();
-                let granted = table.apply(
-                    STAMP_MS,
-                    Command::Acquire {
-                        session_id: session.clone(),
-                        request_id,
-                        key: key.clone(),
-                        ttl_ms: 30_000,
-                        wait_ms: 0,
-                    },
-                    &mut events,
-                );
-                let Response::Granted(grant) = granted else {
-                    panic!("the bench's keys are free: {granted:?}");
-                };
-                request_id += 1;
-                let released = table.apply(
-                    STAMP_MS,
-                    Command::Release {
-                        session_id: session,
-                        request_id,
-                        key,
-                        token: grant.token,
-                    },
-                    &mut events,
-                );
-                black_box(released);
-            }
-        })
-    });
+    table
+}
+
+fn bench_snapshot_view(c: &mut Criterion) {
+    let mut group = c.benchmark_group("snapshot_view");
+    for sessions in [1_000, 30_000, 100_000] {
+        let table = table_of_sessions(sessions);
+        group.bench_function(BenchmarkId::from_parameter(sessions), |b| {
+            b.iter_with_large_drop(|| table.clone())
+        });
+    }
     group.finish();
 }
 
@@ -172,6 +213,6 @@ criterion_group! {
         .sample_size(20)
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(5));
-    targets = bench_apply, bench_durable_append
+    targets = bench_apply, bench_snapshot_view, bench_durable_append
 }
 criterion_main!(benches);

@@ -15,58 +15,146 @@
 //! order, exactly what the ordered map before it (and a `BTreeMap<String, Session>` before
 //! that) wrote. Owns no lock semantics.
 
-use std::collections::{BTreeSet, HashMap};
 use std::fmt;
-use std::ops::Bound;
+use std::hash::{BuildHasher, RandomState};
 use std::sync::Arc;
 
+use hashbrown::HashTable;
+use hashbrown::hash_table::Entry as Slot;
 use serde::de::{MapAccess, Visitor};
 use serde::ser::SerializeMap;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+use super::chunked::{ChunkedMap, Entry};
 use super::decoded::InlineStr;
 use super::held::{BySession, Holder};
 use super::holder_pool;
 use super::session::Session;
 use super::shared::Shared;
 
-/// Capacity of the hash index below which a removal never shrinks it.
-const SHRINK_ABOVE: usize = 1_024;
+/// Shards of the hash index (a power of two). A clone copies one `Arc` per shard; the first
+/// change to a shard after a clone copies that shard, about `SESSIONS_MAX / SHARDS` (390)
+/// entries.
+const SHARDS: usize = 256;
+
+/// The bits of a session id's hash that pick its shard: bits 32 to 39. A shard's table places
+/// an entry by the low bits of the same hash (fewer than 32 of them below 2^32 buckets) and
+/// tells entries apart by the top seven, so neither loses a bit to the choice of shard.
+const SHARD_SHIFT: u32 = 32;
+
+const _: () = assert!(SHARDS.is_power_of_two() && SHARDS <= 1 << 8);
+
+/// Capacity of one shard below which a removal never shrinks it.
+const SHRINK_ABOVE: usize = 8;
+
+/// One shard of the hash index: each session with its holder, found by the hash of its id.
+type Shard = HashTable<(BySession, Shared<Session>)>;
 
 /// The live sessions by id; see the module docs.
 ///
-/// Cloning it copies one entry per session (two `Arc`s each, no session): the table's clone for
-/// a snapshot build pays that under the state lock, once per build. Measured in a release build
-/// (best of five): 0.03 ms at 1,000 sessions, 1.3 ms at 30,000, 10 ms at 100,000
-/// (docs/PERFORMANCE.md, "Session 16"). A session itself stays shared with the clone until one
-/// side changes it.
-#[derive(Clone, Default)]
+/// Cloning it costs one `Arc` per shard of the hash index and one per chunk of the id order
+/// (about 700 at `SESSIONS_MAX`), not one per session: the table's clone for a snapshot build
+/// pays it under the state lock, once per build. An apply that then changes a session copies
+/// that session's shard and order chunk, once per build. (A single hash map and an ordered set
+/// cost 10 ms per clone at 100,000 sessions: docs/PERFORMANCE.md, "Session 17".) A session
+/// itself stays shared with the clone until one side changes it.
+#[derive(Clone)]
 pub(crate) struct SessionMap {
-    /// Each session under its holder, found by the holder's session id.
-    by_id: HashMap<BySession, Shared<Session>>,
+    /// The hash index, in [`SHARDS`] shards, by [`SessionMap::hash`] of the session id.
+    shards: Vec<Arc<Shard>>,
+    /// Hashes session ids, once per lookup: the hash picks the shard and the place in it.
+    hasher: RandomState,
+    /// Sessions in all shards.
+    len: usize,
     /// The same holders, in id order.
-    order: BTreeSet<BySession>,
+    order: ChunkedMap<BySession>,
+}
+
+impl Default for SessionMap {
+    fn default() -> Self {
+        Self {
+            shards: (0..SHARDS).map(|_| Arc::default()).collect(),
+            hasher: RandomState::new(),
+            len: 0,
+            order: ChunkedMap::default(),
+        }
+    }
+}
+
+/// Whether `entry` is the session `id`'s.
+fn is<'a>(id: &'a str) -> impl Fn(&(BySession, Shared<Session>)) -> bool + 'a {
+    move |(holder, _)| holder.0.session_id == id
+}
+
+/// The shard of a session whose id hashes to `hash`.
+fn shard_of(hash: u64) -> usize {
+    ((hash >> SHARD_SHIFT) as usize) & (SHARDS - 1)
+}
+
+/// The id order's entry: a holder, under its session id.
+impl Entry for BySession {
+    type Value = Arc<Holder>;
+
+    fn key(&self) -> &str {
+        &self.0.session_id
+    }
+
+    fn value(&self) -> &Arc<Holder> {
+        &self.0
+    }
+
+    fn value_mut(&mut self) -> &mut Arc<Holder> {
+        &mut self.0
+    }
+
+    fn from_parts(key: &str, holder: Arc<Holder>) -> Result<Self, String> {
+        if key == holder.session_id {
+            Ok(BySession(holder))
+        } else {
+            Err(format!(
+                "session {key} filed under holder of session {}",
+                holder.session_id
+            ))
+        }
+    }
 }
 
 impl SessionMap {
     /// Number of sessions.
     pub(crate) fn len(&self) -> usize {
-        self.by_id.len()
+        self.len
+    }
+
+    /// The hash of the session id `id`.
+    fn hash(&self, id: &str) -> u64 {
+        self.hasher.hash_one(id)
+    }
+
+    /// The session `id`'s entry in the hash index.
+    fn find(&self, id: &str) -> Option<&(BySession, Shared<Session>)> {
+        let hash = self.hash(id);
+        self.shards[shard_of(hash)].find(hash, is(id))
     }
 
     /// The session `id`.
     pub(crate) fn get(&self, id: &str) -> Option<&Session> {
-        self.by_id.get(id).map(|s| &**s)
+        self.find(id).map(|(_, s)| &**s)
     }
 
     /// The session `id` with its holder, the one every grant of the session points at.
     pub(crate) fn entry(&self, id: &str) -> Option<(&Arc<Holder>, &Session)> {
-        self.by_id.get_key_value(id).map(|(h, s)| (&h.0, &**s))
+        self.find(id).map(|(h, s)| (&h.0, &**s))
     }
 
-    /// The session `id`, to change (copied first if a clone of the table shares it).
+    /// The session `id`, to change (its shard and the session copied first if a clone of the
+    /// table shares them; nothing is copied when there is no such session).
     pub(crate) fn get_mut(&mut self, id: &str) -> Option<&mut Session> {
-        self.by_id.get_mut(id).map(Shared::make_mut)
+        let hash = self.hash(id);
+        let shard = &mut self.shards[shard_of(hash)];
+        shard.find(hash, is(id))?;
+        Arc::make_mut(shard)
+            .find_mut(hash, is(id))
+            .map(|(_, s)| s.make_mut())
     }
 
     /// Files `session` under `holder`'s session id, returning the session it replaced.
@@ -75,21 +163,40 @@ impl SessionMap {
         holder: Arc<Holder>,
         session: Session,
     ) -> Option<Shared<Session>> {
-        let session = Shared::new(session);
+        let hash = self.hash(&holder.session_id);
+        let hasher = &self.hasher;
+        let shard = Arc::make_mut(&mut self.shards[shard_of(hash)]);
         // The holder goes in both places: a replaced session's old holder leaves both.
-        let replaced = self.by_id.remove_entry(holder.session_id.as_str());
-        self.order.replace(BySession(holder.clone()));
-        self.by_id.insert(BySession(holder), session);
-        replaced.map(|(_, s)| s)
+        self.order.insert(BySession(holder.clone()));
+        let entry = (BySession(holder), Shared::new(session));
+        let rehash =
+            |(h, _): &(BySession, Shared<Session>)| hasher.hash_one(h.0.session_id.as_str());
+        match shard.entry(hash, is(&entry.0.0.session_id), rehash) {
+            Slot::Occupied(mut occupied) => Some(std::mem::replace(occupied.get_mut(), entry).1),
+            Slot::Vacant(vacant) => {
+                vacant.insert(entry);
+                self.len += 1;
+                None
+            }
+        }
     }
 
     /// Removes the session `id` (still shared with a clone of the table that holds it).
     pub(crate) fn remove(&mut self, id: &str) -> Option<Shared<Session>> {
-        let (_, session) = self.by_id.remove_entry(id)?;
+        let hash = self.hash(id);
+        let index = shard_of(hash);
+        self.shards[index].find(hash, is(id))?;
+        let hasher = &self.hasher;
+        let shard = Arc::make_mut(&mut self.shards[index]);
+        let ((_, session), _) = shard.find_entry(hash, is(id)).ok()?.remove();
         self.order.remove(id);
-        // A hash map keeps its capacity: after 100,000 sessions closed, give most of it back.
-        if self.by_id.capacity() > SHRINK_ABOVE && self.by_id.len() < self.by_id.capacity() / 4 {
-            self.by_id.shrink_to(self.by_id.len() * 2);
+        self.len -= 1;
+        // A hash table keeps its capacity: after most of a shard's sessions closed, give most
+        // of it back.
+        if shard.capacity() > SHRINK_ABOVE && shard.len() < shard.capacity() / 4 {
+            shard.shrink_to(shard.len() * 2, |(h, _)| {
+                hasher.hash_one(h.0.session_id.as_str())
+            });
         }
         Some(session)
     }
@@ -105,20 +212,17 @@ impl SessionMap {
         &self,
         after: Option<&str>,
     ) -> impl Iterator<Item = (&Arc<Holder>, &Session)> {
-        let from = after.map_or(Bound::Unbounded, Bound::Excluded);
-        self.order
-            .range::<str, _>((from, Bound::Unbounded))
-            .map(|holder| {
-                self.indexed(holder)
-                    .expect("the id order and the hash index hold the same sessions")
-            })
+        self.order.values_after(after).map(|holder| {
+            self.indexed(holder)
+                .expect("the id order and the hash index hold the same sessions")
+        })
     }
 
     /// `holder`'s session as the hash index holds it, if the index files that very holder
     /// under its id.
-    fn indexed(&self, holder: &BySession) -> Option<(&Arc<Holder>, &Session)> {
-        let (indexed, session) = self.by_id.get_key_value(holder)?;
-        Arc::ptr_eq(&indexed.0, &holder.0).then_some((&indexed.0, &**session))
+    fn indexed(&self, holder: &Arc<Holder>) -> Option<(&Arc<Holder>, &Session)> {
+        let (indexed, session) = self.find(&holder.session_id)?;
+        Arc::ptr_eq(&indexed.0, holder).then_some((&indexed.0, &**session))
     }
 
     /// Every session with its holder, to change anything but its ids, in the hash index's
@@ -127,20 +231,24 @@ impl SessionMap {
     pub(crate) fn sessions_mut_any_order(
         &mut self,
     ) -> impl Iterator<Item = (&Arc<Holder>, &mut Session)> {
-        self.by_id.iter_mut().map(|(h, s)| (&h.0, s.make_mut()))
+        self.shards
+            .iter_mut()
+            .flat_map(|shard| Arc::make_mut(shard).iter_mut())
+            .map(|(h, s)| (&h.0, s.make_mut()))
     }
 
     /// Every session with its holder, in id order, as [`SessionMap::iter`] gives them; `None`
     /// if the hash index and the id order do not hold the same holders (for the invariant
     /// check, which walks the sessions anyway: one probe of the index per session checks both).
     pub(crate) fn checked_in_order(&self) -> Option<Vec<(&Arc<Holder>, &Session)>> {
-        if self.order.len() != self.by_id.len() {
+        let indexed: usize = self.shards.iter().map(|shard| shard.len()).sum();
+        if self.order.len() != self.len || indexed != self.len {
             return None;
         }
         // As many holders in each, ids unique in the order, and each found in the index as
         // that very holder: the two hold the same ones.
         self.order
-            .iter()
+            .values()
             .map(|holder| self.indexed(holder))
             .collect()
     }
@@ -150,6 +258,12 @@ impl SessionMap {
     #[cfg(test)]
     pub(crate) fn forget_order_of(&mut self, id: &str) {
         self.order.remove(id);
+    }
+
+    /// The hash index's capacity, all shards together.
+    #[cfg(test)]
+    fn capacity(&self) -> usize {
+        self.shards.iter().map(|shard| shard.capacity()).sum()
     }
 }
 
@@ -248,7 +362,7 @@ mod tests {
         assert_eq!(map.len(), model.len());
         assert!(map.checked_in_order().is_some());
         assert!(
-            map.by_id.capacity() >= map.len(),
+            map.capacity() >= map.len(),
             "the index never shrinks below what it holds"
         );
         for i in 0..2_000 {
@@ -283,15 +397,11 @@ mod tests {
         for i in 0..20_000 {
             map.insert(holder(&format!("t{i:06}"), "o"), session("o", i));
         }
-        let full = map.by_id.capacity();
+        let full = map.capacity();
         for i in 0..19_900 {
             map.remove(&format!("t{i:06}"));
         }
-        assert!(
-            map.by_id.capacity() * 8 <= full,
-            "{} of {full}",
-            map.by_id.capacity()
-        );
+        assert!(map.capacity() * 8 <= full, "{} of {full}", map.capacity());
         assert!(map.checked_in_order().is_some());
         assert_eq!(map.iter().count(), 100);
     }
@@ -311,6 +421,31 @@ mod tests {
         assert_eq!(map.get("s1").map(|s| s.ttl_ms), Some(11));
         assert!(map.iter().all(|(_, s)| s.expires_at_ms == 5));
         assert_ne!(map, view);
+    }
+
+    #[test]
+    fn a_change_after_a_clone_copies_one_shard_and_a_miss_copies_none() {
+        let mut map = SessionMap::default();
+        for i in 0..5_000 {
+            map.insert(holder(&id(i), "o"), session("o", i));
+        }
+        let view = map.clone();
+        let shared = |map: &SessionMap| {
+            map.shards
+                .iter()
+                .zip(&view.shards)
+                .filter(|(a, b)| Arc::ptr_eq(a, b))
+                .count()
+        };
+        assert_eq!(shared(&map), SHARDS);
+        assert!(map.get_mut("absent").is_none());
+        assert!(map.remove("absent").is_none());
+        assert_eq!(shared(&map), SHARDS, "a miss copies nothing");
+        map.get_mut(&id(7)).expect("live").ttl_ms = 1;
+        assert_eq!(shared(&map), SHARDS - 1);
+        assert_eq!(view.get(&id(7)).map(|s| s.ttl_ms), Some(7));
+        assert_eq!(map.get(&id(7)).map(|s| s.ttl_ms), Some(1));
+        assert!(map.checked_in_order().is_some() && view.checked_in_order().is_some());
     }
 
     #[test]
