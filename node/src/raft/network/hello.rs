@@ -74,7 +74,7 @@ impl NetworkFactory {
     }
 
     /// Says hello to each of `peers` (id and membership entry) other than this node, all at
-    /// once, each under [`HELLO_DEADLINE`], and returns how many answered. Never fails: a peer
+    /// once, each under `HELLO_DEADLINE` (1 s), and returns how many answered. Never fails: a peer
     /// that does not answer is logged at DEBUG.
     pub async fn say_hello(&self, peers: Vec<(NodeId, Node)>) -> usize {
         let calls =
