@@ -1457,6 +1457,26 @@ fn log_since(cluster: &Cluster, id: u64, from: u64) -> String {
     String::from_utf8_lossy(&text[from..]).into_owned()
 }
 
+/// Waits (up to 20 s) for a line of node `id`'s log after byte `from` that contains every one
+/// of `parts`: that part of the log, and the line.
+async fn log_line(
+    cluster: &Cluster,
+    id: u64,
+    from: u64,
+    parts: &[&str],
+) -> Result<(String, String), lock_tests::HarnessError> {
+    poll_until(&parts.join(" … "), Duration::from_secs(20), || {
+        let log = log_since(cluster, id, from);
+        let found = line_with(&log, parts).map(str::to_owned);
+        async move {
+            found
+                .map(|line| (log, line))
+                .ok_or_else(|| "not logged yet".to_string())
+        }
+    })
+    .await
+}
+
 /// The first line of `log` that contains every one of `parts`.
 fn line_with<'l>(log: &'l str, parts: &[&str]) -> Option<&'l str> {
     log.lines()
@@ -1476,31 +1496,23 @@ async fn a_restarted_follower_says_hello_and_the_leader_retries_it_at_once() {
     let peer = format!("peer={follower}");
 
     cluster.kill(follower);
-    poll_until(
-        "the leader backs off from the killed follower",
-        Duration::from_secs(20),
-        || {
-            let log = log_since(&cluster, leader, leader_from);
-            let backing_off = line_with(&log, &["raft peer unreachable", &peer]).is_some();
-            async move {
-                if backing_off {
-                    Ok(())
-                } else {
-                    Err("no unreachable line yet".to_string())
-                }
-            }
-        },
+    let (_, unreachable) = log_line(
+        &cluster,
+        leader,
+        leader_from,
+        &["raft peer unreachable", &peer],
     )
     .await
     .expect("the leader notices the follower is gone");
+    println!("leader: {unreachable}");
 
     cluster.start_node(follower).await;
-    let told = poll_until("the follower says hello", Duration::from_secs(20), || {
-        let log = log_since(&cluster, follower, follower_from);
-        let told =
-            line_with(&log, &["told the raft peers this node is listening"]).map(str::to_owned);
-        async move { told.ok_or_else(|| "no hello line yet".to_string()) }
-    })
+    let (_, told) = log_line(
+        &cluster,
+        follower,
+        follower_from,
+        &["told the raft peers this node is listening"],
+    )
     .await
     .expect("the restarted follower says hello");
     println!("follower: {told}");
@@ -1509,20 +1521,11 @@ async fn a_restarted_follower_says_hello_and_the_leader_retries_it_at_once() {
         "{told}"
     );
 
-    let leader_log = poll_until(
-        "the leader reaches the follower",
-        Duration::from_secs(20),
-        || {
-            let log = log_since(&cluster, leader, leader_from);
-            let reached = line_with(&log, &["raft peer reachable again", &peer]).is_some();
-            async move {
-                if reached {
-                    Ok(log)
-                } else {
-                    Err("not reached yet".to_string())
-                }
-            }
-        },
+    let (leader_log, _) = log_line(
+        &cluster,
+        leader,
+        leader_from,
+        &["raft peer reachable again", &peer],
     )
     .await
     .expect("the leader reaches the restarted follower");

@@ -197,6 +197,23 @@ mod tests {
     use super::*;
     use crate::raft::backoff::{BACKOFF_CAP, BACKOFF_INITIAL};
 
+    /// Fails attempts in turn until the delay is at the cap.
+    async fn fail_to_the_cap(health: &PeerHealth) {
+        for _ in 0..10 {
+            health.wait_turn().await;
+            health.failed(Instant::now(), "a", &"refused");
+        }
+    }
+
+    /// A call waiting for its turn in a task: resolves to when it went.
+    fn waiting_call(health: &Arc<PeerHealth>) -> tokio::task::JoinHandle<Instant> {
+        let health = health.clone();
+        tokio::spawn(async move {
+            health.wait_turn().await;
+            Instant::now()
+        })
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_reachable_peer_is_always_its_turn() {
         let health = PeerHealth::new(1, 2);
@@ -260,22 +277,13 @@ mod tests {
         // Reachable: nothing to bring forward.
         assert!(!health.heard_from(Instant::now()));
         // Push the delay up to the cap, then wait for the turn in a call.
-        for _ in 0..10 {
-            health.wait_turn().await;
-            health.failed(Instant::now(), "a", &"refused");
-        }
+        fail_to_the_cap(&health).await;
         let start = Instant::now();
         let Err(before) = health.turn(start) else {
             panic!("closed");
         };
         assert!(before.retry_in >= BACKOFF_CAP / 2, "{before:?}");
-        let waiter = tokio::spawn({
-            let health = health.clone();
-            async move {
-                health.wait_turn().await;
-                Instant::now()
-            }
-        });
+        let waiter = waiting_call(&health);
         tokio::time::sleep(Duration::from_millis(10)).await;
         assert!(health.heard_from(Instant::now()));
         let woke = waiter.await.unwrap();
@@ -302,19 +310,9 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_success_elsewhere_wakes_a_waiting_call_and_resets_the_backoff() {
         let health = Arc::new(PeerHealth::new(1, 2));
-        // Push the delay up to the cap.
-        for _ in 0..10 {
-            health.wait_turn().await;
-            health.failed(Instant::now(), "a", &"refused");
-        }
+        fail_to_the_cap(&health).await;
         let start = Instant::now();
-        let waiter = tokio::spawn({
-            let health = health.clone();
-            async move {
-                health.wait_turn().await;
-                Instant::now()
-            }
-        });
+        let waiter = waiting_call(&health);
         tokio::time::sleep(Duration::from_millis(10)).await;
         health.succeeded(Instant::now());
         let woke = waiter.await.unwrap();
