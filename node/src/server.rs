@@ -277,24 +277,34 @@ async fn serve(
 
 /// Tells each peer of the membership this node starts with that it is listening, so a leader
 /// backing off from it while it was down reaches it now (`raft::network::hello`); a node with
-/// no membership yet (before `bootstrap` or `init`) has nobody to tell.
+/// no membership yet (before `bootstrap` or `init`) has nobody to tell. The membership is read
+/// from the Raft core itself, which answers only once it has loaded the node's state (its
+/// metrics may not have been published yet).
 async fn say_hello(raft: Raft, network: NetworkFactory) {
-    use openraft::async_runtime::WatchReceiver;
-    let peers: Vec<_> = {
-        let metrics = raft.metrics();
-        let metrics = metrics.borrow_watched();
-        metrics
-            .membership_config
-            .membership()
-            .nodes()
-            .map(|(id, node)| (*id, node.clone()))
-            .collect()
+    let peers: Vec<_> = match raft
+        .with_raft_state(|state| {
+            state
+                .membership_state
+                .effective()
+                .membership()
+                .nodes()
+                .map(|(id, node)| (*id, node.clone()))
+                .collect()
+        })
+        .await
+    {
+        Ok(peers) => peers,
+        Err(fatal) => {
+            tracing::debug!(%fatal, "raft stopped before this node said hello to its peers");
+            return;
+        }
     };
     let others = peers
         .iter()
         .filter(|(id, _)| *id != network.self_id())
         .count();
     if others == 0 {
+        tracing::debug!("no raft peers to say hello to: no membership yet");
         return;
     }
     let answered = network.say_hello(peers).await;

