@@ -299,20 +299,7 @@ async fn say_hello(raft: Raft, network: NetworkFactory) {
             return;
         }
     };
-    let others = peers
-        .iter()
-        .filter(|(id, _)| *id != network.self_id())
-        .count();
-    if others == 0 {
-        tracing::debug!("no raft peers to say hello to: no membership yet");
-        return;
-    }
-    let answered = network.say_hello(peers).await;
-    tracing::info!(
-        peers = others,
-        answered,
-        "told the raft peers this node is listening"
-    );
+    network.say_hello(peers).await;
 }
 
 /// Who may call what on this node: the role map and the tokens file of `config`, enforced on

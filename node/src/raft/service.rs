@@ -17,7 +17,7 @@ use futures::{Stream, StreamExt};
 use lock_proto::v1::RaftPayload;
 use lock_proto::v1::raft_service_server::RaftService;
 use lock_raft_store::storage::{SnapshotInbox, StorageError};
-use lock_raft_store::{Raft, Snapshot, SnapshotData, TypeConfig};
+use lock_raft_store::{NodeId, Raft, Snapshot, SnapshotData, TypeConfig};
 use openraft::raft::{AppendEntriesRequest, VoteRequest};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -287,7 +287,7 @@ impl RaftService for RaftRpc {
     /// A peer that has just started says it is listening: a retry of it that waits for its
     /// backoff goes now (`raft::network::hello`). Answers `()`.
     async fn hello(&self, request: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
-        let peer = PeerHints::decode_hello(request.get_ref()).map_err(Status::invalid_argument)?;
+        let peer: NodeId = decode("hello", request.get_ref())?;
         self.hints.heard_from(peer);
         encode("hello", &()).map(Response::new)
     }
@@ -300,6 +300,18 @@ mod tests {
     use lock_raft_store::{LeaderId, LogId, SnapshotMeta};
 
     use super::*;
+
+    #[test]
+    fn a_hello_that_is_not_a_node_id_is_invalid_argument_with_its_length() {
+        let payload = RaftPayload { data: vec![0x80] };
+        let err = decode::<NodeId>("hello", &payload).unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument);
+        assert!(err.message().contains("1 bytes"), "{}", err.message());
+        let good = RaftPayload {
+            data: postcard::to_stdvec(&7u64).unwrap(),
+        };
+        assert_eq!(decode::<NodeId>("hello", &good).unwrap(), 7);
+    }
 
     #[test]
     fn garbage_is_invalid_argument_not_a_panic() {

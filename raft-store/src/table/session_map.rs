@@ -158,7 +158,10 @@ impl SessionMap {
     pub(crate) fn get_mut(&mut self, id: &str) -> Option<&mut Session> {
         let hash = self.hash(id);
         let shard = &mut self.shards[shard_of(hash)];
-        shard.find(hash, is(id))?;
+        // Look before copying only when a clone shares the shard: unshared, one probe.
+        if Arc::get_mut(shard).is_none() {
+            shard.find(hash, is(id))?;
+        }
         Arc::make_mut(shard)
             .find_mut(hash, is(id))
             .map(|(_, s)| s.make_mut())
@@ -192,7 +195,10 @@ impl SessionMap {
     pub(crate) fn remove(&mut self, id: &str) -> Option<Shared<Session>> {
         let hash = self.hash(id);
         let index = shard_of(hash);
-        self.shards[index].find(hash, is(id))?;
+        // Look before copying only when a clone shares the shard: unshared, one probe.
+        if Arc::get_mut(&mut self.shards[index]).is_none() {
+            self.shards[index].find(hash, is(id))?;
+        }
         let hasher = &self.hasher;
         let shard = Arc::make_mut(&mut self.shards[index]);
         let ((_, session), _) = shard.find_entry(hash, is(id)).ok()?.remove();

@@ -53,16 +53,6 @@ impl PeerHints {
         tracing::info!(peer, outcome, "raft peer says it is listening");
         hinted
     }
-
-    /// The node id a hello carries, decoded without trust.
-    pub fn decode_hello(payload: &lock_proto::v1::RaftPayload) -> Result<NodeId, String> {
-        postcard::from_bytes(&payload.data).map_err(|e| {
-            format!(
-                "hello: payload of {} bytes is not a node id: {e}",
-                payload.data.len()
-            )
-        })
-    }
 }
 
 impl NetworkFactory {
@@ -74,52 +64,63 @@ impl NetworkFactory {
     }
 
     /// Says hello to each of `peers` (id and membership entry) other than this node, all at
-    /// once, each under `HELLO_DEADLINE` (1 s), and returns how many answered. Never fails: a peer
-    /// that does not answer is logged at DEBUG.
+    /// once, each under `HELLO_DEADLINE` (1 s), and logs how many answered (INFO, once). Never
+    /// fails: a peer that does not answer is logged at DEBUG; with no other peer (no
+    /// membership yet) it does nothing. Returns how many answered.
     pub async fn say_hello(&self, peers: Vec<(NodeId, Node)>) -> usize {
-        let calls =
-            peers
-                .into_iter()
-                .filter(|(id, _)| *id != self.self_id)
-                .map(|(target, node)| {
-                    let mut client = self.client(target, &node, Purpose::Replication);
-                    let from = self.self_id;
-                    async move {
-                        let call = async {
-                            let mut grpc = client.client()?;
-                            let mut request = tonic::Request::new(encode("hello", &from)?);
-                            request.set_timeout(HELLO_DEADLINE);
-                            let answer = grpc.hello(request).await.map_err(classify)?;
-                            decode::<()>("hello answer", target, answer.get_ref())
-                        };
-                        let outcome = match tokio::time::timeout(HELLO_DEADLINE, call).await {
-                            Err(_) => Err(CallError::Timeout(HELLO_DEADLINE)),
-                            Ok(outcome) => outcome,
-                        };
-                        match outcome {
-                            Ok(()) => {
-                                // It answered: the way to it works.
-                                client.observe(&Ok::<(), CallError>(()), false);
-                                true
-                            }
-                            Err(error) => {
-                                tracing::debug!(peer = target, %error, "raft hello not delivered");
-                                false
-                            }
-                        }
+        let others: Vec<_> = peers
+            .into_iter()
+            .filter(|(id, _)| *id != self.self_id)
+            .collect();
+        if others.is_empty() {
+            tracing::debug!("no raft peers to say hello to: no membership yet");
+            return 0;
+        }
+        let told = others.len();
+        let calls = others.into_iter().map(|(target, node)| {
+            let mut client = self.client(target, &node, Purpose::Replication);
+            let from = self.self_id;
+            async move {
+                let call = async {
+                    let mut grpc = client.client()?;
+                    let mut request = tonic::Request::new(encode("hello", &from)?);
+                    request.set_timeout(HELLO_DEADLINE);
+                    let answer = grpc.hello(request).await.map_err(classify)?;
+                    decode::<()>("hello answer", target, answer.get_ref())
+                };
+                let outcome = match tokio::time::timeout(HELLO_DEADLINE, call).await {
+                    Err(_) => Err(CallError::Timeout(HELLO_DEADLINE)),
+                    Ok(outcome) => outcome,
+                };
+                match outcome {
+                    Ok(()) => {
+                        // It answered: the way to it works.
+                        client.observe(&Ok::<(), CallError>(()), false);
+                        true
                     }
-                });
-        futures::future::join_all(calls)
+                    Err(error) => {
+                        tracing::debug!(peer = target, %error, "raft hello not delivered");
+                        false
+                    }
+                }
+            }
+        });
+        let answered = futures::future::join_all(calls)
             .await
             .into_iter()
             .filter(|answered| *answered)
-            .count()
+            .count();
+        tracing::info!(
+            peers = told,
+            answered,
+            "told the raft peers this node is listening"
+        );
+        answered
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use lock_proto::v1::RaftPayload;
     use openraft::RaftNetworkFactory;
     use tokio::net::TcpListener;
     use tokio::sync::mpsc;
@@ -168,16 +169,5 @@ mod tests {
         assert!(factory.health(3).turn(Instant::now()).is_err());
         // Brought forward, not reachable: only a call that gets through says so.
         assert!(!factory.health(2).is_reachable());
-    }
-
-    #[test]
-    fn a_hello_that_is_not_a_node_id_is_refused_with_its_length() {
-        let payload = RaftPayload { data: vec![0x80] };
-        let err = PeerHints::decode_hello(&payload).unwrap_err();
-        assert!(err.contains("1 bytes"), "{err}");
-        let good = RaftPayload {
-            data: postcard::to_stdvec(&7u64).unwrap(),
-        };
-        assert_eq!(PeerHints::decode_hello(&good), Ok(7));
     }
 }

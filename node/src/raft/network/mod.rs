@@ -119,11 +119,6 @@ impl NetworkFactory {
         self
     }
 
-    /// This node's id.
-    pub fn self_id(&self) -> NodeId {
-        self.self_id
-    }
-
     /// Where RPCs to `target`, whose membership entry is `node`, are sent.
     pub fn dial_addr(&self, target: NodeId, node: &Node) -> String {
         self.dial.addr(target, node)
