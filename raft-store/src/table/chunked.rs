@@ -12,6 +12,7 @@
 //! V>` writes, so snapshots written before it (and by builds without it) read and write the
 //! same bytes. Owns no lock semantics.
 
+use std::cmp::Ordering;
 use std::fmt;
 use std::marker::PhantomData;
 use std::sync::Arc;
@@ -23,8 +24,12 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use super::decoded::InlineStr;
 
 /// Most entries in one chunk: a chunk past it is split. A copy-on-write copies one chunk, so
-/// this bounds the work an apply does while a snapshot build holds the old chunks.
-const CHUNK_MAX: usize = 256;
+/// this bounds the work an apply does while a snapshot build holds the old chunks, and an
+/// insert shifts up to this many entries. 128 rather than 256: a million locks filled through
+/// the `held_locks` example with builds took 6.1–6.4 s against 6.8–7.7 s, and peaked at
+/// 249–254 MiB against 271–282 MiB; 64 saved a little more memory but slowed each snapshot
+/// build by a quarter (bench/PERFORMANCE.md, session 18).
+const CHUNK_MAX: usize = 128;
 /// Entries per chunk when a map is decoded or a chunk is split at its end: chunks filled in
 /// key order (a snapshot, a fill in key order) stay nearly full.
 const CHUNK_FILL: usize = CHUNK_MAX - CHUNK_MAX / 8;
@@ -50,6 +55,8 @@ pub(crate) trait Entry: Clone {
 pub(crate) struct ChunkedMap<E> {
     /// Non-empty chunks, each sorted by key, every key of a chunk below every key of the next.
     chunks: Vec<Arc<Vec<E>>>,
+    /// `fences[c]` is the [`Fence`] of the last key of `chunks[c]`, one per chunk.
+    fences: Vec<Fence>,
     len: usize,
 }
 
@@ -57,7 +64,53 @@ impl<E> Default for ChunkedMap<E> {
     fn default() -> Self {
         ChunkedMap {
             chunks: Vec::new(),
+            fences: Vec::new(),
             len: 0,
+        }
+    }
+}
+
+/// Bytes of a chunk's last key kept in its [`Fence`]: 28, so a fence is 32 bytes and two fit
+/// a cache line.
+const FENCE_HEAD: usize = 28;
+
+/// The head of a chunk's last key and its length, kept in one packed array beside the chunks.
+///
+/// Finding a key's chunk is a binary search over the chunks' last keys. Read through the
+/// chunks, each step of it reads three scattered allocations (the chunk, its last entry, that
+/// entry's key): at a million held locks, some 4,500 chunks, the search alone cost about 2 µs
+/// of cache misses per acquire (bench/PERFORMANCE.md, session 18). Against the fences, a step
+/// reads 32 packed bytes, and reads the key itself only when both keys are longer than the
+/// head and agree on all of it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Fence {
+    head: [u8; FENCE_HEAD],
+    len: u32,
+}
+
+impl Fence {
+    fn of(key: &str) -> Fence {
+        let mut head = [0; FENCE_HEAD];
+        let kept = key.len().min(FENCE_HEAD);
+        head[..kept].copy_from_slice(&key.as_bytes()[..kept]);
+        Fence {
+            head,
+            len: u32::try_from(key.len()).unwrap_or(u32::MAX),
+        }
+    }
+
+    /// How the fenced key orders against `key`, or `None` when the heads cannot tell: both
+    /// keys run past [`FENCE_HEAD`] bytes and agree on all of them.
+    fn cmp_key(&self, key: &str) -> Option<Ordering> {
+        let len = self.len as usize;
+        let own = &self.head[..len.min(FENCE_HEAD)];
+        let other = &key.as_bytes()[..key.len().min(FENCE_HEAD)];
+        match own.cmp(other) {
+            // Equal heads of equal length: unless both keys go on, the shorter one is a prefix
+            // of the other, and so comes first.
+            Ordering::Equal if len > FENCE_HEAD && key.len() > FENCE_HEAD => None,
+            Ordering::Equal => Some(len.cmp(&key.len())),
+            order => Some(order),
         }
     }
 }
@@ -85,10 +138,20 @@ impl<E: Entry> ChunkedMap<E> {
             return Slot::Vacant(0, 0);
         };
         // The first chunk whose last key is not below `key`; past the end, the last chunk.
-        let c = self
-            .chunks
-            .partition_point(|chunk| chunk.last().is_some_and(|e| e.key() < key))
-            .min(last);
+        let below = |c: usize| match self.fences[c].cmp_key(key) {
+            Some(order) => order == Ordering::Less,
+            None => self.chunks[c].last().is_some_and(|e| e.key() < key),
+        };
+        let (mut low, mut high) = (0, self.chunks.len());
+        while low < high {
+            let mid = low + (high - low) / 2;
+            if below(mid) {
+                low = mid + 1;
+            } else {
+                high = mid;
+            }
+        }
+        let c = low.min(last);
         match self.chunks[c].binary_search_by(|e| e.key().cmp(key)) {
             Ok(i) => Slot::Found(c, i),
             Err(i) => Slot::Vacant(c, i),
@@ -145,6 +208,7 @@ impl<E: Entry> ChunkedMap<E> {
             Slot::Vacant(c, i) => {
                 self.len += 1;
                 if self.chunks.is_empty() {
+                    self.fences.push(Fence::of(entry.key()));
                     self.chunks.push(Arc::new(vec![entry]));
                     return None;
                 }
@@ -154,6 +218,7 @@ impl<E: Entry> ChunkedMap<E> {
                     // Grow by an eighth, not double: chunks are many and mostly full.
                     chunk.reserve_exact(chunk.len() / 8 + 1);
                 }
+                let last = i == chunk.len();
                 chunk.insert(i, entry);
                 if chunk.len() > CHUNK_MAX {
                     // Appending in key order leaves full chunks behind; otherwise halve.
@@ -161,6 +226,11 @@ impl<E: Entry> ChunkedMap<E> {
                     let right = chunk.split_off(at);
                     chunk.shrink_to(at + at / 8);
                     self.chunks.insert(c + 1, Arc::new(right));
+                    self.fences.insert(c + 1, self.fences[c]);
+                    self.refence(c + 1);
+                    self.refence(c);
+                } else if last {
+                    self.refence(c);
                 }
                 None
             }
@@ -177,6 +247,7 @@ impl<E: Entry> ChunkedMap<E> {
         let removed = chunk.remove(i);
         if chunk.is_empty() {
             self.chunks.remove(c);
+            self.fences.remove(c);
         } else if chunk.len() < CHUNK_MIN
             && self
                 .chunks
@@ -186,6 +257,9 @@ impl<E: Entry> ChunkedMap<E> {
             let next = self.chunks.remove(c + 1);
             let next = Arc::try_unwrap(next).unwrap_or_else(|shared| (*shared).clone());
             Arc::make_mut(&mut self.chunks[c]).extend(next);
+            self.fences[c] = self.fences.remove(c + 1);
+        } else if i == self.chunks[c].len() {
+            self.refence(c);
         }
         Some(removed)
     }
@@ -212,6 +286,13 @@ impl<E: Entry> ChunkedMap<E> {
             .flat_map(|chunk| Arc::make_mut(chunk).iter_mut().map(Entry::value_mut))
     }
 
+    /// Sets chunk `c`'s fence from its last key, after a change at its end.
+    fn refence(&mut self, c: usize) {
+        if let Some(last) = self.chunks[c].last() {
+            self.fences[c] = Fence::of(last.key());
+        }
+    }
+
     /// Appends `entry` if its key is above every key in the map (a decode in key order);
     /// otherwise inserts it where it belongs.
     fn push(&mut self, entry: E) {
@@ -223,12 +304,19 @@ impl<E: Entry> ChunkedMap<E> {
             self.insert(entry);
             return;
         }
+        let fence = Fence::of(entry.key());
         match self.chunks.last_mut() {
-            Some(chunk) if chunk.len() < CHUNK_FILL => Arc::make_mut(chunk).push(entry),
+            Some(chunk) if chunk.len() < CHUNK_FILL => {
+                Arc::make_mut(chunk).push(entry);
+                if let Some(last) = self.fences.last_mut() {
+                    *last = fence;
+                }
+            }
             _ => {
                 let mut chunk = Vec::with_capacity(CHUNK_FILL);
                 chunk.push(entry);
                 self.chunks.push(Arc::new(chunk));
+                self.fences.push(fence);
             }
         }
         self.len += 1;
@@ -361,9 +449,24 @@ mod tests {
     }
 
     /// Random-order inserts, removals and changes give what a `BTreeMap` gives, in the same
-    /// order, with chunks within their bounds; the encoding is the `BTreeMap`'s byte for byte.
+    /// order, with chunks within their bounds and each fence its chunk's; the encoding is the
+    /// `BTreeMap`'s byte for byte. Keys are short, or share a head longer than a fence's, or
+    /// run out at a fence's length and just past it (one key a prefix of another).
     #[test]
     fn behaves_and_encodes_as_a_btreemap() {
+        let long = |i: u64| format!("tenant/a-rather-long-prefix/{}", key(i));
+        let edge = |i: u64| {
+            let n = (i * 7919) % 10_007;
+            let base = "x".repeat(FENCE_HEAD - 2);
+            // Lengths FENCE_HEAD - 1 ..= FENCE_HEAD + 2, each key a prefix of longer ones.
+            format!("{base}{}", &format!("{n:05}")[..1 + (n % 4) as usize])
+        };
+        for key_of in [key as fn(u64) -> String, long, edge] {
+            behaves_and_encodes_as_a_btreemap_with(key_of);
+        }
+    }
+
+    fn behaves_and_encodes_as_a_btreemap_with(key: fn(u64) -> String) {
         let mut map = ChunkedMap::<Pair>::default();
         let mut model = BTreeMap::new();
         for i in 0..5_000 {
@@ -372,10 +475,12 @@ mod tests {
                 model.insert(key(i), i)
             );
         }
+        assert_fenced(&map);
         for i in (0..5_000).step_by(3) {
             assert_eq!(map.remove(&key(i)).map(|p| p.1), model.remove(&key(i)));
             assert_eq!(map.remove(&key(i)), None);
         }
+        assert_fenced(&map);
         for i in (1..5_000).step_by(5) {
             if let Some(v) = map.get_mut(&key(i)) {
                 *v += 1;
@@ -393,7 +498,7 @@ mod tests {
                 .iter()
                 .all(|c| !c.is_empty() && c.len() <= CHUNK_MAX)
         );
-        for i in 0..5_000 {
+        for i in 0..6_000 {
             assert_eq!(map.get(&key(i)), model.get(&key(i)));
             assert_eq!(map.contains_key(&key(i)), model.contains_key(&key(i)));
         }
@@ -401,10 +506,50 @@ mod tests {
         assert_eq!(bytes, postcard::to_allocvec(&model).expect("encodes"));
         let back: ChunkedMap<Pair> = postcard::from_bytes(&bytes).expect("decodes");
         assert_eq!(back, map);
+        assert_fenced(&back);
         assert!(
             back.chunk_count() < map.chunk_count(),
             "decoded chunks are full"
         );
+    }
+
+    /// Each chunk has one fence, made from its last key.
+    fn assert_fenced(map: &ChunkedMap<Pair>) {
+        assert_eq!(map.fences.len(), map.chunks.len());
+        for (fence, chunk) in map.fences.iter().zip(&map.chunks) {
+            assert_eq!(*fence, Fence::of(chunk.last().expect("non-empty").key()));
+        }
+    }
+
+    /// A fence orders a key as the key itself would, whether the heads tell or not.
+    #[test]
+    fn a_fence_orders_keys_as_the_keys_do() {
+        let head = "h".repeat(FENCE_HEAD);
+        let keys = [
+            String::new(),
+            "a".into(),
+            "h".into(),
+            head[..FENCE_HEAD - 1].to_owned(),
+            head.clone(),
+            format!("{head}a"),
+            format!("{head}b"),
+            format!("{head}ab"),
+            "i".into(),
+            "é".into(),
+        ];
+        for fenced in &keys {
+            let fence = Fence::of(fenced);
+            for key in &keys {
+                let want = fenced.as_str().cmp(key.as_str());
+                match fence.cmp_key(key) {
+                    Some(got) => assert_eq!(got, want, "{fenced:?} against {key:?}"),
+                    None => assert!(
+                        fenced.len() > FENCE_HEAD && key.len() > FENCE_HEAD,
+                        "{fenced:?} against {key:?} undecided"
+                    ),
+                }
+            }
+        }
     }
 
     /// A clone shares every chunk; changing the original copies only the chunk it touches,
