@@ -8,6 +8,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::decoded::SharedStr;
+use super::shared::Shared;
 
 use crate::command::Response;
 
@@ -35,8 +36,10 @@ pub struct Session {
     /// queued it. A session waits at most once per key.
     pub(crate) waits: BTreeMap<String, u64>,
     /// Remembered answers by request id; at most the table's `request_window`, smallest id evicted
-    /// first.
-    pub(crate) answers: BTreeMap<u64, Remembered>,
+    /// first. Each answer is [`Shared`]: a copy of the session (the snapshot builder's
+    /// copy-on-write, for every session an apply touches while a build runs) then copies a
+    /// pointer per answer, not the answer and its strings, and the map's nodes stay small.
+    pub(crate) answers: BTreeMap<u64, Shared<Remembered>>,
 }
 
 /// The keys a session holds, in key order: a packed sorted `Vec` rather than a `BTreeSet`,
@@ -255,14 +258,14 @@ impl Session {
     /// the smallest id when the window of `window` answers overflows.
     pub(crate) fn remember(&mut self, request_id: u64, answer: Response, window: usize) {
         match self.answers.get_mut(&request_id) {
-            Some(r) => r.answer = answer,
+            Some(r) => r.make_mut().answer = answer,
             None => {
                 self.answers.insert(
                     request_id,
-                    Remembered {
+                    Shared::new(Remembered {
                         answer,
                         cancel: None,
-                    },
+                    }),
                 );
                 while self.answers.len() > window {
                     self.answers.pop_first();
@@ -281,7 +284,7 @@ impl Session {
     ) {
         self.remember(request_id, answer, window);
         if let Some(r) = self.answers.get_mut(&request_id) {
-            r.cancel = Some(cancel);
+            r.make_mut().cancel = Some(cancel);
         }
     }
 
@@ -289,7 +292,7 @@ impl Session {
     /// window still holds it (an evicted id is answered `StaleRequest` anyway).
     pub(crate) fn settle(&mut self, request_id: u64, answer: Response) {
         if let Some(r) = self.answers.get_mut(&request_id) {
-            r.answer = answer;
+            r.make_mut().answer = answer;
         }
     }
 }
@@ -324,5 +327,45 @@ mod tests {
         let unsorted = postcard::to_allocvec(&vec!["b", "a", "b"]).expect("encodes");
         let back: LockSet = postcard::from_bytes(&unsorted).expect("decodes");
         assert!(back.iter().eq(["a", "b"]));
+    }
+
+    /// A copy of a session shares its remembered answers; changing one answer of the original
+    /// copies that answer alone, the copy keeps what it had, and the answers encode as the
+    /// `BTreeMap<u64, Remembered>` they were before they were shared.
+    #[test]
+    fn a_copy_shares_remembered_answers_until_one_changes() {
+        let mut session = Session::new("owner".into(), None, 10_000, 1);
+        for id in 1..=4 {
+            session.remember(id, Response::Queued { position: 1 }, 3);
+        }
+        assert_eq!(session.remembered_ids().collect::<Vec<_>>(), [2, 3, 4]);
+        let copy = session.clone();
+        session.settle(3, Response::NotGranted);
+        session.remember_cancel(
+            4,
+            Response::NotGranted,
+            Response::WaitCancelled {
+                removed: true,
+                grant: None,
+                released: false,
+            },
+            3,
+        );
+        let shared = |id: u64| Shared::ptr_eq(&session.answers[&id], &copy.answers[&id]);
+        assert!(shared(2) && !shared(3) && !shared(4));
+        assert_eq!(copy.remembered(3), Some(&Response::Queued { position: 1 }));
+        assert_eq!(session.remembered(3), Some(&Response::NotGranted));
+        assert!(copy.answers[&4].cancel.is_none() && session.answers[&4].cancel.is_some());
+
+        let plain: BTreeMap<u64, Remembered> = session
+            .answers
+            .iter()
+            .map(|(id, r)| (*id, (**r).clone()))
+            .collect();
+        let bytes = postcard::to_allocvec(&session.answers).expect("encodes");
+        assert_eq!(bytes, postcard::to_allocvec(&plain).expect("encodes"));
+        let back: BTreeMap<u64, Shared<Remembered>> =
+            postcard::from_bytes(&bytes).expect("decodes");
+        assert_eq!(back, session.answers);
     }
 }

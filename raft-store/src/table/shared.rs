@@ -17,6 +17,12 @@ impl<T> Shared<T> {
     pub(crate) fn new(value: T) -> Self {
         Shared(Arc::new(value))
     }
+
+    /// Whether `a` and `b` are one value, not two equal ones (for the tests of sharing).
+    #[cfg(test)]
+    pub(crate) fn ptr_eq(a: &Self, b: &Self) -> bool {
+        Arc::ptr_eq(&a.0, &b.0)
+    }
 }
 
 impl<T: Clone> Shared<T> {
