@@ -115,6 +115,14 @@ impl Fence {
     }
 }
 
+/// A place in a [`ChunkedMap`] for a walk that meets its keys in order
+/// ([`ChunkedMap::find_from`]): the entry it expects next.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Cursor {
+    chunk: usize,
+    at: usize,
+}
+
 /// Where a key is, or would be inserted: `(chunk, position)`.
 enum Slot {
     Found(usize, usize),
@@ -190,6 +198,53 @@ impl<E: Entry> ChunkedMap<E> {
         matches!(self.locate(key), Slot::Found(..))
     }
 
+    /// Where `key` is, looking first where `cursor` points: a caller visiting keys in this
+    /// map's order finds each at the cursor, and a search is the exception. Moves the cursor
+    /// past the key found; `None` (the cursor unmoved) if the map lacks it.
+    pub(crate) fn find_from(&self, key: &str, cursor: &mut Cursor) -> Option<&E::Value> {
+        let (c, i) = self.position_from(key, cursor)?;
+        Some(self.chunks[c][i].value())
+    }
+
+    /// [`ChunkedMap::find_from`], for changing the value (its chunk copied if a clone shares
+    /// it). The key must stay what it is.
+    pub(crate) fn find_from_mut(
+        &mut self,
+        key: &str,
+        cursor: &mut Cursor,
+    ) -> Option<&mut E::Value> {
+        let (c, i) = self.position_from(key, cursor)?;
+        Some(Arc::make_mut(&mut self.chunks[c])[i].value_mut())
+    }
+
+    fn position_from(&self, key: &str, cursor: &mut Cursor) -> Option<(usize, usize)> {
+        let at_cursor = self
+            .chunks
+            .get(cursor.chunk)
+            .and_then(|chunk| chunk.get(cursor.at))
+            .is_some_and(|e| e.key() == key);
+        let (c, i) = if at_cursor {
+            (cursor.chunk, cursor.at)
+        } else {
+            match self.locate(key) {
+                Slot::Found(c, i) => (c, i),
+                Slot::Vacant(..) => return None,
+            }
+        };
+        *cursor = if i + 1 < self.chunks[c].len() {
+            Cursor {
+                chunk: c,
+                at: i + 1,
+            }
+        } else {
+            Cursor {
+                chunk: c + 1,
+                at: 0,
+            }
+        };
+        Some((c, i))
+    }
+
     /// The value under `key`, to change (copies its chunk if a clone shares it).
     pub(crate) fn get_mut(&mut self, key: &str) -> Option<&mut E::Value> {
         match self.locate(key) {
@@ -215,8 +270,9 @@ impl<E: Entry> ChunkedMap<E> {
                 let at_end = c + 1 == self.chunks.len() && i == self.chunks[c].len();
                 let chunk = Arc::make_mut(&mut self.chunks[c]);
                 if chunk.len() == chunk.capacity() {
-                    // Grow by an eighth, not double: chunks are many and mostly full.
-                    chunk.reserve_exact(chunk.len() / 8 + 1);
+                    // Grow by an eighth, not double: chunks are many and mostly full. A small
+                    // map (a session's few keys) grows by four, not by one at every insert.
+                    chunk.reserve_exact((chunk.len() / 8).max(4));
                 }
                 let last = i == chunk.len();
                 chunk.insert(i, entry);
@@ -320,6 +376,17 @@ impl<E: Entry> ChunkedMap<E> {
             }
         }
         self.len += 1;
+    }
+}
+
+impl<E: Entry> FromIterator<E> for ChunkedMap<E> {
+    /// The map of `entries`, cheapest in key order; a key met twice keeps its last entry.
+    fn from_iter<I: IntoIterator<Item = E>>(entries: I) -> Self {
+        let mut map = ChunkedMap::default();
+        for entry in entries {
+            map.push(entry);
+        }
+        map
     }
 }
 

@@ -235,7 +235,7 @@ impl LockTable {
                 key: key.clone(),
             });
         }
-        for key in &session.locks {
+        for key in session.locks.iter() {
             self.free(stamp_ms, key, FreeCause::SessionEnded, events);
         }
         events.push(Event::SessionEnded {

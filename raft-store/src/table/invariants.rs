@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use super::LockTable;
 use super::Session;
+use super::chunked::Cursor;
 use super::held::Holder;
 
 /// A session as the check walks it: its holder and its state.
@@ -98,7 +99,7 @@ impl LockTable {
             .enumerate()
             .map(|(i, (holder, _))| (Arc::as_ptr(holder), i))
             .collect();
-        let mut next_key = vec![0usize; slots.len()];
+        let mut next_key = vec![Cursor::default(); slots.len()];
         for (key, grant) in self.grants.iter() {
             ensure!(
                 grant.key() == key,
@@ -116,11 +117,7 @@ impl LockTable {
             tokens.push(grant.token);
             let (entry, listed) = match by_holder.get(&Arc::as_ptr(grant.holder())) {
                 Some(&i) => {
-                    let listed = slots[i]
-                        .1
-                        .locks
-                        .position_from(key, &mut next_key[i])
-                        .is_some();
+                    let listed = slots[i].1.locks.holds_from(key, &mut next_key[i]);
                     (slots[i], listed)
                 }
                 None => {
@@ -186,7 +183,7 @@ impl LockTable {
         if listed != self.grants.len() {
             for &(holder, session) in &slots {
                 let id = holder.session_id.as_str();
-                for key in &session.locks {
+                for key in session.locks.iter() {
                     if self.grants.get(key).is_none_or(|g| g.session_id() != id) {
                         return broken(
                             "session lock sets agree with grants",

@@ -50,7 +50,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::command::{Command, Event, Response, Revocation};
 
-use chunked::{ChunkedMap, Entry};
+use chunked::{ChunkedMap, Cursor, Entry};
 use held::Holder;
 use session_map::SessionMap;
 use shared::Shared;
@@ -256,11 +256,11 @@ impl LockTable {
     /// not their session's, if any, are then matched by id.
     pub(crate) fn share_holders(&mut self) {
         let grants = &self.grants;
-        let mut sets: Vec<(&mut LockSet, usize)> = Vec::with_capacity(self.sessions.len());
+        let mut sets: Vec<(&mut LockSet, Cursor)> = Vec::with_capacity(self.sessions.len());
         let mut by_holder = HashMap::with_capacity(self.sessions.len());
         for (holder, session) in self.sessions.sessions_mut_any_order() {
             by_holder.insert(Arc::as_ptr(holder), sets.len());
-            sets.push((&mut session.locks, 0));
+            sets.push((&mut session.locks, Cursor::default()));
         }
         let mut unshared = false;
         for grant in grants.values() {
@@ -524,7 +524,7 @@ mod tests {
         };
         let keys_shared = |t: &LockTable| {
             t.sessions.iter().all(|(_, s)| {
-                s.locks.arcs().iter().all(|key| {
+                s.locks.arcs().all(|key| {
                     let grant = t.grants.get(key).expect("held");
                     Arc::ptr_eq(key, grant.key_arc())
                 })

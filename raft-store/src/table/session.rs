@@ -5,8 +5,10 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use serde::ser::SerializeSeq;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+use super::chunked::{ChunkedMap, Cursor, Entry};
 use super::decoded::SharedStr;
 use super::shared::Shared;
 
@@ -42,14 +44,45 @@ pub struct Session {
     pub(crate) answers: BTreeMap<u64, Shared<Remembered>>,
 }
 
-/// The keys a session holds, in key order: a packed sorted `Vec` rather than a `BTreeSet`,
-/// since every held lock pays for it (a set's nodes of eleven slots are partly empty), and a
-/// session holds at most `locks_per_session_max` keys, so an insert's shift is short. Each key
-/// is the allocation its grant holds (`Arc<str>`), so a session's keys cost 16 bytes each and
-/// copying a session (the snapshot builder's copy-on-write) allocates one `Vec`, not one string
-/// per key. Encodes as the `BTreeSet` it replaced did: a sequence in key order.
+/// The keys a session holds, in key order, in a [`ChunkedMap`] of the keys alone. Each key is
+/// the allocation its grant holds (`Arc<str>`), so a key costs the set 16 bytes.
+///
+/// Chunked rather than one sorted `Vec`, for a session that holds many keys (a million held
+/// locks in W5 are a thousand per session):
+///
+/// - a search reads the chunks' packed fences, then a chunk, rather than a string at each of
+///   ten steps: the set's search was the largest cost of an acquire at a million held locks
+///   (bench/PERFORMANCE.md, session 18);
+/// - the copy of a session an apply makes while a snapshot build holds it (copy-on-write)
+///   copies one pointer per chunk, and an insert then copies one chunk, not every key.
+///
+/// An empty set allocates nothing. Encodes as the `BTreeSet` it replaced did: a sequence in
+/// key order.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct LockSet(Vec<Arc<str>>);
+pub struct LockSet(ChunkedMap<SetKey>);
+
+/// One key of a [`LockSet`]: the key is the entry and its value both.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct SetKey(Arc<str>);
+
+impl Entry for SetKey {
+    type Value = Arc<str>;
+    fn key(&self) -> &str {
+        &self.0
+    }
+    fn value(&self) -> &Arc<str> {
+        &self.0
+    }
+    fn value_mut(&mut self) -> &mut Arc<str> {
+        &mut self.0
+    }
+    fn from_parts(key: &str, value: Arc<str>) -> Result<Self, String> {
+        if *value != *key {
+            return Err(format!("a lock set's key {key:?} listed as {value:?}"));
+        }
+        Ok(SetKey(value))
+    }
+}
 
 impl LockSet {
     /// Number of keys.
@@ -59,70 +92,50 @@ impl LockSet {
 
     /// Whether the session holds no key.
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.0.len() == 0
     }
 
     /// Whether `key` is held.
     pub fn contains(&self, key: &str) -> bool {
-        self.find(key).is_ok()
+        self.0.contains_key(key)
     }
 
     /// The keys, in order.
     pub fn iter(&self) -> impl Iterator<Item = &str> {
-        self.0.iter().map(|k| &**k)
+        self.0.entries().map(|k| &*k.0)
     }
 
-    fn find(&self, key: &str) -> Result<usize, usize> {
-        self.0.binary_search_by(|k| (**k).cmp(key))
-    }
-
-    /// Adds `key`; `false` if it was there.
+    /// Adds `key`; `false` if it was there (the set then keeps `key`'s allocation, equal to
+    /// the one it had).
     pub(crate) fn insert(&mut self, key: Arc<str>) -> bool {
-        match self.find(&key) {
-            Ok(_) => false,
-            Err(at) => {
-                self.0.insert(at, key);
-                true
-            }
-        }
+        self.0.insert(SetKey(key)).is_none()
     }
 
     /// Removes `key`; `false` if it was not there.
     pub(crate) fn remove(&mut self, key: &str) -> bool {
-        match self.find(key) {
-            Ok(at) => {
-                self.0.remove(at);
-                true
-            }
-            Err(_) => false,
-        }
+        self.0.remove(key).is_some()
     }
 
-    /// Where `key` is, looking first at `*next`: a caller visiting the grants in key order
-    /// meets each session's keys in this set's order, so the look is nearly always right and
-    /// a search is the exception. Moves `*next` past the key found.
-    pub(crate) fn position_from(&self, key: &str, next: &mut usize) -> Option<usize> {
-        let at = match self.0.get(*next) {
-            Some(k) if **k == *key => *next,
-            _ => self.find(key).ok()?,
-        };
-        *next = at + 1;
-        Some(at)
+    /// Whether `key` is held, looking first where `cursor` points: a caller visiting the
+    /// grants in key order meets each session's keys in this set's order, so the look is
+    /// nearly always right and a search is the exception. Moves `cursor` past the key found.
+    pub(crate) fn holds_from(&self, key: &str, cursor: &mut Cursor) -> bool {
+        self.0.find_from(key, cursor).is_some()
     }
 
-    /// Points the set's copy of `key` at `key`'s own allocation (the grant's), found by
-    /// [`LockSet::position_from`]; nothing if the set lacks the key (the invariant check
-    /// names that).
-    pub(crate) fn share_key(&mut self, key: &Arc<str>, next: &mut usize) {
-        if let Some(at) = self.position_from(key, next) {
-            self.0[at] = key.clone();
+    /// Points the set's copy of `key` at `key`'s own allocation (the grant's), found as by
+    /// [`LockSet::holds_from`]; nothing if the set lacks the key (the invariant check names
+    /// that).
+    pub(crate) fn share_key(&mut self, key: &Arc<str>, cursor: &mut Cursor) {
+        if let Some(own) = self.0.find_from_mut(key, cursor) {
+            *own = key.clone();
         }
     }
 
     /// Replaces each key by the allocation `shared` answers for it (the grant's), so a decoded
     /// set holds no copy of its own; a key `shared` does not know keeps its own.
     pub(crate) fn share_keys<'a>(&mut self, shared: impl Fn(&str) -> Option<&'a Arc<str>>) {
-        for key in &mut self.0 {
+        for key in self.0.values_mut() {
             if let Some(same) = shared(key).filter(|same| ***same == **key) {
                 *key = same.clone();
             }
@@ -131,22 +144,18 @@ impl LockSet {
 
     /// The key allocations, for the tests of their sharing.
     #[cfg(test)]
-    pub(crate) fn arcs(&self) -> &[Arc<str>] {
-        &self.0
-    }
-}
-
-impl<'a> IntoIterator for &'a LockSet {
-    type Item = &'a str;
-    type IntoIter = std::iter::Map<std::slice::Iter<'a, Arc<str>>, fn(&Arc<str>) -> &str>;
-    fn into_iter(self) -> Self::IntoIter {
-        self.0.iter().map(|k| &**k)
+    pub(crate) fn arcs(&self) -> impl Iterator<Item = &Arc<str>> {
+        self.0.entries().map(|k| &k.0)
     }
 }
 
 impl Serialize for LockSet {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_seq(self.iter())
+        let mut seq = serializer.serialize_seq(Some(self.len()))?;
+        for key in self.iter() {
+            seq.serialize_element(key)?;
+        }
+        seq.end()
     }
 }
 
@@ -155,15 +164,10 @@ impl<'de> Deserialize<'de> for LockSet {
     /// are put in order once, as the set did. Each key is allocated once, as the `Arc<str>` the
     /// set keeps (`table::decoded::SharedStr`).
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let mut keys: Vec<Arc<str>> = Vec::<SharedStr>::deserialize(deserializer)?
-            .into_iter()
-            .map(|SharedStr(key)| key)
-            .collect();
-        if !keys.windows(2).all(|pair| pair[0] < pair[1]) {
-            keys.sort_unstable();
-            keys.dedup();
-        }
-        Ok(LockSet(keys))
+        let keys = Vec::<SharedStr>::deserialize(deserializer)?;
+        Ok(LockSet(
+            keys.into_iter().map(|SharedStr(key)| SetKey(key)).collect(),
+        ))
     }
 }
 
@@ -327,6 +331,44 @@ mod tests {
         let unsorted = postcard::to_allocvec(&vec!["b", "a", "b"]).expect("encodes");
         let back: LockSet = postcard::from_bytes(&unsorted).expect("decodes");
         assert!(back.iter().eq(["a", "b"]));
+    }
+
+    /// A set of many keys (many chunks) behaves and encodes as a `BTreeSet`; a walk in key
+    /// order finds every key from its cursor, including across removals, and misses a key the
+    /// set lacks; sharing a key points the set at the caller's allocation.
+    #[test]
+    fn a_large_lock_set_is_walked_in_order_and_shares_keys() {
+        let key = |i: u32| format!("w5/held/00001/{:04}", (i * 7919) % 3001);
+        let mut set = LockSet::default();
+        let mut model = BTreeSet::new();
+        for i in 0..3_000 {
+            assert_eq!(set.insert(key(i).into()), model.insert(key(i)));
+        }
+        for i in (0..3_000).step_by(7) {
+            assert_eq!(set.remove(&key(i)), model.remove(&key(i)));
+        }
+        assert!(set.iter().eq(model.iter()));
+        assert_eq!(set.len(), model.len());
+        let bytes = postcard::to_allocvec(&set).expect("encodes");
+        assert_eq!(bytes, postcard::to_allocvec(&model).expect("encodes"));
+        assert_eq!(
+            postcard::from_bytes::<LockSet>(&bytes).expect("decodes"),
+            set
+        );
+
+        let mut cursor = Cursor::default();
+        assert!(model.iter().all(|k| set.holds_from(k, &mut cursor)));
+        assert!(!set.holds_from("w5/held/00001/9999", &mut cursor));
+        let mut cursor = Cursor::default();
+        let grants: Vec<Arc<str>> = model.iter().map(|k| Arc::from(k.as_str())).collect();
+        for grant in &grants {
+            set.share_key(grant, &mut cursor);
+        }
+        assert!(
+            set.arcs()
+                .zip(&grants)
+                .all(|(own, grant)| Arc::ptr_eq(own, grant))
+        );
     }
 
     /// A copy of a session shares its remembered answers; changing one answer of the original
