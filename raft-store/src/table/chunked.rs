@@ -28,7 +28,7 @@ use super::decoded::InlineStr;
 /// insert shifts up to this many entries. 128 rather than 256: a million locks filled through
 /// the `held_locks` example with builds took 6.1–6.4 s against 6.8–7.7 s, and peaked at
 /// 249–254 MiB against 271–282 MiB; 64 saved a little more memory but slowed each snapshot
-/// build by a quarter (bench/PERFORMANCE.md, session 18).
+/// build by a quarter (docs/PERFORMANCE.md, session 18).
 const CHUNK_MAX: usize = 128;
 /// Entries per chunk when a map is decoded or a chunk is split at its end: chunks filled in
 /// key order (a snapshot, a fill in key order) stay nearly full.
@@ -79,7 +79,7 @@ const FENCE_HEAD: usize = 28;
 /// Finding a key's chunk is a binary search over the chunks' last keys. Read through the
 /// chunks, each step of it reads three scattered allocations (the chunk, its last entry, that
 /// entry's key): at a million held locks, some 4,500 chunks, the search alone cost about 2 µs
-/// of cache misses per acquire (bench/PERFORMANCE.md, session 18). Against the fences, a step
+/// of cache misses per acquire (docs/PERFORMANCE.md, session 18). Against the fences, a step
 /// reads 32 packed bytes, and reads the key itself only when both keys are longer than the
 /// head and agree on all of it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

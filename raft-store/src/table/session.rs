@@ -50,9 +50,10 @@ pub struct Session {
 /// Chunked rather than one sorted `Vec`, for a session that holds many keys (a million held
 /// locks in W5 are a thousand per session):
 ///
-/// - a search reads the chunks' packed fences, then a chunk, rather than a string at each of
-///   ten steps: the set's search was the largest cost of an acquire at a million held locks
-///   (bench/PERFORMANCE.md, session 18);
+/// - a search reads the chunks' packed fences, then searches one chunk of at most 128 keys:
+///   about seven of its keys' strings read at a thousand keys, not ten. The set's search was
+///   the largest single cost of an acquire at a million held locks (docs/PERFORMANCE.md,
+///   session 18);
 /// - the copy of a session an apply makes while a snapshot build holds it (copy-on-write)
 ///   copies one pointer per chunk, and an insert then copies one chunk, not every key.
 ///
