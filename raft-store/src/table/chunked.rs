@@ -8,6 +8,9 @@
 //!   grant's key is `Grant::key`), so the map stores no second copy of it, and a chunk is a
 //!   packed `Vec`, not B-tree nodes of eleven slots.
 //!
+//! A search finds a key's chunk through one packed array of [`Fence`]s, then searches that
+//! chunk.
+//!
 //! Its encoding is a serde map of `(key, value)` in key order, exactly what a `BTreeMap<String,
 //! V>` writes, so snapshots written before it (and by builds without it) read and write the
 //! same bytes. Owns no lock semantics.
@@ -78,7 +81,7 @@ const FENCE_HEAD: usize = 28;
 ///
 /// Finding a key's chunk is a binary search over the chunks' last keys. Read through the
 /// chunks, each step of it reads three scattered allocations (the chunk, its last entry, that
-/// entry's key): at a million held locks, some 4,500 chunks, the search alone cost about 2 µs
+/// entry's key): at a million held locks, thousands of chunks, the search alone cost about 2 µs
 /// of cache misses per acquire (docs/PERFORMANCE.md, session 18). Against the fences, a step
 /// reads 32 packed bytes, and reads the key itself only when both keys are longer than the
 /// head and agree on all of it.
