@@ -44,7 +44,7 @@ pub struct Session {
     pub(crate) answers: BTreeMap<u64, Shared<Remembered>>,
 }
 
-/// The keys a session holds, in key order, in a [`ChunkedMap`] of the keys alone. Each key is
+/// The keys a session holds, in key order, in a `ChunkedMap` of the keys alone. Each key is
 /// the allocation its grant holds (`Arc<str>`), so a key costs the set 16 bytes.
 ///
 /// Chunked rather than one sorted `Vec`, for a session that holds many keys (a million held
