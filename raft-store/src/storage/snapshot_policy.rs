@@ -12,7 +12,7 @@
 //!
 //! Bytes alone let a large state's log grow long: half of a 125 MiB snapshot is about 60 MiB
 //! of log, some 450,000 acquires, which a restarted node re-applies before it serves anything
-//! (about 7 µs each at a million held locks, so 3 s and more; W5's catch-up, issue 23). So a
+//! (5–8 µs each at a million held locks, so 2–3.5 s; W5's catch-up, issue 23). So a
 //! snapshot is also due once [`SnapshotPolicy::replay_commands_max`] commands were applied
 //! since the last one, whatever their bytes: a restart then replays at most that many. It
 //! counts commands, not entries, because one entry may batch up to 512 of them and the replay
@@ -28,10 +28,11 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// The default [`SnapshotPolicy::replay_commands_max`]: at about 7 µs per acquire re-applied at
-/// a million held locks (`restart_from_snapshot` example), a restart replays for about 1.75 s
-/// at most (more with the stagger, and on a loaded machine), and a build of a million-lock table (2–4 s of a blocking thread) comes at most every
-/// 250,000 commands.
+/// The default [`SnapshotPolicy::replay_commands_max`]: at 5–8 µs per acquire re-applied at a
+/// million held locks (`restart_from_snapshot` example: 300,000 in 1.5–2.3 s since session 18,
+/// 2.2–3.3 s before), a restart replays for 1.25–2 s at most (more with the stagger, and on a
+/// loaded machine), and a build of a million-lock table (2–4 s of a blocking thread) comes at
+/// most every 250,000 commands.
 pub const REPLAY_COMMANDS_MAX: u64 = 250_000;
 
 /// How often a snapshot is built; see the module docs.
