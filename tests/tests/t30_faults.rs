@@ -1458,21 +1458,16 @@ fn log_since(cluster: &Cluster, id: u64, from: u64) -> String {
 }
 
 /// Waits (up to 20 s) for a line of node `id`'s log after byte `from` that contains every one
-/// of `parts`: that part of the log, and the line.
+/// of `parts`, and answers it.
 async fn log_line(
     cluster: &Cluster,
     id: u64,
     from: u64,
     parts: &[&str],
-) -> Result<(String, String), lock_tests::HarnessError> {
+) -> Result<String, lock_tests::HarnessError> {
     poll_until(&parts.join(" … "), Duration::from_secs(20), || {
-        let log = log_since(cluster, id, from);
-        let found = line_with(&log, parts).map(str::to_owned);
-        async move {
-            found
-                .map(|line| (log, line))
-                .ok_or_else(|| "not logged yet".to_string())
-        }
+        let found = line_with(&log_since(cluster, id, from), parts).map(str::to_owned);
+        async move { found.ok_or_else(|| "not logged yet".to_string()) }
     })
     .await
 }
@@ -1496,7 +1491,7 @@ async fn a_restarted_follower_says_hello_and_the_leader_takes_it() {
     let peer = format!("peer={follower}");
 
     cluster.kill(follower);
-    let (_, unreachable) = log_line(
+    let unreachable = log_line(
         &cluster,
         leader,
         leader_from,
@@ -1507,7 +1502,7 @@ async fn a_restarted_follower_says_hello_and_the_leader_takes_it() {
     println!("leader: {unreachable}");
 
     cluster.start_node(follower).await;
-    let (_, told) = log_line(
+    let told = log_line(
         &cluster,
         follower,
         follower_from,
@@ -1522,7 +1517,7 @@ async fn a_restarted_follower_says_hello_and_the_leader_takes_it() {
 
     // The leader took the hello, whatever it changed: its own retry may have come due (or
     // reached the follower) in the moment before (unit tests pin down each outcome).
-    let (_, hello) = log_line(
+    let hello = log_line(
         &cluster,
         leader,
         leader_from,
@@ -1531,7 +1526,7 @@ async fn a_restarted_follower_says_hello_and_the_leader_takes_it() {
     .await
     .expect("the leader takes the hello");
     println!("leader: {hello}");
-    let (_, reached) = log_line(
+    let reached = log_line(
         &cluster,
         leader,
         leader_from,

@@ -284,9 +284,10 @@ impl<E: Entry> ChunkedMap<E> {
                     let at = if at_end { CHUNK_FILL } else { chunk.len() / 2 };
                     let right = chunk.split_off(at);
                     chunk.shrink_to(at + at / 8);
+                    // The right half keeps the chunk's last key; the left half ends anew.
+                    let right_fence = right.last().map_or(self.fences[c], |e| Fence::of(e.key()));
                     self.chunks.insert(c + 1, Arc::new(right));
-                    self.fences.insert(c + 1, self.fences[c]);
-                    self.refence(c + 1);
+                    self.fences.insert(c + 1, right_fence);
                     self.refence(c);
                 } else if last {
                     self.refence(c);
