@@ -12,7 +12,7 @@ pub(crate) mod power_cut;
 
 use std::ffi::OsString;
 use std::fs::{File, OpenOptions};
-use std::io::{self, Write};
+use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
@@ -102,31 +102,6 @@ impl Disk {
                 .map(DiskFile::Os),
             #[cfg(test)]
             Disk::PowerCut(disk) => disk.open_rw(path).map(DiskFile::PowerCut),
-        }
-    }
-
-    /// Writes the whole content of the file `path` (created, or truncated first) by handing
-    /// it to `write` as it is produced, and `fsync`s the file once `write` returns: a snapshot
-    /// is encoded straight into its file instead of into a buffer of its size first. `write`
-    /// should buffer its small writes (each is a `write` call on the operating system's
-    /// disk). The file's directory entry is not made durable (see [`Disk::sync_dir`]).
-    pub(crate) fn write_synced_with<F>(&self, path: &Path, write: F) -> io::Result<()>
-    where
-        F: FnOnce(&mut dyn Write) -> io::Result<()>,
-    {
-        match self {
-            Disk::Os => {
-                let mut file = File::create(path)?;
-                write(&mut file)?;
-                file.sync_all()
-            }
-            #[cfg(test)]
-            Disk::PowerCut(disk) => {
-                // The simulated disk keeps files in memory anyway: collect, then write once.
-                let mut bytes = Vec::new();
-                write(&mut bytes)?;
-                disk.write_synced(path, &bytes)
-            }
         }
     }
 
