@@ -19,12 +19,21 @@
 //! a record is rewritten to the current epoch ("materialised") when it is next touched: a
 //! renewal, a heartbeat, the reconcile walk, or the reaper reaching it in the index.
 //!
+//! # The lazy heartbeat
+//!
+//! A session beats three times a TTL. A heartbeat only moves the session's stored deadline and
+//! leaves its index entry where it was, behind it; the reaper, reaching that entry, finds the
+//! session alive and moves the entry to the stored deadline. The entry then moves once a TTL
+//! instead of at every beat, and a heartbeat is one hash lookup. A grant's renewal still moves
+//! its entry: renewals come once per half TTL, so nothing would be saved.
+//!
 //! # Invariant ([`LeaseTable::check_invariants`])
 //!
-//! For each kind: a key is in the expiring set, or the index holds `(deadline, key)` with the
-//! record's stored deadline, never both, and nothing else is in either. The stored deadline is
-//! never later than the effective one, so the index front is a lower bound of every lease's
-//! effective deadline; an expiring record is always of the current epoch. An expiring lease has
+//! For each kind: a key is in the expiring set, or the index holds `(indexed, key)` with the
+//! record's indexed position, never both, and nothing else is in either. A grant is indexed at
+//! its stored deadline; a session at or before it, and at it while expiring. The stored
+//! deadline is never later than the effective one, so the index front is a lower bound of every
+//! lease's effective deadline; an expiring record is always of the current epoch. An expiring lease has
 //! been handed to the reaper, so it leaves the index until its expiry fails and it may be taken
 //! again, or a promote gives it a fresh lease.
 
@@ -36,7 +45,8 @@ use std::time::{Duration, Instant};
 use lock_raft_store::Grant;
 
 /// Most index entries one [`LeaseTable::take_lapsed`] call rewrites to the current epoch
-/// (materialises) before it returns. After a promote every entry of an untouched lease may lie
+/// (materialises) or moves to the deadline a heartbeat gave its session, before it returns.
+/// After a promote every entry of an untouched lease may lie
 /// before `now` in the index; rewriting them in bounded steps keeps each call's hold of the
 /// table short, and [`Lapsed::more`] tells the reaper to call again without waiting a tick.
 pub const MATERIALISE_PER_CALL_MAX: usize = 16_384;
@@ -108,17 +118,19 @@ pub struct Lapsed {
     pub more: bool,
 }
 
-/// The deadline index of one kind of lease: `(deadline, key)` of every lease that is not
-/// expiring, earliest first, with the record's stored deadline.
+/// The deadline index of one kind of lease: `(indexed, key)` of every lease that is not
+/// expiring, earliest first: at the record's stored deadline, or for a session that beat since
+/// it was placed, before it ([`HasLife`]).
 ///
 /// Why a `BTreeSet<(Tick, Arc<str>)>` (the shape of mini-redis's `db.rs` expirations):
 /// - The reaper's question is "the earliest deadlines, while they are past", which an ordered
 ///   set answers from its front in O(log n) per lapsed lease; an idle leader with a million
 ///   held locks pays O(log n) a tick, not a walk over every lease under the mutex heartbeats
 ///   take (issue 23: 21-24 % of a core spent in that walk).
-/// - Every renewal and heartbeat moves a deadline, and a release removes one. An ordered set
-///   removes an arbitrary entry in O(log n); a `BinaryHeap` cannot, and with lazy deletion it
-///   would grow by one stale entry per renewal until compacted.
+/// - Every renewal moves a deadline (a heartbeat moves it lazily, see the module docs), and a
+///   release removes one. An ordered set removes an arbitrary entry in O(log n); a `BinaryHeap`
+///   cannot, and with lazy deletion it would grow by one stale entry per renewal until
+///   compacted.
 /// - Pairing the deadline with the key makes every entry unique, so two leases with the same
 ///   deadline (one clock reading for a whole heartbeat batch) are both kept, and the order is
 ///   total, which makes `take_lapsed` deterministic.
@@ -127,26 +139,69 @@ pub struct Lapsed {
 type DeadlineIndex = BTreeSet<(Tick, Arc<str>)>;
 
 /// A record that has a [`Life`]: grants and sessions share every index operation.
+///
+/// A record is indexed at [`HasLife::indexed`]. For a grant that is always its stored
+/// deadline: a renewal moves the index entry (`LAZY` is false). A session's entry may lag
+/// behind its stored deadline (`LAZY`): a heartbeat only moves the deadline, and the entry
+/// is moved when the reaper reaches it (see [`Leases::pop_lapsed`]). Sessions beat three
+/// times a TTL and their entries move once a TTL; a beat is then one hash lookup instead of
+/// three and a B-tree remove and insert (docs/PERFORMANCE.md, "Session 19").
 trait HasLife {
+    /// Whether a later deadline leaves the index entry where it is.
+    const LAZY: bool;
     fn life(&self) -> &Life;
     fn life_mut(&mut self) -> &mut Life;
+    /// Where the index holds the record (or held it, for an expiring one): never after its
+    /// stored deadline.
+    fn indexed(&self) -> Tick;
+    /// Records that the index now holds the record at its stored deadline.
+    fn indexed_at_deadline(&mut self);
 }
 
 impl HasLife for GrantRecord {
+    const LAZY: bool = false;
     fn life(&self) -> &Life {
         &self.life
     }
     fn life_mut(&mut self) -> &mut Life {
         &mut self.life
     }
+    fn indexed(&self) -> Tick {
+        self.life.deadline
+    }
+    fn indexed_at_deadline(&mut self) {}
 }
 
-impl HasLife for Life {
+/// A session's record: its [`Life`] and where its index entry is, which a heartbeat leaves
+/// behind (32 bytes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct SessionRecord {
+    life: Life,
+    indexed: Tick,
+}
+
+impl SessionRecord {
+    fn new(life: Life) -> Self {
+        SessionRecord {
+            indexed: life.deadline,
+            life,
+        }
+    }
+}
+
+impl HasLife for SessionRecord {
+    const LAZY: bool = true;
     fn life(&self) -> &Life {
-        self
+        &self.life
     }
     fn life_mut(&mut self) -> &mut Life {
-        self
+        &mut self.life
+    }
+    fn indexed(&self) -> Tick {
+        self.indexed
+    }
+    fn indexed_at_deadline(&mut self) {
+        self.indexed = self.life.deadline;
     }
 }
 
@@ -191,9 +246,10 @@ impl Promote {
 
 impl<R: HasLife> Leases<R> {
     /// Adds `record` under `key`, replacing (and unindexing) any record the key had.
-    fn insert(&mut self, key: Arc<str>, record: R) {
+    fn insert(&mut self, key: Arc<str>, mut record: R) {
         self.remove(&key);
-        self.index.insert((record.life().deadline, key.clone()));
+        record.indexed_at_deadline();
+        self.index.insert((record.indexed(), key.clone()));
         self.records.insert(key, record);
     }
 
@@ -201,27 +257,31 @@ impl<R: HasLife> Leases<R> {
     fn remove(&mut self, key: &str) -> Option<R> {
         let (key, record) = self.records.remove_entry(key)?;
         if !self.expiring.remove(&key) {
-            self.index.remove(&(record.life().deadline, key));
+            self.index.remove(&(record.indexed(), key));
         }
         Some(record)
     }
 
     /// Sets `key`'s stored deadline to `deadline` in the current epoch and moves its index
-    /// entry. The key must be present and not expiring.
+    /// entry there, unless the record is `LAZY` and the entry is not after `deadline` (then
+    /// the reaper moves it when it reaches it). The key must be present and not expiring.
     fn set_deadline(&mut self, key: &str, promote: Promote, deadline: Tick) {
-        let Some((key, record)) = self.records.get_key_value(key) else {
+        let Some(record) = self.records.get_mut(key) else {
             return;
         };
-        let key = key.clone();
-        let old = record.life().deadline;
-        if old != deadline {
-            self.index.remove(&(old, key.clone()));
-            self.index.insert((deadline, key.clone()));
+        // Read first: a grant's entry is where its stored deadline is.
+        let old = record.indexed();
+        let life = record.life_mut();
+        life.deadline = deadline;
+        life.epoch = promote.epoch;
+        if old == deadline || (R::LAZY && old < deadline) {
+            return;
         }
-        if let Some(record) = self.records.get_mut(&key) {
-            let life = record.life_mut();
-            life.deadline = deadline;
-            life.epoch = promote.epoch;
+        record.indexed_at_deadline();
+        if let Some((key, _)) = self.records.get_key_value(key) {
+            let key = key.clone();
+            self.index.remove(&(old, key.clone()));
+            self.index.insert((deadline, key));
         }
     }
 
@@ -230,14 +290,16 @@ impl<R: HasLife> Leases<R> {
     fn unmark_expiring(&mut self) {
         for key in self.expiring.drain() {
             if let Some(record) = self.records.get(&key) {
-                self.index.insert((record.life().deadline, key));
+                self.index.insert((record.indexed(), key));
             }
         }
     }
 
     /// Pops the key whose lease lapsed earliest, if its effective deadline is more than
-    /// `margin` before `now`, and marks it expiring. Entries of older epochs met on the way are
-    /// materialised and put back, at most `budget` of them: `Err(())` once the budget is spent.
+    /// `margin` before `now`, and marks it expiring. Entries met on the way that lag behind
+    /// their record (an older epoch's, materialised first, or a `LAZY` record's, which a
+    /// heartbeat extended) are put back at the record's deadline, at most `budget` of them:
+    /// `Err(())` once the budget is spent.
     fn pop_lapsed(
         &mut self,
         promote: Promote,
@@ -260,7 +322,7 @@ impl<R: HasLife> Leases<R> {
                 continue;
             };
             let life = record.life_mut();
-            if life.epoch != promote.epoch {
+            if life.epoch != promote.epoch || life.deadline != deadline {
                 if *budget == 0 {
                     self.index.insert((deadline, key));
                     return Err(());
@@ -268,7 +330,8 @@ impl<R: HasLife> Leases<R> {
                 *budget -= 1;
                 life.deadline = promote.effective(life);
                 life.epoch = promote.epoch;
-                self.index.insert((life.deadline, key));
+                record.indexed_at_deadline();
+                self.index.insert((record.indexed(), key));
                 continue;
             }
             self.expiring.insert(key.clone());
@@ -281,7 +344,7 @@ impl<R: HasLife> Leases<R> {
         if let Some(key) = self.expiring.take(key)
             && let Some(record) = self.records.get(&key)
         {
-            self.index.insert((record.life().deadline, key));
+            self.index.insert((record.indexed(), key));
         }
     }
 
@@ -297,7 +360,7 @@ impl<R: HasLife> Leases<R> {
                 return true;
             }
             if !expiring.remove(key) {
-                index.remove(&(record.life().deadline, key.clone()));
+                index.remove(&(record.indexed(), key.clone()));
             }
             false
         });
@@ -309,7 +372,7 @@ impl<R: HasLife> Leases<R> {
             .records
             .iter()
             .filter(|(key, _)| !self.expiring.contains(*key))
-            .map(|(key, record)| (record.life().deadline, key.clone()))
+            .map(|(key, record)| (record.indexed(), key.clone()))
             .collect();
         assert_eq!(expected, self.index, "{what} deadline index");
         for key in &self.expiring {
@@ -329,6 +392,17 @@ impl<R: HasLife> Leases<R> {
                 life.deadline <= promote.effective(life),
                 "{what} {key:?}: stored deadline after the effective one"
             );
+            assert!(
+                record.indexed() <= life.deadline,
+                "{what} {key:?}: indexed after its stored deadline"
+            );
+            if !R::LAZY || self.expiring.contains(key) {
+                assert_eq!(
+                    record.indexed(),
+                    life.deadline,
+                    "{what} {key:?}: indexed away from its stored deadline"
+                );
+            }
         }
     }
 }
@@ -344,7 +418,7 @@ pub struct LeaseTable {
     /// Grants and sessions have separate indexes so the reaper keeps taking grants first and
     /// fills the rest of a tick with sessions, as it always has.
     grants: Leases<GrantRecord>,
-    sessions: Leases<Life>,
+    sessions: Leases<SessionRecord>,
 }
 
 impl Default for LeaseTable {
@@ -417,7 +491,8 @@ impl LeaseTable {
     /// Starts a full lease of session `session_id` at `now`, replacing any it had.
     pub fn insert_session(&mut self, session_id: &str, ttl_ms: u64, now: Instant) {
         let life = self.fresh(ttl_ms, now);
-        self.sessions.insert(Arc::from(session_id), life);
+        self.sessions
+            .insert(Arc::from(session_id), SessionRecord::new(life));
     }
 
     /// Drops the lease of session `session_id`.
@@ -486,7 +561,7 @@ impl LeaseTable {
         let ttl_ms = ttl_u32(ttl_ms);
         let restarted = promote.at.saturating_add(ms_ticks(ttl_ms));
         match self.sessions.records.get_mut(session_id) {
-            Some(life) => {
+            Some(SessionRecord { life, .. }) => {
                 life.seen = self.seen;
                 if life.epoch != promote.epoch {
                     life.ttl_ms = ttl_ms;
@@ -502,7 +577,8 @@ impl LeaseTable {
                     epoch: promote.epoch,
                     seen: self.seen,
                 };
-                self.sessions.insert(Arc::from(session_id), life);
+                self.sessions
+                    .insert(Arc::from(session_id), SessionRecord::new(life));
             }
         }
     }
@@ -549,16 +625,28 @@ impl LeaseTable {
 
     /// Restarts session `session_id`'s lease at `now` if it is alive (present, not expiring,
     /// its deadline not passed) and returns its TTL; a lapsed lease is never revived (D-lease).
+    ///
+    /// One hash lookup: the index entry stays behind the new deadline (see the module docs,
+    /// "The lazy heartbeat").
     pub fn restart_session(&mut self, session_id: &str, now: Instant) -> Option<u64> {
         let now = self.tick(now);
         let promote = self.promote;
-        let life = self.sessions.records.get(session_id)?;
-        if now > promote.effective(life) || self.sessions.expiring.contains(session_id) {
+        let Leases {
+            records, expiring, ..
+        } = &mut self.sessions;
+        let record = records.get_mut(session_id)?;
+        if now > promote.effective(&record.life) || expiring.contains(session_id) {
             return None;
         }
-        let ttl_ms = life.ttl_ms;
-        self.sessions
-            .set_deadline(session_id, promote, now.saturating_add(ms_ticks(ttl_ms)));
+        let ttl_ms = record.life.ttl_ms;
+        let deadline = now.saturating_add(ms_ticks(ttl_ms));
+        if record.indexed <= deadline {
+            record.life.deadline = deadline;
+            record.life.epoch = promote.epoch;
+        } else {
+            // A reconcile shortened the lease length below what the entry was placed for.
+            self.sessions.set_deadline(session_id, promote, deadline);
+        }
         Some(u64::from(ttl_ms))
     }
 
@@ -576,9 +664,10 @@ impl LeaseTable {
     /// first, grants before sessions; marks them expiring (so a renewal racing the expiry
     /// loses) and drops them from the index so the next tick does not take them again.
     ///
-    /// Costs O((taken + materialised + 1) · log n): it reads the index from its front and stops
+    /// Costs O((taken + moved + 1) · log n): it reads the index from its front and stops
     /// at the first deadline that has not lapsed. Index entries of leases untouched since a
-    /// promote are rewritten on the way, at most [`MATERIALISE_PER_CALL_MAX`] a call
+    /// promote, and of sessions that beat since they were placed, are moved on the way, at most
+    /// [`MATERIALISE_PER_CALL_MAX`] a call
     /// ([`Lapsed::more`] then says to call again).
     pub fn take_lapsed(&mut self, max: usize, margin: Duration, now: Instant) -> Lapsed {
         let now = self.tick(now);
@@ -636,9 +725,10 @@ impl LeaseTable {
         (self.grants.records.len(), self.sessions.records.len())
     }
 
-    /// Panics with context unless each index holds exactly the `(stored deadline, key)` of the
-    /// leases that are not expiring, every expiring lease is of the current epoch, and no stored
-    /// deadline is after its effective one. O(n); for tests.
+    /// Panics with context unless each index holds exactly the `(indexed, key)` of the leases
+    /// that are not expiring, every expiring lease is of the current epoch, no stored deadline is
+    /// after its effective one, and no entry after its stored deadline (a grant's and an
+    /// expiring session's at it). O(n); for tests.
     pub fn check_invariants(&self) {
         self.grants.check(self.promote, "grant");
         self.sessions.check(self.promote, "session");
@@ -648,13 +738,18 @@ impl LeaseTable {
     #[cfg(test)]
     pub fn mark_session_expiring(&mut self, session_id: &str) {
         let promote = self.promote;
-        if let Some(life) = self.sessions.records.get(session_id).copied() {
-            let deadline = promote.effective(&life);
-            self.sessions.set_deadline(session_id, promote, deadline);
-            self.sessions
-                .index
-                .remove(&(deadline, Arc::from(session_id)));
-            self.sessions.expiring.insert(Arc::from(session_id));
+        let Leases {
+            records,
+            index,
+            expiring,
+        } = &mut self.sessions;
+        if let Some(record) = records.get_mut(session_id) {
+            let key: Arc<str> = Arc::from(session_id);
+            index.remove(&(record.indexed, key.clone()));
+            record.life.deadline = promote.effective(&record.life);
+            record.life.epoch = promote.epoch;
+            record.indexed = record.life.deadline;
+            expiring.insert(key);
         }
     }
 }
@@ -728,13 +823,68 @@ pub(super) mod tests {
             vec![(t0 + ms(1_010), "b".into()), (t0 + ms(2_500), "a".into())],
             "the old entry is gone and the new one sorts after b"
         );
+        table.check_invariants();
+    }
+
+    /// A heartbeat moves a session's deadline and leaves its index entry behind it; the
+    /// reaper, reaching the entry, finds the session alive and moves the entry to the
+    /// deadline instead of taking it, and takes it only once that deadline has lapsed.
+    #[test]
+    fn a_heartbeat_leaves_the_index_entry_and_the_reaper_moves_it() {
+        let t0 = Instant::now();
+        let margin = ms(50);
+        let mut table = LeaseTable::new(t0);
         table.insert_session("s", 1_000, t0);
+        table.insert_session("t", 1_000, t0 + ms(10));
         assert_eq!(table.restart_session("s", t0 + ms(700)), Some(1_000));
+        assert_eq!(table.restart_session("s", t0 + ms(900)), Some(1_000));
         assert_eq!(
             indexed(&table, &table.sessions),
-            vec![(t0 + ms(1_700), "s".into())]
+            vec![(t0 + ms(1_000), "s".into()), (t0 + ms(1_010), "t".into())],
+            "both heartbeats left the entry where the open put it"
         );
         table.check_invariants();
+        let lapsed = table.take_lapsed(10, margin, t0 + ms(1_100));
+        assert_eq!(lapsed.sessions, vec!["t".to_string()], "t lapsed, s beat");
+        assert_eq!(
+            indexed(&table, &table.sessions),
+            vec![(t0 + ms(1_900), "s".into())],
+            "the reaper moved s's entry to its deadline"
+        );
+        table.check_invariants();
+        assert!(
+            table
+                .take_lapsed(10, margin, t0 + ms(1_900) + margin)
+                .sessions
+                .is_empty(),
+            "not before the margin has passed"
+        );
+        assert_eq!(table.restart_session("s", t0 + ms(1_950)), None, "lapsed");
+        let lapsed = table.take_lapsed(10, margin, t0 + ms(1_951) + margin);
+        assert_eq!(lapsed.sessions, vec!["s".to_string()]);
+        table.check_invariants();
+    }
+
+    /// A reconcile that shortens a session's lease length below where its entry lies moves
+    /// the entry back on the next heartbeat, so the reaper still finds it in time.
+    #[test]
+    fn a_heartbeat_that_shortens_a_lease_moves_its_entry_back() {
+        let t0 = Instant::now();
+        let mut table = LeaseTable::new(t0);
+        table.insert_session("s", 30_000, t0);
+        table.restart_all(t0 + ms(100));
+        table.begin_reconcile();
+        table.reconcile_session("s", 1_000);
+        table.check_invariants();
+        assert_eq!(table.restart_session("s", t0 + ms(200)), Some(1_000));
+        assert_eq!(
+            indexed(&table, &table.sessions),
+            vec![(t0 + ms(1_200), "s".into())],
+            "the entry came back from 30 s to the shorter deadline"
+        );
+        table.check_invariants();
+        let lapsed = table.take_lapsed(10, ms(0), t0 + ms(1_201));
+        assert_eq!(lapsed.sessions, vec!["s".to_string()]);
     }
 
     #[test]
