@@ -329,6 +329,8 @@ impl LockSystem for EtcdCluster {
             count,
             started.elapsed().as_secs_f64(),
             ttl / 3,
+            // Each writer's first keep-alive is due one period after its share was granted.
+            Instant::now() + ttl / 3,
         ))
     }
 

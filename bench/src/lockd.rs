@@ -24,12 +24,13 @@ use lock_proto::v1::{
     OpenSessionRequest, ReleaseRequest, ReleaseResponse, StatusRequest,
 };
 use tokio::sync::{Semaphore, mpsc, watch};
+use tokio::task::JoinSet;
 use tonic::Status;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
 
 use crate::procs::{NodeProcess, free_ports};
 use crate::system::{
-    Connections, KEEPER_TASKS, KeeperCounters, Keepers, LockSystem, LockWorker, keepalive_due,
+    Connections, KEEPER_TASKS, KeeperCounters, Keepers, LockSystem, LockWorker, first_keepalive_due,
 };
 
 /// W5's hands on a running cluster's nodes (kill, restart, re-point at a new leader).
@@ -413,7 +414,9 @@ impl LockSystem for LockdCluster {
         let started = Instant::now();
         let counters = Arc::new(KeeperCounters::default());
         let (stop_tx, stop_rx) = watch::channel(false);
-        let (opened_tx, mut opened_rx) = mpsc::channel::<Result<()>>(KEEPER_TASKS);
+        // Each task reports once its share is open: the sum of its sessions' opens measured
+        // from `started`, for the keep-alives' rate.
+        let (opened_tx, mut opened_rx) = mpsc::channel::<Result<Duration>>(KEEPER_TASKS);
         let ttl_ms = ttl.as_millis() as u64;
         let mut tasks = Vec::with_capacity(KEEPER_TASKS);
         for task in 0..KEEPER_TASKS {
@@ -424,75 +427,81 @@ impl LockSystem for LockdCluster {
             let opened_tx = opened_tx.clone();
             let mut stop = stop_rx.clone();
             tasks.push(tokio::spawn(async move {
-                let opened = async {
-                    let channel = channel_with(&addr, tls.as_ref()).await?;
-                    let sessions = SessionServiceClient::new(channel);
-                    // A few opens in flight at a time: one after the other, 1,000 sessions took
-                    // 7.5 s to open on a loaded machine, and the first ones opened lapsed (3 s
-                    // TTL with --quick) before the keep-alives began.
-                    let mut ids = Vec::with_capacity(share);
-                    let indices: Vec<usize> = (0..share).collect();
-                    for chunk in indices.chunks(OPENS_IN_FLIGHT_PER_TASK) {
-                        let mut opening = tokio::task::JoinSet::new();
-                        for &i in chunk {
-                            let mut sessions = sessions.clone();
-                            let owner = format!("bench-keeper-{task}-{i}");
-                            opening.spawn(async move {
-                                let id = open_session(&mut sessions, &owner, ttl_ms).await;
-                                (i, id)
-                            });
-                        }
-                        let mut opened = opening.join_all().await;
-                        opened.sort_by_key(|(i, _)| *i);
-                        for (_, id) in opened {
-                            ids.push(id?);
-                        }
-                    }
-                    anyhow::Ok((sessions, ids))
-                }
-                .await;
-                let (mut sessions, ids) = match opened {
-                    Ok(v) => {
-                        let _ = opened_tx.send(Ok(())).await;
-                        v
-                    }
+                let sessions = match channel_with(&addr, tls.as_ref()).await {
+                    Ok(channel) => SessionServiceClient::new(channel),
                     Err(e) => {
                         let _ = opened_tx.send(Err(e)).await;
                         return;
                     }
                 };
-                if ids.is_empty() {
+                if share == 0 {
+                    let _ = opened_tx.send(Ok(Duration::ZERO)).await;
                     return;
                 }
+                // The task opens its share and beats it at once: a session joins the beats as
+                // soon as it is open, its first keep-alive due within one period of its open
+                // (`BeatSchedule`). Opening 99,000 sessions took 11.5 s on a slowed machine,
+                // and with every beat waiting for the whole share to open, the sessions opened
+                // first lapsed (15 s TTL) before their first keep-alive. A few opens are in
+                // flight at a time: one after the other, 1,000 sessions took 7.5 s to open on
+                // a loaded machine.
+                let open = |opening: &mut JoinSet<Result<(String, Instant)>>, i: usize| {
+                    let mut sessions = sessions.clone();
+                    let owner = format!("bench-keeper-{task}-{i}");
+                    opening.spawn(async move {
+                        // The instant the open was sent: the server starts the session's TTL
+                        // after it, so a first keep-alive due from here is never late.
+                        let sent = Instant::now();
+                        let id = open_session(&mut sessions, &owner, ttl_ms).await?;
+                        Ok((id, sent))
+                    });
+                };
+                let mut opening = JoinSet::new();
+                let mut unopened = 0..share;
+                for i in unopened.by_ref().take(OPENS_IN_FLIGHT_PER_TASK) {
+                    open(&mut opening, i);
+                }
+                let mut opens_since_start = Duration::ZERO;
                 let period = ttl / 3;
                 let ahead = period / KEEPALIVE_COALESCE_AHEAD_FRACTION;
                 let start = Instant::now();
-                // Each session's next keep-alive, first spread evenly over one period as each
-                // session's own timer would be. Per tick (the earliest due), every session due
-                // within `ahead` goes out in HeartbeatBatch calls of at most the server's
-                // limit, without waiting for earlier answers, and is next due one period
-                // later: sessions sent together stay together, as in the SDK. The counters
-                // count sessions kept alive, not calls.
-                let mut due: Vec<Instant> = (0..ids.len())
-                    .map(|i| keepalive_due(start, period, ids.len(), i as u64))
-                    .collect();
+                let mut schedule = BeatSchedule::new(share, period);
                 let in_flight = Arc::new(Semaphore::new(HEARTBEAT_BATCHES_IN_FLIGHT_MAX));
                 'beat: loop {
-                    let Some(tick) = due.iter().min().copied() else {
-                        break 'beat;
-                    };
+                    let tick = schedule.next_due();
+                    // No tick until a session is open: the branch is off, its sleep not polled.
+                    let tick_sleep = tokio::time::sleep_until(tick.unwrap_or(start).into());
                     tokio::select! {
-                        _ = tokio::time::sleep_until(tick.into()) => {}
+                        joined = opening.join_next(), if !opening.is_empty() => {
+                            let opened = match joined {
+                                Some(Ok(opened)) => opened,
+                                Some(Err(e)) => Err(anyhow::anyhow!("an OpenSession task failed: {e}")),
+                                None => continue 'beat,
+                            };
+                            match opened {
+                                Ok((id, sent)) => {
+                                    schedule.add(id, sent);
+                                    opens_since_start += sent.saturating_duration_since(started);
+                                    if let Some(i) = unopened.next() {
+                                        open(&mut opening, i);
+                                    } else if opening.is_empty() {
+                                        let _ = opened_tx.send(Ok(opens_since_start)).await;
+                                    }
+                                }
+                                Err(e) => {
+                                    let _ = opened_tx.send(Err(e)).await;
+                                    break 'beat;
+                                }
+                            }
+                            continue 'beat;
+                        }
+                        _ = tick_sleep, if tick.is_some() => {}
                         _ = stop.changed() => break 'beat,
                     }
-                    let now = Instant::now();
-                    let mut batch = Vec::new();
-                    for (i, next) in due.iter_mut().enumerate() {
-                        if *next <= now + ahead {
-                            batch.push(ids[i].clone());
-                            *next = now + period;
-                        }
-                    }
+                    // Per tick (the earliest due), every session due within `ahead` goes out in
+                    // HeartbeatBatch calls of at most the server's limit, without waiting for
+                    // earlier answers. The counters count sessions kept alive, not calls.
+                    let batch = schedule.take_due(Instant::now(), ahead);
                     for chunk in batch.chunks(HEARTBEAT_BATCH_SESSIONS_MAX) {
                         let Ok(permit) = in_flight.clone().acquire_owned().await else {
                             break 'beat;
@@ -510,13 +519,16 @@ impl LockSystem for LockdCluster {
                         });
                     }
                 }
-                // Stopped: once every batch in flight is answered (a batch answered after
-                // its sessions closed would count as failed keep-alives), close the sessions,
-                // so that the next W1 slice runs without them.
+                // Stopped (or an open failed): opens still in flight are abandoned (a session
+                // they open lapses by its TTL); once every batch in flight is answered (a
+                // batch answered after its sessions closed would count as failed keep-alives),
+                // close the sessions, so that the next W1 slice runs without them.
+                opening.abort_all();
                 let _all_answered = in_flight
                     .acquire_many(HEARTBEAT_BATCHES_IN_FLIGHT_MAX as u32)
                     .await;
-                for session_id in ids {
+                let mut sessions = sessions;
+                for session_id in schedule.into_ids() {
                     let closed = sessions
                         .close_session(CloseSessionRequest { session_id })
                         .await;
@@ -528,16 +540,23 @@ impl LockSystem for LockdCluster {
         }
         // Each task reports once, after opening its share (the tasks keep their senders).
         drop(opened_tx);
+        let mut opens_since_start = Duration::ZERO;
         for _ in 0..KEEPER_TASKS {
             let opened = opened_rx
                 .recv()
                 .await
                 .unwrap_or_else(|| Err(anyhow::anyhow!("a keep-alive task ended early")));
-            if let Err(e) = opened {
-                let _ = stop_tx.send(true);
-                return Err(e.context("lockd: opening the W4 sessions"));
+            match opened {
+                Ok(opens) => opens_since_start += opens,
+                Err(e) => {
+                    let _ = stop_tx.send(true);
+                    return Err(e.context("lockd: opening the W4 sessions"));
+                }
             }
         }
+        // The keep-alives' rate runs from the sessions' mean open: each beats from its own.
+        let beats_from = started
+            + Duration::from_secs_f64(opens_since_start.as_secs_f64() / count.max(1) as f64);
         Ok(Keepers::new(
             counters,
             stop_tx,
@@ -545,6 +564,7 @@ impl LockSystem for LockdCluster {
             count,
             started.elapsed().as_secs_f64(),
             ttl / 3,
+            beats_from,
         ))
     }
 
@@ -560,6 +580,68 @@ impl LockSystem for LockdCluster {
             .await
             .context("lockd AdminService.Status")?;
         Ok(status.into_inner().commit_index)
+    }
+}
+
+/// One W4 keep-alive task's sessions and when each is next due. A session joins as soon as it
+/// is open, its first keep-alive due within one period of its open ([`first_keepalive_due`]),
+/// so a task still opening its share already beats the sessions it opened first.
+#[derive(Debug)]
+struct BeatSchedule {
+    /// The task's share of sessions, over which the first keep-alives are spread.
+    share: usize,
+    /// A third of the sessions' TTL.
+    period: Duration,
+    ids: Vec<String>,
+    /// When each of `ids` is next due.
+    due: Vec<Instant>,
+    /// The earliest of `due`, kept so that adding a session scans nothing.
+    next: Option<Instant>,
+}
+
+impl BeatSchedule {
+    /// An empty schedule for a share of `share` sessions beaten every `period`.
+    fn new(share: usize, period: Duration) -> Self {
+        Self {
+            share,
+            period,
+            ids: Vec::with_capacity(share),
+            due: Vec::with_capacity(share),
+            next: None,
+        }
+    }
+
+    /// Adds session `id`, opened at `opened`, as the next of the share.
+    fn add(&mut self, id: String, opened: Instant) {
+        let due = first_keepalive_due(opened, self.period, self.share, self.ids.len());
+        self.next = Some(self.next.map_or(due, |next| next.min(due)));
+        self.ids.push(id);
+        self.due.push(due);
+    }
+
+    /// When the earliest keep-alive is due; `None` before any session has opened.
+    fn next_due(&self) -> Option<Instant> {
+        self.next
+    }
+
+    /// Takes every session due by `now + ahead` and makes each next due one period after
+    /// `now`: sessions sent together stay together, as in the SDK, and none goes out later
+    /// than it is due, only up to `ahead` sooner.
+    fn take_due(&mut self, now: Instant, ahead: Duration) -> Vec<String> {
+        let mut batch = Vec::new();
+        for (id, next) in self.ids.iter().zip(&mut self.due) {
+            if *next <= now + ahead {
+                batch.push(id.clone());
+                *next = now + self.period;
+            }
+        }
+        self.next = self.due.iter().min().copied();
+        batch
+    }
+
+    /// Every session added, for closing them.
+    fn into_ids(self) -> Vec<String> {
+        self.ids
     }
 }
 
@@ -689,5 +771,94 @@ impl LockWorker for LockdWorker {
             bail!("Release of token {fencing_token}: answered released=false (grant lost)");
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    #[test]
+    fn a_session_opened_while_its_share_opens_is_beaten_within_one_period_of_its_open() {
+        // One task's share of 99,000 sessions opened over 11.5 s, TTL 15 s, stepped through
+        // as the task runs it: the next open or the next keep-alive, whichever comes first.
+        let (t0, period) = (Instant::now(), Duration::from_secs(5));
+        let ahead = period / KEEPALIVE_COALESCE_AHEAD_FRACTION;
+        let share = 99_000 / KEEPER_TASKS;
+        let open_every = Duration::from_secs_f64(11.5 / share as f64);
+        let end = t0 + Duration::from_secs(30);
+        let mut schedule = BeatSchedule::new(share, period);
+        let (mut opened, mut beats) = (Vec::new(), HashMap::<String, Vec<Instant>>::new());
+        let mut ticks = Vec::new();
+        loop {
+            let open_at = (opened.len() < share).then(|| t0 + open_every * opened.len() as u32);
+            match (open_at, schedule.next_due()) {
+                (Some(at), tick) if tick.is_none_or(|tick| at <= tick) => {
+                    schedule.add(format!("s{}", opened.len()), at);
+                    opened.push(at);
+                }
+                (_, Some(tick)) if tick < end => {
+                    ticks.push(tick);
+                    for id in schedule.take_due(tick, ahead) {
+                        beats.entry(id).or_default().push(tick);
+                    }
+                }
+                _ => break,
+            }
+        }
+        assert_eq!(opened.len(), share);
+        for (n, at) in opened.iter().enumerate() {
+            let beats = &beats[&format!("s{n}")];
+            assert!(beats[0] >= *at, "session {n} beaten before its open");
+            assert!(
+                beats[0] - *at <= period,
+                "session {n}: first keep-alive {:?} after its open",
+                beats[0] - *at
+            );
+            for pair in beats.windows(2) {
+                let gap = pair[1] - pair[0];
+                assert!(gap <= period, "session {n}: {gap:?} between keep-alives");
+                assert!(
+                    gap >= period - ahead,
+                    "session {n}: {gap:?} between keep-alives"
+                );
+            }
+            assert!(
+                end - beats[beats.len() - 1] <= period,
+                "session {n} stopped beating"
+            );
+        }
+        // The small batches of the first period (a session is first due soon after its open)
+        // merge later: once the share is open, a period has a batch per `ahead` at most.
+        let last_period = ticks.iter().filter(|&&t| t >= end - period).count();
+        assert!(
+            last_period <= KEEPALIVE_COALESCE_AHEAD_FRACTION as usize + 1,
+            "{last_period} batches in the last period, {} in all",
+            ticks.len()
+        );
+    }
+
+    #[test]
+    fn sessions_due_together_go_out_together_and_stay_together() {
+        let (t0, period) = (Instant::now(), Duration::from_secs(5));
+        let ahead = period / KEEPALIVE_COALESCE_AHEAD_FRACTION;
+        let mut schedule = BeatSchedule::new(4, period);
+        assert_eq!(schedule.next_due(), None);
+        for n in 0..4 {
+            schedule.add(format!("s{n}"), t0);
+        }
+        // Due at 1.25, 2.5, 3.75 and 5 s: the first tick takes those within `ahead` of it.
+        let first = schedule.next_due().expect("sessions added");
+        assert_eq!(first, t0 + period / 4);
+        assert_eq!(schedule.take_due(first, ahead), ["s0", "s1"]);
+        assert_eq!(schedule.next_due(), Some(t0 + period * 3 / 4));
+        let second = schedule.take_due(t0 + period * 3 / 4, ahead);
+        assert_eq!(second, ["s2", "s3"]);
+        // s0 and s1 are next due together, one period after they went out.
+        assert_eq!(schedule.next_due(), Some(first + period));
+        assert_eq!(schedule.take_due(first + period, ahead), ["s0", "s1"]);
+        assert_eq!(schedule.into_ids(), ["s0", "s1", "s2", "s3"]);
     }
 }

@@ -106,13 +106,17 @@ pub struct Keepers {
     tasks: Vec<JoinHandle<()>>,
     sessions: usize,
     open_secs: f64,
-    /// When the first keep-alive is due (one period after every session was open).
+    /// When the keep-alives began, for their rate (see [`Keepers::new`]).
     beats_from: Instant,
     period: Duration,
 }
 
 impl Keepers {
-    /// Wraps tasks that watch `stop` and count into `counters`.
+    /// Wraps tasks that watch `stop` and count into `counters`. `beats_from` is when the
+    /// load's keep-alives began, the rate's start: for keep-alives spread over one period that
+    /// starts together for every session (etcd: one period after every lease was granted),
+    /// that start; for sessions each beaten from its own open (lockd), the mean of the opens,
+    /// so that the rate is the keep-alives over the sessions' mean time beating.
     pub fn new(
         counters: Arc<KeeperCounters>,
         stop: watch::Sender<bool>,
@@ -120,6 +124,7 @@ impl Keepers {
         sessions: usize,
         open_secs: f64,
         period: Duration,
+        beats_from: Instant,
     ) -> Self {
         Self {
             counters,
@@ -127,7 +132,7 @@ impl Keepers {
             tasks,
             sessions,
             open_secs,
-            beats_from: Instant::now() + period,
+            beats_from,
             period,
         }
     }
@@ -178,7 +183,9 @@ pub struct KeeperReport {
     pub keepalives_ok: u64,
     /// Keep-alives that failed or answered "gone".
     pub keepalive_errors: u64,
-    /// Keep-alives answered per second, from the first one due until the load stopped.
+    /// Keep-alives answered per second, from when they began (one period after every lease
+    /// was granted for etcd; the sessions' mean open for lockd, whose sessions beat from their
+    /// own open) until the load stopped.
     pub keepalives_per_sec: f64,
     /// Keep-alives due per second: sessions / (TTL / 3).
     pub keepalives_offered_per_sec: f64,
@@ -223,4 +230,59 @@ pub const KEEPER_TASKS: usize = 32;
 pub fn keepalive_due(start: Instant, period: Duration, count: usize, n: u64) -> Instant {
     let per_item = period.as_nanos() as u64 / count.max(1) as u64;
     start + period + Duration::from_nanos(per_item.saturating_mul(n))
+}
+
+/// When the first keep-alive of the `n`th of `count` sessions, opened at `opened`, is due:
+/// `(n + 1) / count` of a period after its open, so a share opened all at once spreads its
+/// first keep-alives evenly over the period after (as each session's own timer would), and
+/// no session, however late in its share it opened, is first due more than one period after
+/// its own open (`n` past the share counts as its last). A session beaten from its own open
+/// cannot lapse while the rest of its share is still opening.
+pub fn first_keepalive_due(opened: Instant, period: Duration, count: usize, n: usize) -> Instant {
+    let count = count.max(1) as u128;
+    let n = (n as u128).min(count - 1);
+    opened + Duration::from_nanos((period.as_nanos() * (n + 1) / count) as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keepalives_start_one_period_after_the_start_and_spread_over_each_period() {
+        let (start, period) = (Instant::now(), Duration::from_secs(5));
+        assert_eq!(keepalive_due(start, period, 4, 0), start + period);
+        assert_eq!(
+            keepalive_due(start, period, 4, 1),
+            start + period + period / 4
+        );
+        // Item 4 of 4 is item 0's second keep-alive, one period after its first.
+        assert_eq!(keepalive_due(start, period, 4, 4), start + 2 * period);
+    }
+
+    #[test]
+    fn a_first_keepalive_is_due_within_one_period_of_its_own_open() {
+        let (opened, period) = (Instant::now(), Duration::from_secs(5));
+        let count = 3_094;
+        let mut last = opened;
+        for n in 0..count {
+            let due = first_keepalive_due(opened, period, count, n);
+            assert!(due > opened, "session {n} is due at its open");
+            assert!(due <= opened + period, "session {n} is due past one period");
+            assert!(
+                due >= last,
+                "session {n} is due before session {}",
+                n.max(1) - 1
+            );
+            last = due;
+        }
+        assert_eq!(last, opened + period, "the last is due one period after");
+        assert_eq!(
+            first_keepalive_due(opened, period, count, 0),
+            opened + period / count as u32
+        );
+        // Past the share, or with no share, still within one period.
+        assert_eq!(first_keepalive_due(opened, period, 4, 10), opened + period);
+        assert_eq!(first_keepalive_due(opened, period, 0, 0), opened + period);
+    }
 }

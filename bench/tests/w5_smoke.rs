@@ -1,8 +1,8 @@
 //! Smoke test of W5 (`lock-bench --w5`) at a tiny size: 20 sessions × 50 locks, short windows,
-//! a few hundred extra sessions, snapshots every 200 entries so the catch-up step needs few
-//! writes. It checks that the report carries every figure W5 promises, that the growth curves'
-//! SVGs were drawn, and that no sampled key lost its holder or token across the failover; it
-//! asserts no speed.
+//! two rounds of a few hundred extra sessions, snapshots every 200 entries so the catch-up step
+//! needs few writes. It checks that the report carries every figure W5 promises, that the
+//! growth curves' SVGs were drawn, and that no sampled key lost its holder or token across the
+//! failover; it asserts no speed.
 
 use std::process::Command;
 
@@ -33,6 +33,8 @@ fn a_tiny_w5_run_reports_every_figure_and_keeps_every_sampled_lock() {
             "1",
             "--w5-many-sessions-ttl-secs",
             "6",
+            "--w5-many-rounds",
+            "2",
             "--w5-session-ttl-secs",
             "10",
             "--w5-sample",
@@ -160,4 +162,32 @@ fn a_tiny_w5_run_reports_every_figure_and_keeps_every_sampled_lock() {
     assert!(number(&many["w1_with"]["pairs"], "W1 with") > 0.0);
     assert!(number(&many["w1_without"]["pairs"], "W1 without") > 0.0);
     number(&many["w1_cost_pct"], "W1 cost");
+    // Two rounds, each with its slice with the sessions between two without them.
+    let rounds = many["rounds"].as_array().expect("rounds");
+    assert_eq!(rounds.len(), 2, "{many:#}");
+    let without = many["w1_without_pairs_per_sec"]
+        .as_array()
+        .expect("the slices without the sessions");
+    assert_eq!(without.len(), 3, "{many:#}");
+    assert!(without.iter().all(|w| number(w, "W1 without") > 0.0));
+    let costs: Vec<f64> = rounds
+        .iter()
+        .map(|r| {
+            assert!(number(&r["w1_with_pairs_per_sec"], "W1 with") > 0.0);
+            assert!(number(&r["open_secs"], "open") > 0.0);
+            assert_eq!(number(&r["lost_count"], "lost"), 0.0);
+            number(&r["w1_cost_pct"], "round cost")
+        })
+        .collect();
+    let (min, max) = (costs[0].min(costs[1]), costs[0].max(costs[1]));
+    assert_eq!(number(&many["w1_cost_pct_min"], "least cost"), min);
+    assert_eq!(number(&many["w1_cost_pct_max"], "greatest cost"), max);
+    let median = number(&many["w1_cost_pct_median"], "median cost");
+    assert!((median - (min + max) / 2.0).abs() < 1e-9, "{many:#}");
+    // Fresh sessions each round: the beats of both rounds' 200.
+    assert_eq!(number(&many["keepalive"]["sessions"], "kept alive"), 400.0);
+    assert!(
+        markdown.contains("Many sessions: 2 rounds of 200 fresh sessions"),
+        "{markdown}"
+    );
 }

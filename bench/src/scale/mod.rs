@@ -2,7 +2,9 @@
 //! the comparison table does, then:
 //!
 //! 1. keeps nearly `SESSIONS_MAX` sessions alive at a third of their TTL and runs W1 with and
-//!    without them, in alternating slices (`many_sessions`);
+//!    without them over `--w5-many-rounds` rounds, each opening fresh sessions, W1 with them
+//!    between two W1 slices without them (without, with, without, …, with, without), and
+//!    reports W1's cost combined and per round, with the rounds' median (`many_sessions`);
 //! 2. opens `--w5-sessions` sessions and fills `--w5-locks-per-session` locks on each through
 //!    the `Pipeline` stream (`fill`), the sessions kept alive and the grants renewed as their
 //!    TTLs need (`keepalive`);
@@ -97,9 +99,14 @@ pub struct ScaleArgs {
     /// W5: TTL of the many sessions, in seconds (keep-alives every third of it).
     #[arg(long, default_value_t = 15)]
     pub w5_many_sessions_ttl_secs: u64,
-    /// W5: W1 time with the many sessions (and as much without), in seconds, in two slices each.
+    /// W5: W1 time with the many sessions (and as much without), in seconds: one slice with
+    /// them per round, and one without them before each round and after the last.
     #[arg(long, default_value_t = 20.0)]
     pub w5_many_sessions_secs: f64,
+    /// W5: rounds of the many-sessions step, each opening fresh sessions and running W1 with
+    /// them between two slices without them (at least 1).
+    #[arg(long, default_value_t = 3)]
+    pub w5_many_rounds: usize,
     /// W5: longest the whole fill may take, in seconds; a fill that has not reached its size
     /// by then stops where it got to (and the report says so), and the steps after it run at
     /// that size.
@@ -151,6 +158,9 @@ impl ScaleArgs {
         }
         if self.w5_sample == 0 {
             bail!("--w5-sample must be at least 1");
+        }
+        if self.w5_many_rounds == 0 {
+            bail!("--w5-many-rounds must be at least 1");
         }
         Ok(())
     }
@@ -319,6 +329,7 @@ async fn steps(
             args.w5_many_sessions,
             Duration::from_secs(args.w5_many_sessions_ttl_secs),
             args.w5_many_sessions_secs,
+            args.w5_many_rounds,
         )
         .await
         {
@@ -474,4 +485,38 @@ async fn fill_and_measure(
     }
     write_report(report, out)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    /// W5's flags alone, as lock-bench flattens them into its own.
+    #[derive(Debug, Parser)]
+    struct Flags {
+        #[command(flatten)]
+        scale: ScaleArgs,
+    }
+
+    fn flags(args: &[&str]) -> ScaleArgs {
+        Flags::try_parse_from(std::iter::once("lock-bench").chain(args.iter().copied()))
+            .expect("the flags parse")
+            .scale
+    }
+
+    #[test]
+    fn the_many_sessions_step_runs_three_rounds_unless_told_and_at_least_one() {
+        let default = flags(&[]);
+        assert_eq!(default.w5_many_rounds, 3);
+        default.validate().expect("the defaults are valid");
+        let one = flags(&["--w5-many-rounds", "1"]);
+        assert_eq!(one.w5_many_rounds, 1);
+        one.validate().expect("one round is valid");
+        let error = flags(&["--w5-many-rounds", "0"])
+            .validate()
+            .expect_err("no round");
+        assert!(error.to_string().contains("--w5-many-rounds"), "{error}");
+    }
 }

@@ -10,7 +10,7 @@ use super::catchup::CatchUp;
 use super::checkpoint::{Checkpoint, NodeState};
 use super::failover::{Failover, Probe};
 use super::keepalive::KeepAliveReport;
-use super::many_sessions::ManySessions;
+use super::many_sessions::{ManyRound, ManySessions};
 use super::router::{RefusalCount, total};
 use super::snapshots::SnapshotEvent;
 
@@ -148,6 +148,57 @@ fn probe_row(out: &mut String, name: &str, p: &Probe) {
         kinds(&p.refusals),
         p.lost.as_deref().unwrap_or("no"),
     );
+}
+
+/// The many-sessions step's paragraph. W1's costs are shown as W1's change (a cost of 5 % is
+/// "-5.0 %"), as the step's figure always was: combined, then each round's against the slices
+/// without the sessions on either side, and their median.
+fn many_sessions_paragraph(m: &ManySessions) -> String {
+    let k = &m.keepalive;
+    let list = |secs: &dyn Fn(&ManyRound) -> f64| {
+        m.rounds
+            .iter()
+            .map(|r| format!("{:.1}", secs(r)))
+            .collect::<Vec<_>>()
+            .join(" / ")
+    };
+    let per_round = m
+        .rounds
+        .iter()
+        .map(|r| format!("{:+.1} %", -r.w1_cost_pct))
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!(
+        "\nMany sessions: {} round{} of {} fresh sessions kept alive at TTL/3 (TTL {} s, {:.0} \
+         beats/s due; {} live at the peak, {} before), opened in {} s, closed in {} s: W1 {:.0} \
+         pairs/s with them, {:.0} without (**{:+.1} %** combined; per round, against the slices \
+         without them on either side, {per_round}: median **{:+.1} %**); {} beats answered, {} \
+         batches failed, **{} sessions lost**; refusals {}. The beats alone, with no lock \
+         traffic, cost the leader {} % of a core over {:.0} s ({} µs per beat due).\n",
+        m.rounds.len(),
+        if m.rounds.len() == 1 { "" } else { "s" },
+        m.sessions,
+        m.session_ttl_ms / 1000,
+        m.beats_offered_per_sec,
+        m.live_peak,
+        m.live_before,
+        list(&|r| r.open_secs),
+        list(&|r| r.close_secs),
+        m.w1_with.pairs_per_sec,
+        m.w1_without.pairs_per_sec,
+        -m.w1_cost_pct,
+        -m.w1_cost_pct_median,
+        k.beats_ok,
+        k.batches_failed,
+        k.lost_count,
+        kinds(&m.refusals),
+        m.beats_only
+            .leader_pct
+            .map_or("–".to_owned(), |p| format!("{p:.1}")),
+        m.beats_only.secs,
+        m.leader_us_per_beat
+            .map_or("–".to_owned(), |us| format!("{us:.1}")),
+    )
 }
 
 impl ScaleReport {
@@ -313,35 +364,7 @@ impl ScaleReport {
             }
         }
         if let Some(m) = &self.many_sessions {
-            let k = &m.keepalive;
-            let _ = writeln!(
-                out,
-                "\nMany sessions: {} sessions kept alive at TTL/3 (TTL {} s, {:.0} beats/s due; {} \
-                 live at the peak, {} before), opened in {:.1} s, closed in {:.1} s: W1 {:.0} \
-                 pairs/s with them, {:.0} without (**{:+.1} %**); {} beats answered, {} batches \
-                 failed, **{} sessions lost**; refusals {}. The beats alone, with no lock \
-                 traffic, cost the leader {} % of a core over {:.0} s ({} µs per beat due).",
-                m.sessions,
-                m.session_ttl_ms / 1000,
-                m.beats_offered_per_sec,
-                m.live_peak,
-                m.live_before,
-                m.open_secs,
-                m.close_secs,
-                m.w1_with.pairs_per_sec,
-                m.w1_without.pairs_per_sec,
-                -m.w1_cost_pct,
-                k.beats_ok,
-                k.batches_failed,
-                k.lost_count,
-                kinds(&m.refusals),
-                m.beats_only
-                    .leader_pct
-                    .map_or("–".to_owned(), |p| format!("{p:.1}")),
-                m.beats_only.secs,
-                m.leader_us_per_beat
-                    .map_or("–".to_owned(), |us| format!("{us:.1}")),
-            );
+            out.push_str(&many_sessions_paragraph(m));
         }
         if let Some(k) = &self.keepalive {
             let _ = writeln!(
@@ -360,5 +383,75 @@ impl ScaleReport {
             let _ = writeln!(out, "\n**step failed**: {e}");
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scale::idle_cpu::IdleCpu;
+    use crate::workload::LoopResult;
+
+    fn round(open_secs: f64, close_secs: f64, w1_cost_pct: f64) -> ManyRound {
+        ManyRound {
+            open_secs,
+            close_secs,
+            w1_with_pairs_per_sec: 0.0,
+            w1_cost_pct,
+            beats_ok: 0,
+            batches_failed: 0,
+            lost_count: 0,
+        }
+    }
+
+    fn many(rounds: Vec<ManyRound>) -> ManySessions {
+        ManySessions {
+            sessions: 99_000,
+            session_ttl_ms: 15_000,
+            open_secs: 11.5,
+            close_secs: 4.0,
+            live_before: 1,
+            live_peak: 99_001,
+            beats_offered_per_sec: 19_800.0,
+            beats_only: IdleCpu {
+                secs: 10.0,
+                leader_pct: Some(40.0),
+                nodes_pct: Vec::new(),
+            },
+            leader_us_per_beat: Some(20.2),
+            keepalive: KeepAliveReport::default(),
+            refusals: BTreeMap::new(),
+            w1_with: LoopResult::for_test(900, 1),
+            w1_without: LoopResult::for_test(1_000, 1),
+            w1_cost_pct: 10.0,
+            w1_without_pairs_per_sec: vec![1_000.0; rounds.len() + 1],
+            w1_cost_pct_median: 5.0,
+            w1_cost_pct_min: -10.0,
+            w1_cost_pct_max: 20.0,
+            rounds,
+        }
+    }
+
+    #[test]
+    fn the_many_sessions_paragraph_shows_the_combined_cost_each_round_and_the_median() {
+        let text = many_sessions_paragraph(&many(vec![
+            round(11.5, 4.0, 5.0),
+            round(10.0, 3.5, -10.0),
+            round(12.3, 4.3, 20.0),
+        ]));
+        for part in [
+            "3 rounds of 99000 fresh sessions",
+            "opened in 11.5 / 10.0 / 12.3 s, closed in 4.0 / 3.5 / 4.3 s",
+            "W1 900 pairs/s with them, 1000 without (**-10.0 %** combined",
+            "-5.0 %, +10.0 %, -20.0 %: median **-5.0 %**",
+        ] {
+            assert!(text.contains(part), "lacks {part:?}: {text}");
+        }
+    }
+
+    #[test]
+    fn one_round_is_named_in_the_singular() {
+        let text = many_sessions_paragraph(&many(vec![round(1.0, 1.0, 5.0)]));
+        assert!(text.contains("1 round of 99000"), "{text}");
     }
 }
