@@ -217,6 +217,15 @@ enum StreamError {
     Encode(StorageError),
 }
 
+/// The error of the IO step `op` on the file `path`, for `map_err`.
+fn io_error<'p>(op: &'static str, path: &'p Path) -> impl FnOnce(io::Error) -> StorageError + 'p {
+    move |source| StorageError::Io {
+        op,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
 /// Writes at a position of a file and onwards (each write a `pwrite`: wrap it in a buffer),
 /// refusing to go past `end`.
 struct FileAt<'f> {
@@ -424,9 +433,6 @@ pub struct SnapshotDir {
     current: Mutex<Option<(Meta, PathBuf)>>,
     /// Temp files prepared so far, for their unique names.
     temps: AtomicU64,
-    /// The data length of the last snapshot written or found, from which
-    /// [`SnapshotDir::write_table`] sizes the room it leaves for the file's head.
-    last_data_len: AtomicU64,
     /// Passes of [`SnapshotDir::write_table`] over the data so far (tests).
     #[cfg(test)]
     encodes: AtomicU64,
@@ -516,7 +522,6 @@ impl SnapshotDir {
             disk,
             current: Mutex::new(current),
             temps: AtomicU64::new(0),
-            last_data_len: AtomicU64::new(newest.as_ref().map_or(0, |(_, data, _)| data.len())),
             #[cfg(test)]
             encodes: AtomicU64::new(0),
         };
@@ -542,7 +547,8 @@ impl SnapshotDir {
     /// hold its length and checksums and are written last. The head's length depends on the
     /// data's (a varint), so the room is sized from the last snapshot's; when the new length
     /// takes another width, the data is encoded a second time after the right room (a state
-    /// crossing 2 MiB or 256 MiB). The file is byte for byte the one [`SnapshotDir::prepare`]
+    /// crossing 2 MiB or 256 MiB). `last_len` is the last snapshot's data length (0: none),
+    /// which the caller keeps for its snapshot policy anyway. The file is byte for byte the one [`SnapshotDir::prepare`]
     /// writes of the data [`encode_table`] gives. `table` is dropped once encoded, before the
     /// file is synced. Blocks on the disk and on the CPU.
     ///
@@ -550,26 +556,26 @@ impl SnapshotDir {
     /// samples, and a build sized from the last one went from 0.57 to 0.30 s at 100,000
     /// sessions and from 1.08 to 0.61 s at a million held locks (`held_locks` example;
     /// docs/PERFORMANCE.md, "Session 19").
-    pub fn write_table(&self, meta: &Meta, table: LockTable) -> Result<u64, StorageError> {
+    pub fn write_table(
+        &self,
+        meta: &Meta,
+        table: LockTable,
+        last_len: u64,
+    ) -> Result<u64, StorageError> {
         let path = self.dir.join(file_name(meta.last_log_id.as_ref()));
         let record = || format!("snapshot data for {}", path.display());
         let payload = DataPayload::of(table);
         let n = self.temps.fetch_add(1, Ordering::Relaxed);
         let temp = path.with_extension(format!("{n}.{TEMP_EXT}"));
-        let io = |op: &'static str| {
-            let temp = temp.clone();
-            move |source| StorageError::Io {
-                op,
-                path: temp,
-                source,
-            }
-        };
-        let file = self.disk.create_new(&temp).map_err(io("create"))?;
-        let written = self.encode_into(&file, &temp, meta, &payload, &record);
+        let file = self
+            .disk
+            .create_new(&temp)
+            .map_err(io_error("create", &temp))?;
+        let written = self.encode_into(&file, &temp, meta, &payload, last_len, &record);
         // The encoding is done: free the clone's chunks before the (slow) sync.
         drop(payload);
         let synced = written.and_then(|data_len| {
-            file.sync_data().map_err(io("fsync"))?;
+            file.sync_data().map_err(io_error("fsync", &temp))?;
             Ok(data_len)
         });
         drop(file);
@@ -582,7 +588,6 @@ impl SnapshotDir {
                 return Err(e);
             }
         };
-        self.last_data_len.store(data_len, Ordering::Relaxed);
         self.commit(Prepared {
             temp,
             path,
@@ -592,28 +597,23 @@ impl SnapshotDir {
     }
 
     /// Encodes `payload` into `file` with the head for `meta` before it (see
-    /// [`SnapshotDir::write_table`]); returns the data's length. Leaves syncing to the caller.
+    /// [`SnapshotDir::write_table`]), its head's room sized for data of `last_len` bytes;
+    /// returns the data's length. Leaves syncing to the caller.
     fn encode_into(
         &self,
         file: &DiskFile,
         temp: &Path,
         meta: &Meta,
         payload: &DataPayload,
+        last_len: u64,
         record: &dyn Fn() -> String,
     ) -> Result<u64, StorageError> {
         let encode = |source| StorageError::Encode {
             record: format!("snapshot file {}", temp.display()),
             source,
         };
-        let io = |op: &'static str| {
-            move |source| StorageError::Io {
-                op,
-                path: temp.to_path_buf(),
-                source,
-            }
-        };
-        let guess = self.last_data_len.load(Ordering::Relaxed);
-        let mut head_len = file_head_of(meta, guess, crc32fast::Hasher::new())
+        let io = |op| io_error(op, temp);
+        let mut head_len = file_head_of(meta, last_len, crc32fast::Hasher::new())
             .map_err(encode)?
             .len();
         let mut first: Option<(u64, u32)> = None;
@@ -803,10 +803,7 @@ impl SnapshotDir {
 /// its record's checksum, and the data record's version and checksum. Answers its meta and its
 /// data, a range of the open file.
 fn verify_file(file: DiskFile, path: PathBuf) -> Result<(Meta, SnapshotData), StorageError> {
-    let io = |op: &'static str| {
-        let path = path.clone();
-        move |source| StorageError::Io { op, path, source }
-    };
+    let io = |op| io_error(op, &path);
     let corrupt = |record: &str, source| StorageError::Corrupt {
         record: record.to_string(),
         path: path.clone(),
@@ -962,10 +959,7 @@ pub(crate) fn file_head_of(
 /// (tests: a node verifies a file a buffer at a time, [`verify_file`]).
 #[cfg(test)]
 fn read_file(disk: &Disk, path: &Path) -> Result<SnapshotFile, StorageError> {
-    let io = |op: &'static str| {
-        let path = path.to_path_buf();
-        move |source| StorageError::Io { op, path, source }
-    };
+    let io = |op| io_error(op, path);
     let len = disk.len(path).map_err(io("stat"))?;
     // The frame around the data adds a few bytes; allow them.
     let max = SNAPSHOT_BYTES_MAX + 1024;
@@ -1412,14 +1406,18 @@ mod tests {
                 assert!(none.is_none());
                 // A first build guesses the shortest head; then the last length is right.
                 let firsts_passes = if data.len() < 128 { 1 } else { 2 };
+                let mut last_len = 0;
                 for (build, passes) in [(0, firsts_passes), (1, 1)] {
                     let mut meta = meta.clone();
                     meta.last_log_id.as_mut().expect("an id").index += build;
                     let mut expected = file_head(&meta, &data).expect("encodes");
                     expected.extend_from_slice(&data);
                     let before = snapshots.encodes.load(Ordering::Relaxed);
-                    let data_len = snapshots.write_table(&meta, table.clone()).expect("writes");
+                    let data_len = snapshots
+                        .write_table(&meta, table.clone(), last_len)
+                        .expect("writes");
                     assert_eq!(data_len, data.len() as u64, "table {n}");
+                    last_len = data_len;
                     assert_eq!(
                         snapshots.encodes.load(Ordering::Relaxed) - before,
                         passes,

@@ -627,6 +627,8 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         };
         let snapshots = self.snapshots.clone();
         let file_meta = meta.clone();
+        // The last snapshot's size (built, installed or found at open) sizes the new file's head.
+        let last_len = self.mark.snapshot_bytes.load(Ordering::Relaxed);
         #[cfg(test)]
         let gate = self.build_gate.clone();
         // Encoded straight into the file (`SnapshotDir::write_table`): the build holds a
@@ -637,7 +639,7 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
                 gate.wait();
                 gate.wait();
             }
-            snapshots.write_table(&file_meta, table)
+            snapshots.write_table(&file_meta, table, last_len)
         })
         .await
         .map_err(|join| join_error("write snapshot into", self.snapshots.dir(), join))?
