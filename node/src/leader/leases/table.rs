@@ -269,15 +269,29 @@ impl<R: HasLife> Leases<R> {
         let Some(record) = self.records.get_mut(key) else {
             return;
         };
+        if let Some(old) = Self::set_record_deadline(record, promote, deadline) {
+            self.move_entry(key, old, deadline);
+        }
+    }
+
+    /// Sets `record`'s stored deadline to `deadline` in the current epoch. Answers where its
+    /// index entry is when the entry must move to `deadline` (then it is recorded there), and
+    /// `None` when it stays: at `deadline` already, or `LAZY` and not after it.
+    fn set_record_deadline(record: &mut R, promote: Promote, deadline: Tick) -> Option<Tick> {
         // Read first: a grant's entry is where its stored deadline is.
         let old = record.indexed();
         let life = record.life_mut();
         life.deadline = deadline;
         life.epoch = promote.epoch;
         if old == deadline || (R::LAZY && old < deadline) {
-            return;
+            return None;
         }
         record.indexed_at_deadline();
+        Some(old)
+    }
+
+    /// Moves `key`'s index entry from `old` to `deadline`.
+    fn move_entry(&mut self, key: &str, old: Tick, deadline: Tick) {
         if let Some((key, _)) = self.records.get_key_value(key) {
             let key = key.clone();
             self.index.remove(&(old, key.clone()));
@@ -640,12 +654,9 @@ impl LeaseTable {
         }
         let ttl_ms = record.life.ttl_ms;
         let deadline = now.saturating_add(ms_ticks(ttl_ms));
-        if record.indexed <= deadline {
-            record.life.deadline = deadline;
-            record.life.epoch = promote.epoch;
-        } else {
-            // A reconcile shortened the lease length below what the entry was placed for.
-            self.sessions.set_deadline(session_id, promote, deadline);
+        // The entry moves only when a reconcile shortened the lease below where it was placed.
+        if let Some(old) = Leases::set_record_deadline(record, promote, deadline) {
+            self.sessions.move_entry(session_id, old, deadline);
         }
         Some(u64::from(ttl_ms))
     }
