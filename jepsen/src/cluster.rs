@@ -68,7 +68,7 @@ pub const HEARTBEAT_INTERVAL_MS: u64 = 100;
 /// See [`HEARTBEAT_INTERVAL_MS`].
 pub const ELECTION_TIMEOUT_MIN_MS: u64 = 400;
 /// See [`HEARTBEAT_INTERVAL_MS`].
-pub const ELECTION_TIMEOUT_MAX_MS: u64 = 800;
+pub const ELECTION_TIMEOUT_MAX_MS: u64 = 600;
 
 /// Where libfaketime lives: Debian and Ubuntu (package `libfaketime`, per architecture), then
 /// Fedora and Arch.
