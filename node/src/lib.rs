@@ -23,7 +23,8 @@
 //! - [`metrics`]: the Prometheus families, the hooks that move them, and the `/metrics`,
 //!   `/healthz`, `/readyz` endpoint (`--metrics-listen`, docs/METRICS.md).
 //! - [`server`]: assembles a node, Raft or stateless (`--backend pg|etcd`, cargo features
-//!   `pg`, `etcd`), and serves it.
+//!   `pg`, `etcd`), and serves it; [`stop`]: how a Raft node stops (a last snapshot when it
+//!   saves the next start's replay, then openraft's shutdown).
 //! - [`auth`]: the authorization layer on the serve loop — roles, bearer tokens, the method
 //!   table, the decision and the tower layer that inserts the [`peer::Caller`].
 //! - [`peer`]: who is at the other end of a connection (address, certificate principal).
@@ -45,6 +46,7 @@ pub mod peer;
 pub mod process;
 pub mod raft;
 pub mod server;
+pub mod stop;
 pub mod store;
 
 // The paths tests, tools and the bench name (`lockd::config::Config`, `lockd::cli::main`) stay

@@ -42,9 +42,6 @@ use crate::process::identity::{self, Identity, STORAGE_SUBDIR};
 use crate::raft::network::{NetworkFactory, RAFT_MESSAGE_BYTES_MAX};
 use crate::raft::service::RaftRpc;
 
-/// How long a shutdown waits for Raft to stop before giving up on it.
-const RAFT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
-
 /// How long the bootstrap node keeps retrying cluster initialisation.
 const INIT_RETRY: Duration = Duration::from_millis(200);
 
@@ -153,6 +150,7 @@ async fn serve(
     state_machine.set_snapshot_policy(storage::SnapshotPolicy::for_node(config.node_id));
     let reader = state_machine.reader();
     let inbox = state_machine.inbox();
+    let stop_snapshot = state_machine.stop_snapshot();
     tracing::info!(engine = %log_store.engine_kind(), dir = %log_store.dir().display(), "raft log opened");
 
     let raft_config = Arc::new(config.raft_config()?);
@@ -264,12 +262,7 @@ async fn serve(
     if let Some(endpoint) = metrics_endpoint {
         endpoint.abort();
     }
-    tracing::info!("stopping raft");
-    match tokio::time::timeout(RAFT_SHUTDOWN_TIMEOUT, raft.shutdown()).await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => tracing::warn!(error = %e, "raft shutdown failed"),
-        Err(_) => tracing::warn!("raft did not stop within {RAFT_SHUTDOWN_TIMEOUT:?}"),
-    }
+    crate::stop::stop_raft(&raft, config.node_id, &stop_snapshot).await;
     served?;
     tracing::info!("stopped");
     Ok(())

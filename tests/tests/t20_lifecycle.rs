@@ -1,6 +1,6 @@
 //! The life of grants and sessions: expiry of an unheartbeated session and of an unrenewed
 //! grant (and the hand-off to the next waiter), closing a session, force-revoke and fencing,
-//! FIFO order of waiters, and a restart of the whole cluster.
+//! FIFO order of waiters, a restart of the whole cluster, and a clean stop's last snapshot.
 
 use std::time::{Duration, Instant};
 
@@ -518,6 +518,102 @@ async fn a_full_restart_keeps_grants_sessions_and_the_token_counter() {
         fresh.fencing_token > highest,
         "token {} reused or below the pre-restart high water {highest}",
         fresh.fencing_token
+    );
+}
+
+/// The `index=N` field of the first line of `log` at or after byte `from` that contains
+/// `message`, with the line itself.
+fn logged_index(log: &str, from: usize, message: &str) -> Option<(u64, String)> {
+    let line = log[from..].lines().find(|l| l.contains(message))?;
+    let index = line
+        .split_whitespace()
+        .find_map(|field| field.strip_prefix("index="))?
+        .parse()
+        .ok()?;
+    Some((index, line.to_owned()))
+}
+
+/// A follower stopped cleanly builds a snapshot of everything it applied before it exits, and
+/// its next start loads that snapshot and answers from it; the leader, stopped, builds none
+/// (its followers' election must not wait for it) and says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_stopped_cleanly_restarts_from_a_snapshot_of_all_it_applied() {
+    let mut cluster = Cluster::start(3).await;
+    let any = cluster.cluster_client();
+    let session = any.open_session("stopper", LONG_TTL).await.expect("open");
+    let mut grants = Vec::new();
+    for i in 0..20 {
+        let grant = any
+            .try_acquire(&session.id, &format!("k{i}"), LONG_TTL)
+            .await
+            .expect("try_acquire")
+            .expect("granted");
+        grants.push(grant);
+    }
+    cluster
+        .wait_caught_up(Duration::from_secs(20))
+        .await
+        .expect("every node applied the grants");
+    let leader = cluster.leader().await;
+    let follower = cluster.followers().await[0];
+    let applied = cluster
+        .status(follower)
+        .await
+        .expect("status")
+        .applied_index;
+
+    let status = cluster.stop(follower).await;
+    assert!(status.success(), "node {follower} exited with {status}");
+    let log = std::fs::read_to_string(cluster.log_path(follower)).expect("node log");
+    let (built, line) = logged_index(&log, 0, "snapshot built before stopping")
+        .unwrap_or_else(|| panic!("node {follower} built no snapshot at stop:\n{log}"));
+    assert!(
+        built >= applied,
+        "the snapshot at stop ({line}) is short of the applied index {applied}"
+    );
+
+    let restarted_at = log.len();
+    cluster.start_node(follower).await;
+    let log = std::fs::read_to_string(cluster.log_path(follower)).expect("node log");
+    let (loaded, line) = logged_index(
+        &log,
+        restarted_at,
+        "state loaded from the node's own snapshot",
+    )
+    .unwrap_or_else(|| {
+        panic!(
+            "node {follower} did not start from a snapshot:\n{}",
+            &log[restarted_at..]
+        )
+    });
+    assert_eq!(loaded, built, "{line}");
+    let restarted = cluster.client(follower);
+    for grant in &grants {
+        let info = restarted
+            .inspect(&grant.key, false)
+            .await
+            .expect("inspect")
+            .unwrap_or_else(|| panic!("{} unheld on the restarted node", grant.key));
+        assert_eq!(
+            (info.session_id.as_str(), info.fencing_token),
+            (grant.session_id.as_str(), grant.fencing_token),
+            "{} on the restarted node",
+            grant.key
+        );
+    }
+
+    let leader_log_at = std::fs::metadata(cluster.log_path(leader)).map_or(0, |m| m.len() as usize);
+    let status = cluster.stop(leader).await;
+    assert!(status.success(), "leader {leader} exited with {status}");
+    let log = std::fs::read_to_string(cluster.log_path(leader)).expect("node log");
+    let stopped = &log[leader_log_at..];
+    assert!(
+        stopped.contains("no snapshot at stop: this node leads"),
+        "leader {leader}'s stop:\n{stopped}"
+    );
+    assert!(
+        !stopped.contains("building a snapshot before stopping"),
+        "leader {leader}'s stop:\n{stopped}"
     );
 }
 

@@ -36,7 +36,8 @@
 //!   driven by `power_cut_test.rs` and the WAL's own tests).
 //! - `codec`: the `[version][crc32][postcard]` frame of every persisted record.
 //! - [`log_store`]: [`LogStore`] / [`LogReader`], openraft's `RaftLogStorage`.
-//! - [`state_machine`]: [`StateMachineStore`], openraft's `RaftStateMachine`, and [`StateReader`].
+//! - [`state_machine`]: [`StateMachineStore`], openraft's `RaftStateMachine`, [`StateReader`] and
+//!   [`StopSnapshot`], a stopping node's last snapshot.
 //! - [`observer`]: [`StorageObserver`], the durations of log flushes and snapshot builds for
 //!   the node's metrics.
 //! - `snapshot`: snapshot files (atomic write, checksum, clean-up).
@@ -70,7 +71,7 @@ pub use observer::StorageObserver;
 pub use snapshot::{SNAPSHOT_BYTES_MAX, decode_table, file_name as snapshot_file_name};
 pub use snapshot_data::{Incoming, SnapshotData, SnapshotInbox};
 pub use snapshot_policy::{LogBytes, SnapshotPolicy, ask_interval};
-pub use state_machine::{ApplyObserver, StateMachineStore, StateReader};
+pub use state_machine::{ApplyObserver, StateMachineStore, StateReader, StopSnapshot};
 
 /// Sub-directory of the storage directory holding snapshot files.
 pub const SNAPSHOT_DIR_NAME: &str = "snapshots";

@@ -21,7 +21,7 @@
 use std::fmt;
 use std::io;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Instant;
 
@@ -35,7 +35,7 @@ use super::disk::Disk;
 use super::observer::StorageObserver;
 use super::snapshot::{self, SnapshotDir};
 use super::snapshot_data::SnapshotInbox;
-use super::snapshot_policy::{LogBytes, SnapshotPolicy};
+use super::snapshot_policy::{LogBytes, SnapshotPolicy, worth_building_at_stop};
 use crate::command::{Command, Event, Response};
 use crate::table::LockTable;
 use crate::{
@@ -104,6 +104,9 @@ pub struct StateMachineStore {
     mark: Arc<SnapshotMark>,
     /// Whether an install holds the table (`AppliedState::installing`), for a build to wait on.
     installs: Arc<watch::Sender<bool>>,
+    /// Set by [`StopSnapshot::request`]: the next build openraft asks for goes ahead whatever
+    /// the policy says.
+    stop_request: Arc<AtomicBool>,
     /// Tests: a barrier every build meets twice between taking its view and encoding it.
     #[cfg(test)]
     build_gate: Option<Arc<std::sync::Barrier>>,
@@ -126,6 +129,13 @@ struct SnapshotMark {
 }
 
 impl SnapshotMark {
+    /// Commands applied to `state` since the state of the last snapshot.
+    fn commands_since(&self, state: &RwLock<AppliedState>) -> u64 {
+        read_state(state)
+            .commands_applied
+            .saturating_sub(self.commands_at.load(Ordering::Relaxed))
+    }
+
     fn set(&self, snapshot_bytes: u64, log_bytes_at: u64, commands_at: u64) {
         self.snapshot_bytes.store(snapshot_bytes, Ordering::Relaxed);
         self.log_bytes_at.store(log_bytes_at, Ordering::Relaxed);
@@ -199,6 +209,7 @@ impl StateMachineStore {
             log_bytes: None,
             mark: Arc::new(mark),
             installs: Arc::new(watch::Sender::new(false)),
+            stop_request: Arc::new(AtomicBool::new(false)),
             #[cfg(test)]
             build_gate: None,
             #[cfg(test)]
@@ -246,9 +257,17 @@ impl StateMachineStore {
 
     /// Commands applied since the state of the last snapshot (built, installed or opened).
     pub fn commands_since_snapshot(&self) -> u64 {
-        read_state(&self.state)
-            .commands_applied
-            .saturating_sub(self.mark.commands_at.load(Ordering::Relaxed))
+        self.mark.commands_since(&self.state)
+    }
+
+    /// The handle a node keeps, once openraft owns this state machine, to build a last
+    /// snapshot as it stops ([`StopSnapshot`]).
+    pub fn stop_snapshot(&self) -> StopSnapshot {
+        StopSnapshot {
+            state: self.state.clone(),
+            mark: self.mark.clone(),
+            request: self.stop_request.clone(),
+        }
     }
 
     fn builder(&self) -> SnapshotBuilder {
@@ -319,6 +338,46 @@ impl StateMachineStore {
         StateReader {
             state: self.state.clone(),
         }
+    }
+}
+
+/// A stopping node's say over its last snapshot, from [`StateMachineStore::stop_snapshot`].
+///
+/// A restart re-applies every command since the node's last snapshot before it serves, up to
+/// [`SnapshotPolicy::replay_commands_max`] (1–2 s at a million held locks). A node that stops
+/// cleanly can build a snapshot first when that replay would take longer than the build
+/// ([`worth_building_at_stop`]); openraft builds only when asked, and asks the state machine,
+/// whose policy would refuse, so [`StopSnapshot::request`] makes the next ask go ahead.
+#[derive(Clone)]
+pub struct StopSnapshot {
+    state: SharedState,
+    mark: Arc<SnapshotMark>,
+    request: Arc<AtomicBool>,
+}
+
+impl fmt::Debug for StopSnapshot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StopSnapshot")
+            .field("requested", &self.request.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+impl StopSnapshot {
+    /// The commands a restart would re-apply now, if building a snapshot first costs less
+    /// than that replay; `None` if it does not (nothing to replay, or too little for the
+    /// size of the table).
+    pub fn worth_building(&self) -> Option<u64> {
+        let commands = self.mark.commands_since(&self.state);
+        worth_building_at_stop(commands, self.mark.snapshot_bytes.load(Ordering::Relaxed))
+            .then_some(commands)
+    }
+
+    /// Makes the next snapshot openraft asks for be built whatever the policy says (then ask
+    /// openraft with `Raft::trigger().snapshot()`). Only that one build: the request is spent
+    /// on it.
+    pub fn request(&self) {
+        self.request.store(true, Ordering::Release);
     }
 }
 
@@ -424,7 +483,8 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
     /// A builder if `force`d or if the [`SnapshotPolicy`] finds a snapshot due; `None` defers
     /// openraft's periodic ask to its next one.
     async fn try_create_snapshot_builder(&mut self, force: bool) -> Option<Self::SnapshotBuilder> {
-        if !force && !self.snapshot_due() {
+        let requested = self.stop_request.swap(false, Ordering::AcqRel);
+        if !force && !requested && !self.snapshot_due() {
             tracing::debug!(
                 snapshot_bytes = self.mark.snapshot_bytes.load(Ordering::Relaxed),
                 "snapshot not due yet by the log written since the last one"
@@ -664,6 +724,7 @@ mod tests {
     use std::sync::Mutex;
 
     use super::*;
+    use crate::storage::snapshot_policy::STOP_SNAPSHOT_BYTES_PER_COMMAND;
     use crate::{Command, LeaderId, Membership, Node, Request};
 
     #[derive(Default)]
@@ -968,6 +1029,72 @@ mod tests {
         assert_eq!(sm.commands_since_snapshot(), 0);
         assert!(!sm.snapshot_due());
         assert!(sm.try_create_snapshot_builder(false).await.is_none());
+    }
+
+    /// A stopping node's handle weighs the replay against the build, and its request makes
+    /// exactly one ask that the policy would refuse build; the reopened store then has nothing
+    /// to replay.
+    #[tokio::test]
+    async fn a_stop_request_builds_one_snapshot_the_policy_would_refuse() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let written = LogBytes::shared();
+        let mut sm = StateMachineStore::open(dir.path(), None)
+            .expect("open")
+            .with_log_bytes(written.clone());
+        sm.set_snapshot_policy(SnapshotPolicy {
+            stagger_percent: 0,
+            ..SnapshotPolicy::for_node(1)
+        });
+        let stop = sm.stop_snapshot();
+        assert_eq!(stop.worth_building(), None, "nothing to replay");
+        let opens: Vec<_> = (1..=200)
+            .map(|i| entry(i, open_session(&format!("session-{i}"))))
+            .collect();
+        sm.apply_entries(opens);
+        written.add(1_000_000);
+        sm.try_create_snapshot_builder(false)
+            .await
+            .expect("due by the bytes")
+            .build_snapshot()
+            .await
+            .expect("built");
+        let size = stop.mark.snapshot_bytes.load(Ordering::Relaxed);
+        let need = size.div_ceil(STOP_SNAPSHOT_BYTES_PER_COMMAND);
+        assert!(need >= 3, "a {size}-byte table");
+        // One command short of the table's bytes / STOP_SNAPSHOT_BYTES_PER_COMMAND: not worth
+        // a build at stop; one more is.
+        sm.apply_entries([entry(201, open_session("late"))]);
+        let blanks: Vec<_> = (202..202 + need - 2)
+            .map(|i| entry(i, EntryPayload::Blank))
+            .collect();
+        sm.apply_entries(blanks);
+        assert_eq!(stop.worth_building(), None, "{} commands", need - 1);
+        let last = 200 + need;
+        sm.apply_entries([entry(last, EntryPayload::Blank)]);
+        assert_eq!(stop.worth_building(), Some(need));
+        assert!(!sm.snapshot_due(), "the policy itself would wait");
+        assert!(sm.try_create_snapshot_builder(false).await.is_none());
+
+        stop.request();
+        sm.try_create_snapshot_builder(false)
+            .await
+            .expect("requested")
+            .build_snapshot()
+            .await
+            .expect("built");
+        assert_eq!(stop.worth_building(), None, "nothing left to replay");
+        assert!(
+            sm.try_create_snapshot_builder(false).await.is_none(),
+            "the request is spent on one build"
+        );
+        drop(sm);
+        let mut reopened = StateMachineStore::open(dir.path(), None).expect("reopen");
+        let current = reopened
+            .get_current_snapshot()
+            .await
+            .expect("read")
+            .expect("a snapshot");
+        assert_eq!(current.meta.last_log_id.map(|id| id.index), Some(last));
     }
 
     #[tokio::test]
