@@ -21,6 +21,17 @@ pub const ETCD_BIN_ENV: &str = "ETCD_BIN";
 /// Where Debian's `etcd-server` package installs etcd (what CI installs with apt).
 pub const ETCD_BIN_DEFAULT: &str = "/usr/bin/etcd";
 
+/// A fresh directory `prefix…` under `root` for one run's node data (removed when dropped,
+/// unless kept). `root` is created first if it does not exist: a `--data-root` that names a
+/// new folder is what the user asked for, not a mistake.
+pub fn data_dir_in(root: &Path, prefix: &str) -> Result<tempfile::TempDir> {
+    std::fs::create_dir_all(root).with_context(|| format!("creating {}", root.display()))?;
+    tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir_in(root)
+        .with_context(|| format!("creating a data directory in {}", root.display()))
+}
+
 /// Reserves `count` distinct free TCP ports on 127.0.0.1. The listeners are held until all
 /// ports are known, so no port is handed out twice; they are closed before returning, and the
 /// caller binds them moments later (a small race with unrelated processes, as in every
@@ -278,4 +289,24 @@ pub fn process_cpu_seconds(pid: u32) -> Option<f64> {
     let utime: f64 = fields.get(11)?.parse().ok()?;
     let stime: f64 = fields.get(12)?.parse().ok()?;
     Some((utime + stime) / USER_HZ)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A data root that does not exist yet is created, with the run's directory inside it;
+    /// a root that cannot be a directory is refused, naming it.
+    #[test]
+    fn a_missing_data_root_is_created() {
+        let base = tempfile::tempdir().expect("temp dir");
+        let root = base.path().join("new").join("root");
+        let data = data_dir_in(&root, "lock-bench-").expect("created");
+        assert!(data.path().is_dir());
+        assert_eq!(data.path().parent(), Some(root.as_path()));
+        let file = base.path().join("a-file");
+        std::fs::write(&file, b"x").expect("write");
+        let err = data_dir_in(&file.join("under"), "lock-bench-").expect_err("not a directory");
+        assert!(format!("{err:#}").contains("a-file"), "{err:#}");
+    }
 }

@@ -191,10 +191,7 @@ pub async fn run(args: &ScaleArgs, common: Common<'_>) -> Result<()> {
     let data_root = common
         .data_root
         .map_or_else(std::env::temp_dir, Path::to_path_buf);
-    let data = tempfile::Builder::new()
-        .prefix("lock-bench-w5-")
-        .tempdir_in(&data_root)
-        .with_context(|| format!("creating a data directory in {}", data_root.display()))?;
+    let data = crate::procs::data_dir_in(&data_root, "lock-bench-w5-")?;
     let load_average_at_start = procfs::load_average();
     eprintln!(
         "lock-bench w5: starting three nodes ({})",
