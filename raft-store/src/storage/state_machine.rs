@@ -932,20 +932,26 @@ mod tests {
         );
     }
 
-    /// openraft's periodic ask is answered by the policy: no builder until the log written
-    /// since the last snapshot reaches its share of that snapshot's size; a forced build is
-    /// never refused, nor is any build of a state machine that counts no log bytes.
-    #[tokio::test]
-    async fn a_snapshot_is_due_by_the_log_bytes_written_since_the_last_one() {
-        let dir = tempfile::tempdir().expect("temp dir");
+    /// A store in `dir` whose policy counts the returned log bytes, unstaggered.
+    fn counted_store(dir: &std::path::Path) -> (StateMachineStore, Arc<LogBytes>) {
         let written = LogBytes::shared();
-        let mut sm = StateMachineStore::open(dir.path(), None)
+        let mut sm = StateMachineStore::open(dir, None)
             .expect("open")
             .with_log_bytes(written.clone());
         sm.set_snapshot_policy(SnapshotPolicy {
             stagger_percent: 0,
             ..SnapshotPolicy::for_node(1)
         });
+        (sm, written)
+    }
+
+    /// openraft's periodic ask is answered by the policy: no builder until the log written
+    /// since the last snapshot reaches its share of that snapshot's size; a forced build is
+    /// never refused, nor is any build of a state machine that counts no log bytes.
+    #[tokio::test]
+    async fn a_snapshot_is_due_by_the_log_bytes_written_since_the_last_one() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (mut sm, written) = counted_store(dir.path());
         let sessions: Vec<_> = (1..=50)
             .map(|i| entry(i, open_session(&format!("session-{i}"))))
             .collect();
@@ -1031,20 +1037,13 @@ mod tests {
         assert!(sm.try_create_snapshot_builder(false).await.is_none());
     }
 
-    /// A stopping node's handle weighs the replay against the build, and its request makes
-    /// exactly one ask that the policy would refuse build; the reopened store then has nothing
-    /// to replay.
+    /// A stopping node's handle weighs the replay against the build; its request makes the
+    /// next ask build where the policy would refuse, and only that one; the reopened store
+    /// starts from that snapshot.
     #[tokio::test]
     async fn a_stop_request_builds_one_snapshot_the_policy_would_refuse() {
         let dir = tempfile::tempdir().expect("temp dir");
-        let written = LogBytes::shared();
-        let mut sm = StateMachineStore::open(dir.path(), None)
-            .expect("open")
-            .with_log_bytes(written.clone());
-        sm.set_snapshot_policy(SnapshotPolicy {
-            stagger_percent: 0,
-            ..SnapshotPolicy::for_node(1)
-        });
+        let (mut sm, written) = counted_store(dir.path());
         let stop = sm.stop_snapshot();
         assert_eq!(stop.worth_building(), None, "nothing to replay");
         let opens: Vec<_> = (1..=200)
