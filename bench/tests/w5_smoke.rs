@@ -17,6 +17,13 @@ fn a_tiny_w5_run_reports_every_figure_and_keeps_every_sampled_lock() {
     let out = tempfile::tempdir().expect("a temporary output directory");
     let output = Command::new(env!("CARGO_BIN_EXE_lock-bench"))
         .env("LOCKD_SNAPSHOT_LOGS_SINCE_LAST", "200")
+        // The test suite's Raft timings for cores shared with compilers and other clusters
+        // (tests/src/config.rs): with lockd's defaults a debug node stalled for a second on a
+        // busy CI machine is deposed, and W1 counts the refusals of that election as errors.
+        // This test checks the report, not how fast a failover is.
+        .env("LOCKD_HEARTBEAT_INTERVAL_MS", "150")
+        .env("LOCKD_ELECTION_TIMEOUT_MIN_MS", "450")
+        .env("LOCKD_ELECTION_TIMEOUT_MAX_MS", "900")
         .args([
             "--w5",
             "--w5-sessions",
@@ -98,7 +105,12 @@ fn a_tiny_w5_run_reports_every_figure_and_keeps_every_sampled_lock() {
         );
         assert!(number(&c["loads"]["w3"]["acquire"]["p50_ms"], "W3 p50") > 0.0);
         number(&c["loads"]["w3"]["acquire"]["p99_ms"], "W3 p99");
-        assert_eq!(number(&c["loads"]["w1"]["errors"], "W1 errors"), 0.0);
+        assert_eq!(
+            number(&c["loads"]["w1"]["errors"], "W1 errors"),
+            0.0,
+            "W1 at {at}: {:#}",
+            c["loads"]["w1"]
+        );
         for node in c["nodes"].as_array().expect("nodes") {
             number(&node["metrics"]["term"], "term");
             number(&node["data_dir_bytes"], "data dir bytes");
