@@ -409,6 +409,20 @@ impl Cluster {
         self.node(id).stderr_path.clone()
     }
 
+    /// Bytes in node `id`'s log so far: where [`Cluster::log_since`] starts to see only what
+    /// the node logs from now on.
+    pub fn log_len(&self, id: u64) -> u64 {
+        std::fs::metadata(self.log_path(id)).map_or(0, |m| m.len())
+    }
+
+    /// The text node `id`'s log gained after byte `from` (all of it from 0; nothing if it
+    /// cannot be read yet). Search it with [`crate::log_lines`].
+    pub fn log_since(&self, id: u64, from: u64) -> String {
+        let text = std::fs::read(self.log_path(id)).unwrap_or_default();
+        let from = usize::try_from(from).unwrap_or(usize::MAX).min(text.len());
+        String::from_utf8_lossy(&text[from..]).into_owned()
+    }
+
     /// Node `id`'s stdout log (the ready line).
     pub fn stdout_path(&self, id: u64) -> PathBuf {
         self.node(id).stdout_path.clone()

@@ -48,6 +48,7 @@
 //!   leader, idempotent retries), both returning `Result<_, LockError>`.
 //! - [`fence`]: [`FencedRegister`], a resource that accepts a write iff its token is newer.
 //! - [`wait`]: [`poll_until`], the bounded condition wait everything uses.
+//! - [`log_lines`]: a line, and a field of it, in a node's log ([`Cluster::log_since`]).
 //! - [`links`]: [`LinkNet`], proxies on node-to-node links, for partitions.
 //! - [`metrics`]: a node's metrics endpoint: `/metrics` parsed with a Prometheus text-format
 //!   parser, `/readyz`.
@@ -74,6 +75,7 @@ pub mod dial;
 pub mod error;
 pub mod fence;
 pub mod links;
+pub mod log_lines;
 pub mod metrics;
 pub mod pki;
 pub mod ports;

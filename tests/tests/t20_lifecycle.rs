@@ -4,6 +4,7 @@
 
 use std::time::{Duration, Instant};
 
+use lock_tests::log_lines::{field, line_with};
 use lock_tests::pki::HARNESS_IDENTITY;
 use lock_tests::{Cluster, ClusterClient, FencedRegister, Grant, LockError, poll_until};
 use tokio::task::JoinHandle;
@@ -521,15 +522,10 @@ async fn a_full_restart_keeps_grants_sessions_and_the_token_counter() {
     );
 }
 
-/// The `index=N` field of the first line of `log` at or after byte `from` that contains
-/// `message`, with the line itself.
-fn logged_index(log: &str, from: usize, message: &str) -> Option<(u64, String)> {
-    let line = log[from..].lines().find(|l| l.contains(message))?;
-    let index = line
-        .split_whitespace()
-        .find_map(|field| field.strip_prefix("index="))?
-        .parse()
-        .ok()?;
+/// The `index=N` field of the first line of `log` that contains `message`, with the line.
+fn logged_index(log: &str, message: &str) -> Option<(u64, String)> {
+    let line = line_with(log, &[message])?;
+    let index = field(line, "index")?.parse().ok()?;
     Some((index, line.to_owned()))
 }
 
@@ -562,30 +558,22 @@ async fn a_follower_stopped_cleanly_restarts_from_a_snapshot_of_all_it_applied()
         .expect("status")
         .applied_index;
 
+    let follower_log_at = cluster.log_len(follower);
     let status = cluster.stop(follower).await;
     assert!(status.success(), "node {follower} exited with {status}");
-    let log = std::fs::read_to_string(cluster.log_path(follower)).expect("node log");
-    let (built, line) = logged_index(&log, 0, "snapshot built before stopping")
+    let log = cluster.log_since(follower, follower_log_at);
+    let (built, line) = logged_index(&log, "snapshot built before stopping")
         .unwrap_or_else(|| panic!("node {follower} built no snapshot at stop:\n{log}"));
     assert!(
         built >= applied,
         "the snapshot at stop ({line}) is short of the applied index {applied}"
     );
 
-    let restarted_at = log.len();
+    let restarted_at = cluster.log_len(follower);
     cluster.start_node(follower).await;
-    let log = std::fs::read_to_string(cluster.log_path(follower)).expect("node log");
-    let (loaded, line) = logged_index(
-        &log,
-        restarted_at,
-        "state loaded from the node's own snapshot",
-    )
-    .unwrap_or_else(|| {
-        panic!(
-            "node {follower} did not start from a snapshot:\n{}",
-            &log[restarted_at..]
-        )
-    });
+    let log = cluster.log_since(follower, restarted_at);
+    let (loaded, line) = logged_index(&log, "state loaded from the node's own snapshot")
+        .unwrap_or_else(|| panic!("node {follower} did not start from a snapshot:\n{log}"));
     assert_eq!(loaded, built, "{line}");
     let restarted = cluster.client(follower);
     for grant in &grants {
@@ -602,11 +590,10 @@ async fn a_follower_stopped_cleanly_restarts_from_a_snapshot_of_all_it_applied()
         );
     }
 
-    let leader_log_at = std::fs::metadata(cluster.log_path(leader)).map_or(0, |m| m.len() as usize);
+    let leader_log_at = cluster.log_len(leader);
     let status = cluster.stop(leader).await;
     assert!(status.success(), "leader {leader} exited with {status}");
-    let log = std::fs::read_to_string(cluster.log_path(leader)).expect("node log");
-    let stopped = &log[leader_log_at..];
+    let stopped = cluster.log_since(leader, leader_log_at);
     assert!(
         stopped.contains("no snapshot at stop: this node leads"),
         "leader {leader}'s stop:\n{stopped}"

@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use lock_tests::log_lines::line_with;
 use lock_tests::pki::HARNESS_IDENTITY;
 use lock_tests::{
     Cluster, ClusterClient, ClusterConfig, Grant, LockError, Role, Session, poll_until,
@@ -1450,13 +1451,6 @@ async fn a_release_acknowledged_just_before_a_crash_stays_done() {
     }
 }
 
-/// The text node `id`'s log gained after byte `from`.
-fn log_since(cluster: &Cluster, id: u64, from: u64) -> String {
-    let text = std::fs::read(cluster.log_path(id)).unwrap_or_default();
-    let from = usize::try_from(from).unwrap_or(usize::MAX).min(text.len());
-    String::from_utf8_lossy(&text[from..]).into_owned()
-}
-
 /// Waits (up to 20 s) for a line of node `id`'s log after byte `from` that contains every one
 /// of `parts`, and answers it.
 async fn log_line(
@@ -1466,16 +1460,10 @@ async fn log_line(
     parts: &[&str],
 ) -> Result<String, lock_tests::HarnessError> {
     poll_until(&parts.join(" … "), Duration::from_secs(20), || {
-        let found = line_with(&log_since(cluster, id, from), parts).map(str::to_owned);
+        let found = line_with(&cluster.log_since(id, from), parts).map(str::to_owned);
         async move { found.ok_or_else(|| "not logged yet".to_string()) }
     })
     .await
-}
-
-/// The first line of `log` that contains every one of `parts`.
-fn line_with<'l>(log: &'l str, parts: &[&str]) -> Option<&'l str> {
-    log.lines()
-        .find(|line| parts.iter().all(|p| line.contains(p)))
 }
 
 /// A follower that comes back tells its peers it is listening (`Hello`), through the same
@@ -1486,8 +1474,7 @@ async fn a_restarted_follower_says_hello_and_the_leader_takes_it() {
     let mut cluster = Cluster::start(3).await;
     let leader = cluster.leader().await;
     let follower = cluster.followers().await[0];
-    let offset = |id| std::fs::metadata(cluster.log_path(id)).map_or(0, |m| m.len());
-    let (leader_from, follower_from) = (offset(leader), offset(follower));
+    let (leader_from, follower_from) = (cluster.log_len(leader), cluster.log_len(follower));
     let peer = format!("peer={follower}");
 
     cluster.kill(follower);
