@@ -481,8 +481,7 @@ async fn run(args: Args) -> Result<()> {
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("creating {}", args.out.display()))?;
     let data_root = args.data_root.clone().unwrap_or_else(std::env::temp_dir);
-    std::fs::create_dir_all(&data_root)
-        .with_context(|| format!("creating {}", data_root.display()))?;
+    let data = procs::data_dir_in(&data_root, "lock-bench-")?;
     let data_filesystem = filesystem_of(&data_root);
     if matches!(data_filesystem.as_str(), "tmpfs" | "ramfs") {
         eprintln!(
@@ -491,7 +490,6 @@ async fn run(args: Args) -> Result<()> {
             data_root.display()
         );
     }
-    let data = procs::data_dir_in(&data_root, "lock-bench-")?;
     let mut machine = Machine {
         cpus: std::thread::available_parallelism().map_or(0, |n| n.get()),
         cpu_model: cpu_model(),

@@ -548,9 +548,9 @@ impl SnapshotDir {
     /// data's (a varint), so the room is sized from the last snapshot's; when the new length
     /// takes another width, the data is encoded a second time after the right room (a state
     /// crossing 2 MiB or 256 MiB). `last_len` is the last snapshot's data length (0: none),
-    /// which the caller keeps for its snapshot policy anyway. The file is byte for byte the one [`SnapshotDir::prepare`]
-    /// writes of the data [`encode_table`] gives. `table` is dropped once encoded, before the
-    /// file is synced. Blocks on the disk and on the CPU.
+    /// which the caller keeps for its snapshot policy anyway. The file is byte for byte the
+    /// one [`SnapshotDir::prepare`] writes of the data [`encode_table`] gives. `table` is
+    /// dropped once encoded, before the file is synced. Blocks on the disk and on the CPU.
     ///
     /// Encoding once nearly halved a build: the sizing pass it replaced was 55 % of a build's
     /// samples, and a build sized from the last one went from 0.57 to 0.30 s at 100,000

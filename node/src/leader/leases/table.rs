@@ -32,10 +32,10 @@
 //! For each kind: a key is in the expiring set, or the index holds `(indexed, key)` with the
 //! record's indexed position, never both, and nothing else is in either. A grant is indexed at
 //! its stored deadline; a session at or before it, and at it while expiring. The stored
-//! deadline is never later than the effective one, so the index front is a lower bound of every
-//! lease's effective deadline; an expiring record is always of the current epoch. An expiring lease has
-//! been handed to the reaper, so it leaves the index until its expiry fails and it may be taken
-//! again, or a promote gives it a fresh lease.
+//! deadline is never later than the effective one, so the index front is a lower bound of
+//! every lease's effective deadline; an expiring record is always of the current epoch. An
+//! expiring lease has been handed to the reaper, so it leaves the index until its expiry fails
+//! and it may be taken again, or a promote gives it a fresh lease.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
