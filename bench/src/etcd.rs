@@ -2,6 +2,11 @@
 //! ports with data on disk, finds the leader, and drives it over etcd's own gRPC API: one
 //! lease per worker, v3lock `Lock`/`Unlock`, token = the response header's revision. Owns
 //! nothing of the workloads.
+//!
+//! The members serve TLS the way the lockd nodes do (`crate::pki`): client URLs and peer URLs
+//! over TLS with certificates from a CA minted for the run, a client certificate required on
+//! both, and every benchmark connection presenting the `client` certificate. `--insecure` runs
+//! both systems plaintext.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -11,9 +16,10 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::transport::Channel;
+use tonic::transport::{Channel, ClientTlsConfig};
 
-use crate::lockd::channel;
+use crate::lockd::channel_with;
+use crate::pki::BenchPki;
 use crate::procs::{NodeProcess, free_ports};
 use crate::system::{
     Connections, KEEPER_TASKS, KeeperCounters, Keepers, LockSystem, LockWorker, keepalive_due,
@@ -50,12 +56,26 @@ pub struct EtcdCluster {
     maintenance: MaintenanceClient<Channel>,
     /// The one connection of every worker, with `Connections::Shared`.
     shared: Option<Channel>,
+    /// Every connection's TLS config (`None`: the members serve plaintext).
+    tls: Option<ClientTlsConfig>,
 }
 
 impl EtcdCluster {
     /// Starts three etcd members with data under `data_dir` and waits until every member
-    /// knows the same leader.
-    pub async fn start(bin: &Path, data_dir: &Path, connections: Connections) -> Result<Self> {
+    /// knows the same leader. With `tls` they serve clients and each other TLS with a PKI
+    /// minted under `data_dir`, else plaintext.
+    pub async fn start(
+        bin: &Path,
+        data_dir: &Path,
+        connections: Connections,
+        tls: bool,
+    ) -> Result<Self> {
+        let pki = if tls {
+            Some(BenchPki::mint(&data_dir.join("pki"), "lock-bench etcd CA")?)
+        } else {
+            None
+        };
+        let scheme = if pki.is_some() { "https" } else { "http" };
         let ports = free_ports(2 * MEMBERS)?;
         let client_addrs: Vec<String> = ports[..MEMBERS]
             .iter()
@@ -63,7 +83,7 @@ impl EtcdCluster {
             .collect();
         let peer_urls: Vec<String> = ports[MEMBERS..]
             .iter()
-            .map(|p| format!("http://127.0.0.1:{p}"))
+            .map(|p| format!("{scheme}://127.0.0.1:{p}"))
             .collect();
         let initial_cluster = peer_urls
             .iter()
@@ -76,8 +96,8 @@ impl EtcdCluster {
         for i in 0..MEMBERS {
             let name = format!("e{}", i + 1);
             let dir = data_dir.join(format!("etcd-{}", i + 1));
-            let client_url = format!("http://{}", client_addrs[i]);
-            let args = vec![
+            let client_url = format!("{scheme}://{}", client_addrs[i]);
+            let mut args = vec![
                 format!("--name={name}"),
                 format!("--data-dir={}", dir.display()),
                 format!("--listen-client-urls={client_url}"),
@@ -90,6 +110,9 @@ impl EtcdCluster {
                 "--logger=zap".to_owned(),
                 "--log-outputs=stderr".to_owned(),
             ];
+            if let Some(pki) = &pki {
+                args.extend(member_tls_args(pki, &name)?);
+            }
             members.push(NodeProcess::spawn(
                 &format!("etcd-{}", i + 1),
                 bin,
@@ -97,12 +120,13 @@ impl EtcdCluster {
                 data_dir,
             )?);
         }
+        let tls = pki.as_ref().map(BenchPki::client);
         let deadline = Instant::now() + LEADER_WAIT;
         let leader_addr = loop {
             for member in &mut members {
                 member.check_running()?;
             }
-            if let Some(leader) = agreed_leader(&client_addrs).await {
+            if let Some(leader) = agreed_leader(&client_addrs, tls.as_ref()).await {
                 break leader;
             }
             if Instant::now() > deadline {
@@ -114,9 +138,9 @@ impl EtcdCluster {
             }
             tokio::time::sleep(POLL_INTERVAL).await;
         };
-        let maintenance = MaintenanceClient::new(channel(&leader_addr).await?);
+        let maintenance = MaintenanceClient::new(channel_with(&leader_addr, tls.as_ref()).await?);
         let shared = match connections {
-            Connections::Shared => Some(channel(&leader_addr).await?),
+            Connections::Shared => Some(channel_with(&leader_addr, tls.as_ref()).await?),
             Connections::PerWorker => None,
         };
         Ok(Self {
@@ -124,6 +148,7 @@ impl EtcdCluster {
             leader_addr,
             maintenance,
             shared,
+            tls,
         })
     }
 
@@ -144,12 +169,33 @@ impl EtcdCluster {
     }
 }
 
+/// Member `name`'s TLS flags: its certificate for clients and peers alike, the CA, and a client
+/// certificate required on both.
+fn member_tls_args(pki: &BenchPki, name: &str) -> Result<Vec<String>> {
+    let files = pki.issue(name)?;
+    let (cert, key, ca) = (
+        files.cert.display().to_string(),
+        files.key.display().to_string(),
+        pki.ca_file().display().to_string(),
+    );
+    Ok(vec![
+        format!("--cert-file={cert}"),
+        format!("--key-file={key}"),
+        format!("--trusted-ca-file={ca}"),
+        "--client-cert-auth".to_owned(),
+        format!("--peer-cert-file={cert}"),
+        format!("--peer-key-file={key}"),
+        format!("--peer-trusted-ca-file={ca}"),
+        "--peer-client-cert-auth".to_owned(),
+    ])
+}
+
 /// The leader's client address if every member reports the same leader, else `None`.
-async fn agreed_leader(addrs: &[String]) -> Option<String> {
+async fn agreed_leader(addrs: &[String], tls: Option<&ClientTlsConfig>) -> Option<String> {
     let mut leader = None;
     let mut leader_addr = None;
     for addr in addrs {
-        let mut client = MaintenanceClient::new(channel(addr).await.ok()?);
+        let mut client = MaintenanceClient::new(channel_with(addr, tls).await.ok()?);
         let status = client.status(StatusRequest {}).await.ok()?.into_inner();
         if status.leader == 0 || leader.is_some_and(|l| l != status.leader) {
             return None;
@@ -184,7 +230,7 @@ impl LockSystem for EtcdCluster {
     async fn worker(&self, _index: usize) -> Result<EtcdWorker> {
         let channel = match &self.shared {
             Some(shared) => shared.clone(),
-            None => channel(&self.leader_addr).await?,
+            None => channel_with(&self.leader_addr, self.tls.as_ref()).await?,
         };
         let lease = grant_lease(
             &mut LeaseClient::new(channel.clone()),
@@ -208,12 +254,13 @@ impl LockSystem for EtcdCluster {
         for task in 0..KEEPER_TASKS {
             let share = count / KEEPER_TASKS + usize::from(task < count % KEEPER_TASKS);
             let addr = self.leader_addr.clone();
+            let tls = self.tls.clone();
             let counters = counters.clone();
             let opened_tx = opened_tx.clone();
             let mut stop = stop_rx.clone();
             tasks.push(tokio::spawn(async move {
                 let opened = async {
-                    let channel = channel(&addr).await?;
+                    let channel = channel_with(&addr, tls.as_ref()).await?;
                     let mut leases = LeaseClient::new(channel);
                     let mut ids = Vec::with_capacity(share);
                     for _ in 0..share {

@@ -26,8 +26,9 @@ use lock_proto::v1::{
 use tokio::sync::{Semaphore, mpsc, watch};
 use tokio::task::JoinSet;
 use tonic::Status;
-use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
+use tonic::transport::{Channel, ClientTlsConfig};
 
+use crate::pki::BENCH_IDENTITY;
 use crate::procs::{NodeProcess, free_ports};
 use crate::system::{
     Connections, KEEPER_TASKS, KeeperCounters, Keepers, LockSystem, LockWorker, first_keepalive_due,
@@ -92,12 +93,8 @@ pub async fn channel_with(addr: &str, tls: Option<&ClientTlsConfig>) -> Result<C
         .with_context(|| format!("connecting to {addr}"))
 }
 
-/// The principal every benchmark connection presents: the `client` role covers sessions,
-/// lock calls and `Status`.
-const BENCH_IDENTITY: &str = "client";
-
 /// What a TLS cluster's start needs from its PKI.
-struct BenchPki {
+struct NodeTls {
     /// Each node's `--tls-*` flags, by index.
     node_args: Vec<Vec<String>>,
     /// `LOCKD_ROLES` and its value (every node `node`, [`BENCH_IDENTITY`] `client`).
@@ -108,46 +105,29 @@ struct BenchPki {
 
 /// Mints a CA, the nodes' certificates (`node-1` … `node-3`) and [`BENCH_IDENTITY`]'s into
 /// `dir`.
-fn mint_pki(dir: &Path) -> Result<BenchPki> {
-    use lock_tls::mint::Authority;
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let path = |name: &str| dir.join(name);
-    let ca = Authority::new("lock-bench CA").context("minting the benchmark CA")?;
-    ca.write(&path("ca.pem"), &path("ca-key.pem"))
-        .context("writing the benchmark CA")?;
+fn mint_pki(dir: &Path) -> Result<NodeTls> {
+    let pki = crate::pki::BenchPki::mint(dir, "lock-bench lockd CA")?;
     let mut node_args = Vec::with_capacity(NODES);
     let mut roles = Vec::with_capacity(NODES + 1);
     for id in 1..=NODES {
         let principal = format!("node-{id}");
-        let (cert, key) = (
-            path(&format!("{principal}.pem")),
-            path(&format!("{principal}-key.pem")),
-        );
-        ca.issue(&principal)
-            .and_then(|leaf| leaf.write(&cert, &key))
-            .with_context(|| format!("minting {principal}'s certificate"))?;
+        let files = pki.issue(&principal)?;
         node_args.push(vec![
             "--tls-ca".to_owned(),
-            path("ca.pem").display().to_string(),
+            pki.ca_file().display().to_string(),
             "--tls-cert".to_owned(),
-            cert.display().to_string(),
+            files.cert.display().to_string(),
             "--tls-key".to_owned(),
-            key.display().to_string(),
+            files.key.display().to_string(),
             "--require-client-cert".to_owned(),
         ]);
         roles.push(format!("{principal}=node"));
     }
-    let client = ca
-        .issue(BENCH_IDENTITY)
-        .context("minting the benchmark client's certificate")?;
     roles.push(format!("{BENCH_IDENTITY}={BENCH_IDENTITY}"));
-    let tls = ClientTlsConfig::new()
-        .ca_certificate(Certificate::from_pem(ca.cert_pem()))
-        .identity(Identity::from_pem(&client.cert_pem, &client.key_pem));
-    Ok(BenchPki {
+    Ok(NodeTls {
         node_args,
         roles_env: ("LOCKD_ROLES".to_owned(), roles.join(",")),
-        client: tls,
+        client: pki.client(),
     })
 }
 

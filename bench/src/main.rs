@@ -31,6 +31,7 @@
 mod etcd;
 mod floors;
 mod lockd;
+mod pki;
 mod plot;
 mod procs;
 mod report;
@@ -173,9 +174,10 @@ struct Args {
     /// Run only the scrape comparison on lockd (needs --scrape-rounds): no etcd, W2 or W4.
     #[arg(long)]
     scrape_only: bool,
-    /// Run the lockd nodes `--insecure` (plaintext). By default they serve TLS with a CA minted
-    /// for the run and every connection presents a client certificate; running both ways
-    /// measures what TLS costs (bench/PERFORMANCE.md).
+    /// Run both systems plaintext (the lockd nodes `--insecure`). By default the lockd nodes and
+    /// the etcd members serve TLS alike — clients and peers, with a CA minted for the run — and
+    /// every connection presents a client certificate; running both ways measures what TLS
+    /// costs (bench/PERFORMANCE.md).
     #[arg(long)]
     insecure: bool,
     /// `plot`: only redraw the plots of an earlier run.
@@ -223,6 +225,9 @@ struct Plan {
     clients: Vec<ClientStyle>,
     /// `--sweep-workers`, if asked for.
     sweep: Option<SweepPlan>,
+    /// Both systems serve TLS, mutual between servers and from the client (false:
+    /// `--insecure`, both plaintext).
+    tls: bool,
 }
 
 impl Plan {
@@ -281,6 +286,7 @@ impl Plan {
             client_threads: args.client_threads,
             clients: args.client.clone(),
             sweep,
+            tls: !args.insecure,
         })
     }
 
@@ -533,6 +539,7 @@ async fn run(args: Args) -> Result<()> {
         String::new()
     };
     let mut table = report::markdown(&headline, &rows, &floors);
+    table.push_str(&report::transport_note(plan.tls));
     table.push_str(&report::load_note(
         machine.cpus,
         &machine.load_average_at_start,
@@ -625,7 +632,7 @@ async fn measure_all(
                     &data.join("lockd"),
                     plan.w4_client(),
                     args.connections,
-                    !args.insecure,
+                    plan.tls,
                 )
                 .await?;
                 let addr = cluster.leader_addr().to_owned();
@@ -683,7 +690,8 @@ async fn measure_all(
                     bin.display()
                 );
                 let mut cluster =
-                    etcd::EtcdCluster::start(bin, &data.join("etcd"), args.connections).await?;
+                    etcd::EtcdCluster::start(bin, &data.join("etcd"), args.connections, plan.tls)
+                        .await?;
                 let addr = cluster.leader_addr().to_owned();
                 let results = workloads(&mut cluster, plan, &["etcd"], 0, addr, |_, _| {}).await;
                 let stopped = cluster.stop().await;

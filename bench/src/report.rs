@@ -402,6 +402,18 @@ pub fn markdown(headline: &str, rows: &[Row], floors: &Floors) -> String {
     out
 }
 
+/// The line under the tables that says how both systems were reached: TLS alike (the
+/// default) or plaintext alike (`--insecure`).
+pub fn transport_note(tls: bool) -> String {
+    if tls {
+        "\nTransport: TLS on both systems: client and peer connections, a client certificate \
+         required on each (`--insecure`: plaintext on both).\n"
+            .to_owned()
+    } else {
+        "\nTransport: plaintext on both systems (`--insecure`).\n".to_owned()
+    }
+}
+
 /// The line under the tables that says how busy the machine of `cpus` CPUs was: the 1-minute
 /// load average (the first field of /proc/loadavg) at the start and at the end of the run.
 pub fn load_note(cpus: usize, at_start: &str, at_end: &str) -> String {

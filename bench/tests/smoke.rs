@@ -125,6 +125,11 @@ fn quick_run_writes_a_well_formed_table_and_json() {
         !table.contains("unary client: W4"),
         "W4 runs with the Pipeline stream only:\n{table}"
     );
+    // Both systems are measured over the same transport: TLS by default.
+    assert!(
+        table.contains("Transport: TLS on both systems"),
+        "the table does not say both systems ran TLS:\n{table}"
+    );
 
     // The JSON report: every row, lockd figures that show the workloads ran.
     let json = std::fs::read_to_string(out.path().join("results.json")).expect("results.json");
@@ -147,6 +152,10 @@ fn quick_run_writes_a_well_formed_table_and_json() {
             assert!(found["etcd"].is_null(), "etcd figure without etcd: {found}");
         }
     }
+    assert_eq!(
+        report["plan"]["tls"], true,
+        "both systems serve TLS by default"
+    );
     assert_eq!(report["lockd"]["client"], "pipeline");
     assert_eq!(report["lockd_unary"]["client"], "unary");
     assert!(report["etcd"]["client"].is_null());
