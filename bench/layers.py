@@ -88,9 +88,7 @@ def kernel_layer(kframes):
         k = kframes.index("do_syscall_64")
         syscall = kframes[k - 1] if k > 0 else ""
     joined = " ".join(kframes)
-    if "fsync" in joined or "fdatasync" in syscall:
-        return "disk: `fdatasync` and WAL `pwrite`"
-    if "pwrite" in syscall:
+    if "fsync" in joined or "fdatasync" in joined or "pwrite" in syscall:
         return "disk: `fdatasync` and WAL `pwrite`"
     if "recvfrom" in syscall or "tcp_recvmsg" in joined or "writev" in syscall \
             or "sendmsg" in syscall or "tcp_sendmsg" in joined:

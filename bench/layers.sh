@@ -24,14 +24,8 @@ here=$(cd "$(dirname "$0")" && pwd)
 . "$here/perf-tools.sh"
 command -v python3 >/dev/null || { echo "python3 not found" >&2; exit 2; }
 
-# lock-bench runs W3, then W2, then W1: the chosen one runs 20 s, the others 1 s, and perf
-# starts once the chosen one is under way (see bench/profile.sh).
-case "$workload" in
-  w3) secs=(--w3-secs 20 --w2-secs 1 --w1-secs 1); lead=9 ;;
-  w2) secs=(--w3-secs 1 --w2-secs 20 --w1-secs 1); lead=11 ;;
-  w1) secs=(--w3-secs 1 --w2-secs 1 --w1-secs 20); lead=13 ;;
-  *) echo "workload must be w1, w2 or w3, not $workload" >&2; exit 2 ;;
-esac
+# The chosen workload runs 20 s, the others 1 s; `lead` is when perf may start.
+workload_window "$workload"
 case "$client" in
   unary) key=lockd_unary ;;
   pipeline) key=lockd ;;

@@ -19,15 +19,8 @@ here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=bench/perf-tools.sh
 . "$here/perf-tools.sh"
 
-# lock-bench runs W3, then W2, then W1 (then W4): the chosen one runs 20 s, the others 1 s, and
-# perf starts once the chosen one is about 5 s in (three nodes start in ~3 s, each 1 s
-# workload adds ~2 s with its warm-up).
-case "$workload" in
-  w3) secs=(--w3-secs 20 --w2-secs 1 --w1-secs 1); lead=9 ;;
-  w2) secs=(--w3-secs 1 --w2-secs 20 --w1-secs 1); lead=11 ;;
-  w1) secs=(--w3-secs 1 --w2-secs 1 --w1-secs 20); lead=13 ;;
-  *) echo "workload must be w1, w2 or w3, not $workload" >&2; exit 2 ;;
-esac
+# The chosen workload runs 20 s, the others 1 s; `lead` is when perf may start.
+workload_window "$workload"
 
 mkdir -p "$out"
 "$bench" --systems lockd --lockd-bin "$lockd" "${secs[@]}" --w4-secs 1 --w4-sessions 10 \
