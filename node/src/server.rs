@@ -244,6 +244,13 @@ async fn serve(
     // The listener is bound and the serve loop starts below: a peer that tries this node on
     // hearing from it is answered.
     tokio::spawn(say_hello(raft.clone(), network));
+    if config.peers_lack_the_node_role() {
+        tracing::warn!(
+            "TLS is on and no principal has the node role: this node refuses every peer's Raft \
+             call, so no leader can be elected; map each member's certificate principal with \
+             --role PRINCIPAL=node (docs/SECURITY.md section 2)"
+        );
+    }
     let served = grpc::serve::serve(
         Serve {
             backend,

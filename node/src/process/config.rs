@@ -721,6 +721,21 @@ impl Config {
         .collect()
     }
 
+    /// Whether this Raft node serves TLS to other members while no principal of its role map
+    /// holds the `node` role. Only `node` may call the Raft service (docs/SECURITY.md §2), so
+    /// such a node refuses every peer's votes and appends, and a cluster of them never elects a
+    /// leader. The node warns at start-up rather than refusing: a one-member cluster needs no
+    /// mapping, and the other members may be mapped by a later restart.
+    pub fn peers_lack_the_node_role(&self) -> bool {
+        !self.backend.is_stateless()
+            && self.tls.is_some()
+            && self.peers.keys().any(|&id| id != self.node_id)
+            && !self
+                .roles
+                .values()
+                .any(|&role| role == crate::auth::Role::Node)
+    }
+
     /// `raft_dial`: at most [`RAFT_DIAL_MAX`] entries, non-zero ids, `HOST:PORT` addresses.
     /// An id need not be in `peers` (a member added later may be dialled through it too).
     fn validate_raft_dial(&self) -> Result<(), ConfigError> {
@@ -1338,6 +1353,49 @@ peers = [{ id = 1, addr = "127.0.0.1:7101" }, { id = 2, addr = "127.0.0.1:7102" 
         a.tls_cert = Some(files.cert.clone());
         a.tls_key = Some(files.key.clone());
         a
+    }
+
+    #[test]
+    fn a_tls_node_with_peers_and_no_node_role_is_flagged() {
+        use crate::auth::Role;
+        let dir = tempfile::tempdir().unwrap();
+        let files = tls_files(dir.path());
+        let load = |a: &RunArgs| Config::load(a).unwrap().peers_lack_the_node_role();
+        // TLS, two other members, a role map without `node`: every peer would be refused.
+        let mut a = tls_args(&files);
+        a.role = Some(vec![("admin".into(), Role::Admin)]);
+        assert!(load(&a));
+        assert!(load(&tls_args(&files)), "no role map at all");
+        // Any principal mapped to `node` clears it.
+        a.role = Some(vec![("node-2".into(), Role::Node)]);
+        assert!(!load(&a));
+        // Plaintext (everything is allowed) and a one-member cluster need no mapping.
+        assert!(!load(&args()));
+        let mut a = tls_args(&files);
+        a.peers = Some(parse_peers("1=127.0.0.1:7101").unwrap());
+        assert!(!load(&a));
+    }
+
+    /// The TOML example of docs/NODE_CLI.md: every key known, the optional ones after the
+    /// first table would be swallowed by it, and it maps each member to `node`.
+    #[test]
+    fn the_node_cli_toml_example_parses_and_maps_every_member() {
+        let doc = include_str!("../../../docs/NODE_CLI.md");
+        let start = doc.find("```toml\n").expect("a toml block") + "```toml\n".len();
+        let block = &doc[start..];
+        let block = &block[..block.find("```").expect("the block ends")];
+        let file: FileConfig = toml::from_str(block).expect("the example is lockd TOML");
+        let roles = file.roles.expect("the example maps roles");
+        for peer in file.peers.expect("the example lists peers") {
+            let mapped = roles
+                .iter()
+                .any(|(p, r)| r == "node" && p.ends_with(&format!("-{}", peer.id)));
+            assert!(mapped, "member {} has no principal mapped to node", peer.id);
+        }
+        assert!(
+            file.heartbeat_interval_ms.is_some(),
+            "the optional keys stay top-level"
+        );
     }
 
     #[test]
