@@ -146,7 +146,24 @@ impl RaftBackend {
     }
 
     async fn propose(&self, command: Command) -> Result<Response, LockError> {
-        match tokio::time::timeout(PROPOSAL_TIMEOUT, self.inner.proposer.propose(command)).await {
+        self.answer_within_timeout(self.inner.proposer.propose(command))
+            .await
+    }
+
+    /// [`RaftBackend::propose`] through [`Proposer::propose_deferrable`]: for an acquire that
+    /// will queue behind another session's grant.
+    ///
+    /// [`Proposer::propose_deferrable`]: crate::leader::proposer::Proposer::propose_deferrable
+    async fn propose_deferrable(&self, command: Command) -> Result<Response, LockError> {
+        self.answer_within_timeout(self.inner.proposer.propose_deferrable(command))
+            .await
+    }
+
+    async fn answer_within_timeout(
+        &self,
+        answer: impl std::future::Future<Output = Result<Response, LockError>>,
+    ) -> Result<Response, LockError> {
+        match tokio::time::timeout(PROPOSAL_TIMEOUT, answer).await {
             Ok(answer) => answer,
             Err(_) => Err(LockError::contention(format!(
                 "unknown outcome: not committed within {PROPOSAL_TIMEOUT:?} (no majority reachable?); retry with the same request id"

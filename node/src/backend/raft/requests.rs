@@ -53,6 +53,16 @@ impl RaftBackend {
         })
     }
 
+    /// Whether the applied state has `key` granted to a session other than `session_id`: an
+    /// acquire of it by that session will queue (unless an entry in flight frees it first).
+    fn held_by_another(&self, key: &str, session_id: &str) -> bool {
+        self.inner.reader.read(|table| {
+            table
+                .grant(key)
+                .is_some_and(|g| g.session_id() != session_id)
+        })
+    }
+
     /// The owner and session ids of grant `(key, token)` in the applied state, if it is still
     /// the grant.
     fn holder_of(&self, key: &str, token: u64) -> Option<(String, String)> {
@@ -309,18 +319,23 @@ impl Backend for RaftBackend {
             key: key.to_owned(),
             armed: true,
         };
-        let answer = self
-            .propose(as_caller(
-                caller,
-                Command::Acquire {
-                    session_id: session_id.to_owned(),
-                    request_id,
-                    key: key.to_owned(),
-                    ttl_ms: ttl,
-                    wait_ms: max_wait_ms,
-                },
-            ))
-            .await;
+        let command = as_caller(
+            caller,
+            Command::Acquire {
+                session_id: session_id.to_owned(),
+                request_id,
+                key: key.to_owned(),
+                ttl_ms: ttl,
+                wait_ms: max_wait_ms,
+            },
+        );
+        // Behind another session's grant, this acquire queues: its caller is answered by the
+        // hand-off, so its entry may wait for the holder's release and share its commit.
+        let answer = if self.held_by_another(key, session_id) {
+            self.propose_deferrable(command).await
+        } else {
+            self.propose(command).await
+        };
         let answer = match answer {
             Ok(answer) => answer,
             Err(err) => {
