@@ -30,13 +30,17 @@ pub const BATCH_COMMANDS_MAX: usize = lock_raft_store::limits::BATCH_MAX;
 
 /// Most entries in flight (submitted, not yet applied) at once.
 ///
-/// Two: while one entry replicates to the followers, the next gathers every command that
-/// arrives meanwhile. Under openraft 0.9, whose RaftCore awaited the leader's own flush of each
-/// entry, more was worse (W1 with 1, 2 and 4 in flight: 2,044, 2,013 and 933 pairs/s). Under
-/// 0.10 the flush no longer blocks, and 4 or 8 in flight measured within this machine's noise
-/// of 2 (W1 4,753-5,136 vs 4,024-5,217 pairs/s, W3 p50 0.94-1.01 vs 0.98-1.30 ms, two
-/// interleaved rounds), with 20-40 % more log entries per pair; so it stays two.
-pub const ENTRIES_IN_FLIGHT_MAX: usize = 2;
+/// One: while an entry replicates, every command that arrives waits for the next entry, so the
+/// fixed cost of an entry (a `fdatasync` on each node, an append and its answer per follower,
+/// the apply's bookkeeping) is shared by more commands. Under openraft 0.9, whose RaftCore
+/// awaited the leader's own flush of each entry, one and two measured alike and four worse (W1
+/// 2,044, 2,013 and 933 pairs/s); under 0.10 two, four and eight measured alike, with more
+/// entries per pair the more in flight. Session 23 measured one against two, six alternated
+/// lockd-only rounds each (medians, Pipeline stream / unary client): W1 log entries per pair
+/// 0.20 / 0.21 -> 0.125 / 0.127, W1 server CPU per pair 0.176 / 0.212 -> 0.155 / 0.178 ms,
+/// W1 7,362 / 5,603 -> 7,282 / 6,216 pairs/s, W2 1,368 / 1,135 -> 1,444 / 1,257 hand-offs/s,
+/// W3 acquire p50 0.671 / 0.718 -> 0.643 / 0.716 ms (docs/PERFORMANCE.md, session 23).
+pub const ENTRIES_IN_FLIGHT_MAX: usize = 1;
 
 /// Most commands waiting for the proposer. Past this, callers wait for room (backpressure)
 /// instead of growing the leader's memory without bound.
