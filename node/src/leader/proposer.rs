@@ -507,15 +507,21 @@ mod tests {
         assert_eq!(stamps, vec![5_000, 5_000, 6_000, 9_000]);
     }
 
+    /// A proposer over an open (ungated) fake log, two entries in flight.
+    fn open_proposer() -> (FakeLog, Proposer) {
+        let log = FakeLog::default();
+        log.gate.notify_one();
+        let clock = Arc::new(ManualClock::new(1_000));
+        let proposer = Proposer::spawn(log.clone(), clock, 2, BATCH_COMMANDS_MAX);
+        (log, proposer)
+    }
+
     /// An entry of deferrable commands only is written once the deferral is over when no
     /// prompt command comes; a prompt command alone is written at once. (Tokio's paused clock:
     /// the durations are the proposer's own timer, not the machine's speed.)
     #[tokio::test(start_paused = true)]
     async fn a_lone_deferrable_command_waits_out_the_deferral_and_a_prompt_one_does_not() {
-        let log = FakeLog::default();
-        log.gate.notify_one();
-        let clock = Arc::new(ManualClock::new(1_000));
-        let proposer = Proposer::spawn(log.clone(), clock, 2, BATCH_COMMANDS_MAX);
+        let (log, proposer) = open_proposer();
 
         let start = tokio::time::Instant::now();
         proposer.propose(release(1)).await.unwrap();
@@ -534,10 +540,7 @@ mod tests {
     /// the deferral, in arrival order, and each caller gets its own answer.
     #[tokio::test(start_paused = true)]
     async fn deferrable_commands_ride_with_the_next_prompt_one_in_arrival_order() {
-        let log = FakeLog::default();
-        log.gate.notify_one();
-        let clock = Arc::new(ManualClock::new(1_000));
-        let proposer = Proposer::spawn(log.clone(), clock, 2, BATCH_COMMANDS_MAX);
+        let (log, proposer) = open_proposer();
 
         let deferred: Vec<_> = (1..=2)
             .map(|n| {

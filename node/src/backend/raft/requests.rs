@@ -24,6 +24,27 @@ use crate::leader::waiters::WaitOutcome;
 // `ListRevocations` answers alike on all of them.
 const _: () = assert!(lock_raft_store::limits::AUDIT_LOG_MAX == lock_api::limits::AUDIT_LOG_MAX);
 
+/// The `Acquire` command of `caller`'s request, waiting up to `wait_ms` (0: a single try).
+fn acquire_command(
+    caller: Option<&str>,
+    session_id: &str,
+    request_id: u64,
+    key: &str,
+    ttl_ms: u64,
+    wait_ms: u64,
+) -> Command {
+    as_caller(
+        caller,
+        Command::Acquire {
+            session_id: session_id.to_owned(),
+            request_id,
+            key: key.to_owned(),
+            ttl_ms,
+            wait_ms,
+        },
+    )
+}
+
 fn ttl_ms(ttl_ms: u64) -> Result<u64, LockError> {
     validate::ttl(Duration::from_millis(ttl_ms))
 }
@@ -251,16 +272,7 @@ impl Backend for RaftBackend {
         let ttl = ttl_ms(ttl_ms_requested)?;
         self.leader_check()?;
         match self
-            .propose(as_caller(
-                caller,
-                Command::Acquire {
-                    session_id: session_id.to_owned(),
-                    request_id,
-                    key: key.to_owned(),
-                    ttl_ms: ttl,
-                    wait_ms: 0,
-                },
-            ))
+            .propose(acquire_command(caller, session_id, request_id, key, ttl, 0))
             .await?
         {
             Response::Granted(g) => Ok(Some(grant(g))),
@@ -319,16 +331,7 @@ impl Backend for RaftBackend {
             key: key.to_owned(),
             armed: true,
         };
-        let command = as_caller(
-            caller,
-            Command::Acquire {
-                session_id: session_id.to_owned(),
-                request_id,
-                key: key.to_owned(),
-                ttl_ms: ttl,
-                wait_ms: max_wait_ms,
-            },
-        );
+        let command = acquire_command(caller, session_id, request_id, key, ttl, max_wait_ms);
         // Behind another session's grant, this acquire queues: its caller is answered by the
         // hand-off, so its entry may wait for the holder's release and share its commit.
         let answer = if self.held_by_another(key, session_id) {
