@@ -4,8 +4,8 @@
 Writes 4 KiB at a time into a preallocated 64 MiB file and fdatasyncs after each write, for
 SECS seconds, optionally sleeping GAP seconds between syncs (a lower sync rate). Prints every
 sync over 50 ms as it happens, then the distribution. Session 23 used it to show that this VM's
-virtual disk stalls for up to 0.4 s under a sustained high sync rate (the three nodes of a
-benchmark sync ~3,500 times a second in W1) and not at ~400 syncs a second.
+virtual disk stalls for up to 0.9 s under a sustained high sync rate (the three nodes of a
+benchmark sync ~3,300 times a second in W1) and not at ~400 syncs a second.
 
 Usage: bench/fsync-stalls.py SECS [GAP] [DIR]   (DIR: default $TMPDIR or /tmp; use the disk
 the nodes' data goes to)

@@ -146,8 +146,7 @@ impl RaftBackend {
     }
 
     async fn propose(&self, command: Command) -> Result<Response, LockError> {
-        self.answer_within_timeout(self.inner.proposer.propose(command))
-            .await
+        within_proposal_timeout(self.inner.proposer.propose(command)).await
     }
 
     /// [`RaftBackend::propose`] through [`Proposer::propose_deferrable`]: for an acquire that
@@ -155,20 +154,7 @@ impl RaftBackend {
     ///
     /// [`Proposer::propose_deferrable`]: crate::leader::proposer::Proposer::propose_deferrable
     async fn propose_deferrable(&self, command: Command) -> Result<Response, LockError> {
-        self.answer_within_timeout(self.inner.proposer.propose_deferrable(command))
-            .await
-    }
-
-    async fn answer_within_timeout(
-        &self,
-        answer: impl std::future::Future<Output = Result<Response, LockError>>,
-    ) -> Result<Response, LockError> {
-        match tokio::time::timeout(PROPOSAL_TIMEOUT, answer).await {
-            Ok(answer) => answer,
-            Err(_) => Err(LockError::contention(format!(
-                "unknown outcome: not committed within {PROPOSAL_TIMEOUT:?} (no majority reachable?); retry with the same request id"
-            ))),
-        }
+        within_proposal_timeout(self.inner.proposer.propose_deferrable(command)).await
     }
 
     /// Resolves once the node starts shutting down.
@@ -176,6 +162,19 @@ impl RaftBackend {
         let mut stop = self.inner.stop.clone();
         // A dropped sender means the node is gone: treat it as stopping too.
         let _ = stop.wait_for(|stopping| *stopping).await;
+    }
+}
+
+/// A proposal's applied answer, or `Contention` (unknown outcome, retry-safe) once
+/// `PROPOSAL_TIMEOUT` has passed without one.
+async fn within_proposal_timeout(
+    answer: impl std::future::Future<Output = Result<Response, LockError>>,
+) -> Result<Response, LockError> {
+    match tokio::time::timeout(PROPOSAL_TIMEOUT, answer).await {
+        Ok(answer) => answer,
+        Err(_) => Err(LockError::contention(format!(
+            "unknown outcome: not committed within {PROPOSAL_TIMEOUT:?} (no majority reachable?); retry with the same request id"
+        ))),
     }
 }
 
