@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Where one W3 acquire's time goes, step by step (issue 7): runs W3 (one client, one call at a
-# time) for 20 s, records 2 s of system-call and wake-up tracepoints on every CPU, and prints
-# the median time from the client's request to each step (bench/timeline.py):
-#   - timeline.txt: the steps, in the order their medians fall;
+# time) for 20 s, records 2 s of system-call, wake-up and context-switch tracepoints on every
+# CPU, and prints the median time from the client's request to each step (bench/timeline.py):
+#   - timeline.txt: the steps, in the order their medians fall, each wake-up with how long its
+#     thread then waited for a CPU, and those waits for every thread of the run (session 24);
 #   - trace.txt: the raw events (perf script), trace.data: the recording;
 #   - bench/: lock-bench's own table for the run.
 #
@@ -33,7 +34,7 @@ nodes=$(pgrep -d, -f "$lockd run" || true)
 [ -n "$nodes" ] || { echo "no lockd nodes found; see $out/bench.log" >&2; exit 1; }
 
 events=syscalls:sys_enter_writev,syscalls:sys_exit_recvfrom,syscalls:sys_enter_pwrite64
-events=$events,syscalls:sys_enter_fdatasync,syscalls:sys_exit_fdatasync,sched:sched_wakeup
+events=$events,syscalls:sys_enter_fdatasync,syscalls:sys_exit_fdatasync,sched:sched_wakeup,sched:sched_switch
 perf record -a -e "$events" -o "$out/trace.data" -- sleep 2 2> "$out/perf-record.log"
 perf script -i "$out/trace.data" -F comm,pid,tid,cpu,time,event,trace > "$out/trace.txt" 2>/dev/null
 python3 "$here/timeline.py" "$out/trace.txt" "$bench_pid" "$nodes" > "$out/timeline.txt"

@@ -1,0 +1,84 @@
+//! `bench/timeline.py` (session 24): on a fixed `perf script` excerpt of two W3 requests, the
+//! steps fall at their median times after the client's request, each wake-up carries how long
+//! its thread then waited for a CPU (up to its next switch-in), and the summary counts the
+//! wake-ups that found their CPU running another thread. Needs `python3`, which README's test
+//! command (`scripts/test`) installs.
+
+use std::path::Path;
+use std::process::Command;
+
+/// Runs timeline.py on the fixture (client pid 10, nodes 20, 30 and 40) and answers its output.
+fn timeline_of_fixture() -> String {
+    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let output = Command::new("python3")
+        .arg(here.join("timeline.py"))
+        .arg(here.join("tests/data/timeline-trace.txt"))
+        .args(["10", "20,30,40"])
+        .output()
+        .expect("python3 runs (scripts/test installs it)");
+    assert!(
+        output.status.success(),
+        "timeline.py failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).expect("timeline.py writes UTF-8")
+}
+
+/// The output's line that ends with `tail` once its leading spaces are gone, split on spaces.
+fn line_with<'a>(text: &'a str, tail: &str) -> Vec<&'a str> {
+    text.lines()
+        .find(|l| l.contains(tail))
+        .unwrap_or_else(|| panic!("no line with {tail:?} in:\n{text}"))
+        .split_whitespace()
+        .collect()
+}
+
+#[test]
+fn steps_fall_at_their_medians_and_the_node_that_reads_first_leads() {
+    let out = timeline_of_fixture();
+    assert!(
+        out.starts_with("2 requests; leader pid 20, followers [30, 40], client pid 10"),
+        "{out}"
+    );
+    // The follower's read comes 0.160 ms after the request in both requests; the leader's
+    // answer to the client is its second `writev` of the request.
+    assert_eq!(line_with(&out, "F1 runtime: recvfrom returns")[0], "0.160");
+    assert_eq!(line_with(&out, "L runtime: writev (sends) #2")[0], "0.400");
+}
+
+#[test]
+fn a_wake_up_carries_the_time_its_thread_then_waited_for_a_cpu() {
+    let out = timeline_of_fixture();
+    // The follower's runtime waited 0.040 ms in the first request and 0.020 in the second,
+    // while the client's thread held its CPU.
+    let woken = line_with(&out, "F1 runtime: woken (2)");
+    assert_eq!(woken[0], "0.110", "{out}");
+    assert_eq!(
+        woken[woken.len() - 4..],
+        ["[waited", "0.030,", "mean", "0.030]"],
+        "{out}"
+    );
+}
+
+#[test]
+fn the_summary_counts_wake_ups_onto_a_busy_cpu() {
+    let out = timeline_of_fixture();
+    // Median, mean, 90th percentile; every follower wake-up found the client's thread on its
+    // CPU, and no leader wake-up found its CPU busy (it was idle).
+    assert_eq!(
+        line_with(&out, "F1 runtime (2;"),
+        [
+            "0.030", "0.030", "0.040", "F1", "runtime", "(2;", "100", "%)"
+        ]
+    );
+    assert_eq!(
+        line_with(&out, "L runtime (2;"),
+        ["0.020", "0.020", "0.020", "L", "runtime", "(2;", "0", "%)"]
+    );
+    assert_eq!(
+        line_with(&out, "C runtime (2;"),
+        [
+            "0.020", "0.020", "0.030", "C", "runtime", "(2;", "100", "%)"
+        ]
+    );
+}
