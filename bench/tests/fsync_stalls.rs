@@ -3,25 +3,19 @@
 //! README's test command (`scripts/test`) installs. The figures themselves depend on the disk
 //! and are not checked.
 
-use std::path::Path;
-use std::process::Command;
+use std::ffi::OsStr;
+
+mod tool;
 
 #[test]
 fn it_reports_the_syncs_it_made_and_removes_its_file() {
-    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
     let dir = tempfile::tempdir().expect("temp dir");
-    let output = Command::new("python3")
-        .arg(here.join("fsync-stalls.py"))
-        .args(["0.3", "0.01"])
-        .arg(dir.path())
-        .output()
-        .expect("python3 runs (scripts/test installs it)");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "fsync-stalls.py failed: {}{stdout}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let args = [
+        OsStr::new("0.3"),
+        OsStr::new("0.01"),
+        dir.path().as_os_str(),
+    ];
+    let stdout = tool::run_ok("fsync-stalls.py", args);
     let summary = stdout.lines().last().expect("a summary line");
     let syncs: u64 = summary
         .split_once(" syncs in 0.3 s (")
@@ -43,11 +37,7 @@ fn it_reports_the_syncs_it_made_and_removes_its_file() {
 
 #[test]
 fn without_arguments_it_prints_its_usage_and_fails() {
-    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let output = Command::new("python3")
-        .arg(here.join("fsync-stalls.py"))
-        .output()
-        .expect("python3 runs");
+    let output = tool::run("fsync-stalls.py", std::iter::empty::<&OsStr>());
     assert!(!output.status.success());
     assert!(String::from_utf8_lossy(&output.stderr).contains("Usage: bench/fsync-stalls.py"));
 }

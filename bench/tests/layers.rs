@@ -3,24 +3,14 @@
 //! microseconds scale with the CPU figure given. Needs `python3`, which README's test command
 //! (`scripts/test`) installs.
 
-use std::path::Path;
-use std::process::Command;
+use std::ffi::OsStr;
+
+mod tool;
 
 /// Runs layers.py on the fixture with 0.2 ms of CPU per pair and answers its output.
 fn layers_of_fixture() -> String {
-    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let output = Command::new("python3")
-        .arg(here.join("layers.py"))
-        .arg(here.join("tests/data/layers-script.txt"))
-        .arg("0.2")
-        .output()
-        .expect("python3 runs (scripts/test installs it)");
-    assert!(
-        output.status.success(),
-        "layers.py failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8(output.stdout).expect("layers.py writes UTF-8")
+    let fixture = tool::bench_path("tests/data/layers-script.txt");
+    tool::run_ok("layers.py", [fixture.as_os_str(), OsStr::new("0.2")])
 }
 
 /// The row of `layer` in the table, with its cells trimmed.

@@ -4,24 +4,21 @@
 //! wake-ups that found their CPU running another thread. Needs `python3`, which README's test
 //! command (`scripts/test`) installs.
 
-use std::path::Path;
-use std::process::Command;
+use std::ffi::OsStr;
+
+mod tool;
 
 /// Runs timeline.py on the fixture (client pid 10, nodes 20, 30 and 40) and answers its output.
 fn timeline_of_fixture() -> String {
-    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let output = Command::new("python3")
-        .arg(here.join("timeline.py"))
-        .arg(here.join("tests/data/timeline-trace.txt"))
-        .args(["10", "20,30,40"])
-        .output()
-        .expect("python3 runs (scripts/test installs it)");
-    assert!(
-        output.status.success(),
-        "timeline.py failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8(output.stdout).expect("timeline.py writes UTF-8")
+    let fixture = tool::bench_path("tests/data/timeline-trace.txt");
+    tool::run_ok(
+        "timeline.py",
+        [
+            fixture.as_os_str(),
+            OsStr::new("10"),
+            OsStr::new("20,30,40"),
+        ],
+    )
 }
 
 /// The output's line that ends with `tail` once its leading spaces are gone, split on spaces.
