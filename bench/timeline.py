@@ -31,6 +31,14 @@ SWITCH_IN = re.compile(r"next_pid=(\d+)")
 TARGET_CPU = re.compile(r"target_cpu=(\d+)")
 WOKEN_COMM = re.compile(r"(?:^|next_)comm=(\S+) (?:next_)?pid=(\d+)")
 
+
+def pid_in(pattern, rest):
+    """The pid `pattern` names in a scheduler event's text (the thread woken or switched in), or
+    0 when it names none."""
+    m = pattern.search(rest)
+    return int(m.group(1)) if m else 0
+
+
 # What each traced call means for the request, for the printed labels.
 CALLS = {
     "sys_enter_writev": "writev (sends)",
@@ -109,15 +117,13 @@ def main():
         waited = []
         for t, _comm, pid, tid, name, rest, _cpu in events[first + 1 : last]:
             if name == "sched_switch":
-                m = SWITCH_IN.search(rest)
-                target = int(m.group(1)) if m else 0
+                target = pid_in(SWITCH_IN, rest)
                 if target in pending:
                     label, woken_at = pending.pop(target)
                     waited.append((label, t - woken_at))
                 continue
             if name == "sched_wakeup":
-                m = WAKE_TARGET.search(rest)
-                target = int(m.group(1)) if m else 0
+                target = pid_in(WAKE_TARGET, rest)
                 if role.get(thread_pid.get(target)) is None:
                     continue
                 # Whoever is on the CPU is named as the waker, even when an interrupt (a
@@ -169,19 +175,17 @@ def print_cpu_waits(events, role, thread_pid, thread):
     onto_busy = collections.Counter()
     for t, _comm, _pid, _tid, name, rest, cpu in events:
         if name == "sched_switch":
-            m = SWITCH_IN.search(rest)
-            target = int(m.group(1)) if m else 0
+            target = pid_in(SWITCH_IN, rest)
             running[cpu] = target
             if target in woken:
                 waits[target].append(t - woken.pop(target))
                 onto_busy[target] += busy.pop(target)
         elif name == "sched_wakeup":
-            m = WAKE_TARGET.search(rest)
-            target = int(m.group(1)) if m else 0
-            cpu = TARGET_CPU.search(rest)
-            cpu = int(cpu.group(1)) if cpu else -1
+            target = pid_in(WAKE_TARGET, rest)
+            onto = TARGET_CPU.search(rest)
+            onto = int(onto.group(1)) if onto else -1
             woken[target] = t
-            busy[target] = running.get(cpu, 0) not in (0, target)
+            busy[target] = running.get(onto, 0) not in (0, target)
     by_kind = collections.defaultdict(list)
     busy_kind = collections.Counter()
     for tid, times in waits.items():

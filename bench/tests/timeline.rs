@@ -21,11 +21,11 @@ fn timeline_of_fixture() -> String {
     )
 }
 
-/// The output's line that ends with `tail` once its leading spaces are gone, split on spaces.
-fn line_with<'a>(text: &'a str, tail: &str) -> Vec<&'a str> {
+/// The first line of `text` that contains `needle`, split on whitespace.
+fn line_with<'a>(text: &'a str, needle: &str) -> Vec<&'a str> {
     text.lines()
-        .find(|l| l.contains(tail))
-        .unwrap_or_else(|| panic!("no line with {tail:?} in:\n{text}"))
+        .find(|l| l.contains(needle))
+        .unwrap_or_else(|| panic!("no line with {needle:?} in:\n{text}"))
         .split_whitespace()
         .collect()
 }
