@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Where one W3 acquire's time goes, step by step (issue 7).
+"""Where one W3 acquire's time goes, step by step (issue 7), or one W2 hand-off's (session 25).
 
 Reads `perf script -F comm,pid,tid,cpu,time,event,trace` output of the tracepoints that
 bench/timeline.sh records (writev and pwrite64 entry, recvfrom exit, fdatasync entry and exit,
@@ -17,7 +17,13 @@ percentile, and the share of wake-ups that found their CPU running another threa
 wake-up in the trace. A wait includes waking an idle virtual CPU, which costs a few
 microseconds on a virtual machine.
 
-Usage: timeline.py TRACE_TXT CLIENT_PID NODE_PID,NODE_PID,NODE_PID
+With ANCHOR `entry` (W2, bench/timeline.sh's w2), the steps are timed from each of the leader's
+log writes instead, up to its next: one entry, which in W2 is one hand-off (the release that
+closed it, its commit, the answers to the releaser and to the next holder, and that holder's
+release, which closes the next entry). It then also prints the median time between the leader's
+log writes, the hand-off's whole time.
+
+Usage: timeline.py TRACE_TXT CLIENT_PID NODE_PID,NODE_PID,NODE_PID [request|entry]
 """
 
 import collections
@@ -80,8 +86,11 @@ def leader_of(events, client, nodes):
 
 
 def main():
-    if len(sys.argv) != 4:
+    if len(sys.argv) not in (4, 5):
         sys.exit(__doc__)
+    anchor = sys.argv[4] if len(sys.argv) == 5 else "request"
+    if anchor not in ("request", "entry"):
+        sys.exit(f"ANCHOR must be request or entry, not {anchor}\n{__doc__}")
     events = parse(sys.argv[1])
     client = int(sys.argv[2])
     nodes = [int(p) for p in sys.argv[3].split(",")]
@@ -103,12 +112,26 @@ def main():
         comm = thread_comm.get(tid, "?")
         return "flush thread" if comm.startswith("lockd-log-flus") else "runtime"
 
-    starts = [i for i, e in enumerate(events) if e[2] == client and e[4] == "sys_enter_writev"]
+    if anchor == "request":
+        starts = [i for i, e in enumerate(events) if e[2] == client and e[4] == "sys_enter_writev"]
+        unit, units, origin = "request", "requests", "the client's writev"
+    else:
+        starts = [
+            i
+            for i, e in enumerate(events)
+            if e[2] == leader and e[4] == "sys_enter_pwrite64" and thread(e[3]) == "runtime"
+        ]
+        # The last entry's cycle runs past the trace's end: not a whole one.
+        starts.append(len(events))
+        unit, units, origin = "entry", "entries", "the leader's log write"
     steps = collections.defaultdict(list)
     # For each wake-up step: how long the thread woken waited before it was on a CPU.
     waits = collections.defaultdict(list)
     requests = 0
+    periods = []
     for k, first in enumerate(starts):
+        if first == len(events):
+            break
         t0 = events[first][0]
         last = starts[k + 1] if k + 1 < len(starts) else len(events)
         seen = collections.Counter()
@@ -139,18 +162,25 @@ def main():
             found.append((label, t - t0))
             if name == "sched_wakeup":
                 pending[target] = (label, t)
-        # Only whole requests: the client read its answer before its next request.
+        # Only whole requests: the client read its answer before its next request (an entry:
+        # before the leader's next log write, which the trace holds).
         if not any(kind.startswith("C ") and "recvfrom" in kind for kind, _ in found):
             continue
+        if anchor == "entry":
+            if last == len(events):
+                continue
+            periods.append(events[last][0] - t0)
         requests += 1
         for kind, dt in found:
             steps[kind].append(dt)
         for label, dt in waited:
             waits[label].append(dt)
     if requests == 0:
-        sys.exit("no whole request in the trace")
-    print(f"{requests} requests; leader pid {leader}, followers {followers}, client pid {client}")
-    print("median ms after the client's writev, step (requests that had it)")
+        sys.exit(f"no whole {unit} in the trace")
+    print(f"{requests} {units}; leader pid {leader}, followers {followers}, client pid {client}")
+    if periods:
+        print(f"median ms from one of the leader's log writes to its next: {statistics.median(periods):.3f}")
+    print(f"median ms after {origin}, step ({units} that had it)")
     print("  a wake-up also shows how long the thread then waited for a CPU: median, mean")
     rows = sorted(
         (statistics.median(times), kind, len(times))

@@ -1,8 +1,10 @@
 //! `bench/timeline.py` (session 24): on a fixed `perf script` excerpt of two W3 requests, the
 //! steps fall at their median times after the client's request, each wake-up carries how long
 //! its thread then waited for a CPU (up to its next switch-in), and the summary counts the
-//! wake-ups that found their CPU running another thread. Needs `python3`, which README's test
-//! command (`scripts/test`) installs.
+//! wake-ups that found their CPU running another thread. On an excerpt of three W2 entries
+//! (session 25), the steps are timed from the leader's log writes and the hand-off's whole time
+//! is the median between them. Needs `python3`, which README's test command (`scripts/test`)
+//! installs.
 
 use std::ffi::OsStr;
 
@@ -77,5 +79,54 @@ fn the_summary_counts_wake_ups_onto_a_busy_cpu() {
         [
             "0.020", "0.020", "0.030", "C", "runtime", "(2;", "100", "%)"
         ]
+    );
+}
+
+#[test]
+fn entries_are_timed_from_the_leaders_log_writes_up_to_the_next() {
+    let fixture = tool::bench_path("tests/data/timeline-entries.txt");
+    let out = tool::run_ok(
+        "timeline.py",
+        [
+            fixture.as_os_str(),
+            OsStr::new("10"),
+            OsStr::new("20,30,40"),
+            OsStr::new("entry"),
+        ],
+    );
+    // Three log writes by the leader's runtime, 0.8 and 1.0 ms apart: the third has no next, so
+    // two whole entries; the flush thread's own pwrite64 (its sync mark) starts none.
+    assert!(
+        out.starts_with("2 entries; leader pid 20, followers [30, 40], client pid 10"),
+        "{out}"
+    );
+    assert!(
+        out.contains("median ms from one of the leader's log writes to its next: 0.900"),
+        "{out}"
+    );
+    assert_eq!(line_with(&out, "L flush thread: pwrite64")[0], "0.300");
+    // The follower read the append 0.150 and 0.170 ms after the leader's write; the next
+    // holder's release (the client's writev) left 0.720 and 0.920 ms after it.
+    assert_eq!(line_with(&out, "F1 runtime: recvfrom returns")[0], "0.160");
+    assert_eq!(line_with(&out, "C runtime: writev (sends)")[0], "0.820");
+}
+
+#[test]
+fn an_unknown_anchor_is_refused() {
+    let fixture = tool::bench_path("tests/data/timeline-entries.txt");
+    let output = tool::run(
+        "timeline.py",
+        [
+            fixture.as_os_str(),
+            OsStr::new("10"),
+            OsStr::new("20,30,40"),
+            OsStr::new("entries"),
+        ],
+    );
+    assert!(!output.status.success());
+    assert!(
+        String::from_utf8_lossy(&output.stderr)
+            .starts_with("ANCHOR must be request or entry, not entries"),
+        "{output:?}"
     );
 }
