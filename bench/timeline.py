@@ -8,7 +8,7 @@ prints, for every kind of step, the median time from the client's `writev` of a 
 that step, in the order the medians fall. A step kind is "who, which thread, which call" plus
 "#n" for its n-th occurrence within the same request; a wake-up is named by the thread woken,
 and the time from a wake-up to that thread's next switch-in is the time it waited for a CPU,
-printed beside the wake-up. Only kinds seen in at least half of the requests are printed.
+printed beside the wake-up. Only kinds seen in at least half of the requests (or entries) are printed.
 Roles: C is lock-bench, L the leader (the node that reads first after the client writes), F1
 and F2 the followers.
 
@@ -121,17 +121,13 @@ def main():
             for i, e in enumerate(events)
             if e[2] == leader and e[4] == "sys_enter_pwrite64" and thread(e[3]) == "runtime"
         ]
-        # The last entry's cycle runs past the trace's end: not a whole one.
-        starts.append(len(events))
         unit, units, origin = "entry", "entries", "the leader's log write"
     steps = collections.defaultdict(list)
     # For each wake-up step: how long the thread woken waited before it was on a CPU.
     waits = collections.defaultdict(list)
-    requests = 0
+    whole = 0
     periods = []
     for k, first in enumerate(starts):
-        if first == len(events):
-            break
         t0 = events[first][0]
         last = starts[k + 1] if k + 1 < len(starts) else len(events)
         seen = collections.Counter()
@@ -167,17 +163,18 @@ def main():
         if not any(kind.startswith("C ") and "recvfrom" in kind for kind, _ in found):
             continue
         if anchor == "entry":
-            if last == len(events):
+            # The last log write's entry runs past the trace's end: not a whole one.
+            if k + 1 == len(starts):
                 continue
             periods.append(events[last][0] - t0)
-        requests += 1
+        whole += 1
         for kind, dt in found:
             steps[kind].append(dt)
         for label, dt in waited:
             waits[label].append(dt)
-    if requests == 0:
+    if whole == 0:
         sys.exit(f"no whole {unit} in the trace")
-    print(f"{requests} {units}; leader pid {leader}, followers {followers}, client pid {client}")
+    print(f"{whole} {units}; leader pid {leader}, followers {followers}, client pid {client}")
     if periods:
         print(f"median ms from one of the leader's log writes to its next: {statistics.median(periods):.3f}")
     print(f"median ms after {origin}, step ({units} that had it)")
@@ -185,7 +182,7 @@ def main():
     rows = sorted(
         (statistics.median(times), kind, len(times))
         for kind, times in steps.items()
-        if len(times) >= requests / 2
+        if len(times) >= whole / 2
     )
     for median, kind, count in rows:
         wait = waits.get(kind)

@@ -6,21 +6,25 @@
 //! is the median between them. Needs `python3`, which README's test command (`scripts/test`)
 //! installs.
 
-use std::ffi::OsStr;
+use std::ffi::OsString;
 
 mod tool;
 
-/// Runs timeline.py on the fixture (client pid 10, nodes 20, 30 and 40) and answers its output.
+/// timeline.py's arguments for the fixture `name` under `tests/data/` (client pid 10, nodes 20,
+/// 30 and 40), with `anchor` when one is given.
+fn args(name: &str, anchor: Option<&str>) -> Vec<OsString> {
+    let mut args = vec![
+        tool::bench_path(&format!("tests/data/{name}")).into_os_string(),
+        "10".into(),
+        "20,30,40".into(),
+    ];
+    args.extend(anchor.map(OsString::from));
+    args
+}
+
+/// Runs timeline.py on the two W3 requests' fixture and answers its output.
 fn timeline_of_fixture() -> String {
-    let fixture = tool::bench_path("tests/data/timeline-trace.txt");
-    tool::run_ok(
-        "timeline.py",
-        [
-            fixture.as_os_str(),
-            OsStr::new("10"),
-            OsStr::new("20,30,40"),
-        ],
-    )
+    tool::run_ok("timeline.py", args("timeline-trace.txt", None))
 }
 
 /// The first line of `text` that contains `needle`, split on whitespace.
@@ -84,16 +88,7 @@ fn the_summary_counts_wake_ups_onto_a_busy_cpu() {
 
 #[test]
 fn entries_are_timed_from_the_leaders_log_writes_up_to_the_next() {
-    let fixture = tool::bench_path("tests/data/timeline-entries.txt");
-    let out = tool::run_ok(
-        "timeline.py",
-        [
-            fixture.as_os_str(),
-            OsStr::new("10"),
-            OsStr::new("20,30,40"),
-            OsStr::new("entry"),
-        ],
-    );
+    let out = tool::run_ok("timeline.py", args("timeline-entries.txt", Some("entry")));
     // Three log writes by the leader's runtime, 0.8 and 1.0 ms apart: the third has no next, so
     // two whole entries; the flush thread's own pwrite64 (its sync mark) starts none.
     assert!(
@@ -113,16 +108,7 @@ fn entries_are_timed_from_the_leaders_log_writes_up_to_the_next() {
 
 #[test]
 fn an_unknown_anchor_is_refused() {
-    let fixture = tool::bench_path("tests/data/timeline-entries.txt");
-    let output = tool::run(
-        "timeline.py",
-        [
-            fixture.as_os_str(),
-            OsStr::new("10"),
-            OsStr::new("20,30,40"),
-            OsStr::new("entries"),
-        ],
-    );
+    let output = tool::run("timeline.py", args("timeline-entries.txt", Some("entries")));
     assert!(!output.status.success());
     assert!(
         String::from_utf8_lossy(&output.stderr)
