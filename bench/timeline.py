@@ -8,9 +8,9 @@ prints, for every kind of step, the median time from the client's `writev` of a 
 that step, in the order the medians fall. A step kind is "who, which thread, which call" plus
 "#n" for its n-th occurrence within the same request; a wake-up is named by the thread woken,
 and the time from a wake-up to that thread's next switch-in is the time it waited for a CPU,
-printed beside the wake-up. Only kinds seen in at least half of the requests (or entries) are printed.
-Roles: C is lock-bench, L the leader (the node that reads first after the client writes), F1
-and F2 the followers.
+printed beside the wake-up. Only kinds seen in at least half of the requests (or entries) are
+printed. Roles: C is lock-bench, L the leader (the node that reads first after the client
+writes), F1 and F2 the followers.
 
 It then prints how long each role's threads waited for a CPU after a wake-up (median, mean, 90th
 percentile, and the share of wake-ups that found their CPU running another thread), over every
