@@ -9,16 +9,19 @@
 //!   constants; `apply` enforces the copy the table carries ([`ApplyLimits`]).
 //! - [`storage`]: the durable openraft storage: log and vote in a write-ahead log (or sled),
 //!   snapshots as files.
-//! - [`TypeConfig`]: the openraft type configuration of the lock cluster.
+//! - [`TypeConfig`]: the openraft type configuration of the lock cluster, and [`responder`]:
+//!   the responder its client writes are answered through.
 
 #![forbid(unsafe_code)]
 
 pub mod command;
 pub mod limits;
+pub mod responder;
 pub mod storage;
 pub mod table;
 
 pub use command::{Command, Event, FreeCause, Grant, Rejection, Request, Response, Revocation};
+pub use responder::CallbackResponder;
 pub use storage::{
     ApplyObserver, LogStore, StateMachineStore, StateReader, StorageError, StorageObserver,
 };
@@ -33,21 +36,38 @@ pub type NodeId = u64;
 /// client API, the admin API and Raft.
 pub type Node = openraft::BasicNode;
 
-openraft::declare_raft_types!(
-    /// The openraft type configuration of the lock cluster.
-    ///
-    /// Terms are `u64` and leader ids are openraft's "advanced" ones (term and node id, several
-    /// candidates per term), as in openraft 0.9, so that log ids, votes and memberships keep
-    /// the byte encoding lockd wrote before (`tests/encoding.rs`).
-    pub TypeConfig:
-        D = Request,
-        R = Response,
-        NodeId = NodeId,
-        Node = Node,
-        Term = u64,
-        LeaderId = LeaderId,
-        AsyncRuntime = openraft::TokioRuntime,
-);
+/// The openraft type configuration of the lock cluster.
+///
+/// Terms are `u64` and leader ids are openraft's "advanced" ones (term and node id, several
+/// candidates per term), as in openraft 0.9, so that log ids, votes and memberships keep the
+/// byte encoding lockd wrote before (`tests/encoding.rs`). Written out rather than through
+/// `openraft::declare_raft_types!`, which cannot set the responder: client writes are answered
+/// through a [`CallbackResponder`], on the applying task. Every other type is the macro's
+/// default for these choices.
+#[derive(Debug, Clone, Copy, Default, Eq, PartialEq, Ord, PartialOrd)]
+pub struct TypeConfig {}
+
+impl openraft::RaftTypeConfig for TypeConfig {
+    type D = Request;
+    type R = Response;
+    type NodeId = NodeId;
+    type Node = Node;
+    type Term = u64;
+    type LeaderId = LeaderId;
+    type Vote = Vote;
+    type Payload = EntryPayload;
+    type Entry = Entry;
+    type Responder<T>
+        = CallbackResponder<T>
+    where
+        T: openraft::OptionalSend + 'static;
+    type Batch<T>
+        = openraft::impls::InlineBatch<T>
+    where
+        T: openraft::OptionalSend + 'static;
+    type AsyncRuntime = openraft::TokioRuntime;
+    type ErrorSource = openraft::impls::BoxedErrorSource;
+}
 
 /// A leader's id: its term and node. Several candidates may stand in one term.
 pub type LeaderId = openraft::impls::leader_id_adv::LeaderId<u64, NodeId>;

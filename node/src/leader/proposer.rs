@@ -12,15 +12,14 @@
 //! applied command by command in arrival order, so batching changes no answer.
 
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use lock_api::LockError;
-use lock_raft_store::{Command, Raft, Request, Response, TypeConfig};
+use lock_raft_store::{CallbackResponder, Command, Raft, Request, Response, TypeConfig};
 
 use openraft::error::{ClientWriteError, ForwardReason, ForwardToLeader};
-use openraft::impls::ProgressResponder;
+use openraft::raft::ClientWriteResult;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use crate::clock::Clock;
@@ -58,14 +57,17 @@ pub const DEFERRAL_MAX: std::time::Duration = std::time::Duration::from_millis(1
 
 const _: () = assert!(BATCH_COMMANDS_MAX > 0 && ENTRIES_IN_FLIGHT_MAX > 0);
 
-/// The applied answer of one submitted entry, still to come.
-pub type Applied = Pin<Box<dyn Future<Output = Result<Response, LockError>> + Send>>;
+/// What is done with one submitted entry's answer: called once with it (or with why there is
+/// none), on the task that completes the entry, which for an applied entry is the state
+/// machine's apply. It must not block. Dropped uncalled when the entry is lost before it is
+/// answered (the node stopping): whoever waits on it must take that as an unknown outcome.
+pub type OnApplied = Box<dyn FnOnce(Result<Response, LockError>) + Send>;
 
 /// Where the proposer writes entries. The real one is [`RaftWriter`]; tests use a fake.
 pub trait LogWriter: Send + Sync + 'static {
-    /// Appends `request` to the log after every request submitted before it, and returns the
-    /// future of its applied answer. An error means the entry was not submitted.
-    fn submit(&self, request: Request) -> impl Future<Output = Result<Applied, LockError>> + Send;
+    /// Appends `request` to the log after every request submitted before it, and hands its
+    /// applied answer, or why it has none, to `on_applied`.
+    fn submit(&self, request: Request, on_applied: OnApplied) -> impl Future<Output = ()> + Send;
 }
 
 /// openraft's "forward this request" as lockd's answer, both retry-safe:
@@ -108,35 +110,35 @@ impl RaftWriter {
 }
 
 impl LogWriter for RaftWriter {
-    async fn submit(&self, request: Request) -> Result<Applied, LockError> {
-        let (responder, rx) = ProgressResponder::complete_only();
-        self.raft
-            .client_write_ff(request, Some(responder))
-            .await
-            .map_err(|fatal| LockError::contention(format!("raft is stopped: {fatal}")))?;
-        Ok(Box::pin(async move {
-            match rx.await {
-                Ok(Ok(written)) => Ok(written.data),
-                // Refused before it was appended (this node is not the leader), or appended and
-                // then dropped from this node's log by a new leader, which may still have it:
-                // either way NotLeader, and the request id makes the caller's retry safe.
-                Ok(Err(
-                    ClientWriteError::ForwardToLeader(f) | ClientWriteError::LogEntryDiscarded(f),
-                )) => Err(not_leader(f)),
-                // lockd attaches no preconditions to its writes.
-                Ok(Err(ClientWriteError::PreconditionFailed(e))) => {
-                    Err(LockError::contention(format!("write refused: {e}")))
-                }
-                Ok(Err(ClientWriteError::ChangeMembershipError(e))) => Err(LockError::contention(
-                    format!("membership change in progress: {e}"),
-                )),
-                // The entry may still commit under a later leader: the outcome is unknown, and
-                // the request id makes the caller's retry safe.
-                Err(_) => Err(LockError::contention(
-                    "unknown outcome: the leader stopped before the entry was answered; retry with the same request id",
-                )),
-            }
-        }))
+    async fn submit(&self, request: Request, on_applied: OnApplied) {
+        // Answered on the applying task, with no channel or task in between: see
+        // `lock_raft_store::responder`.
+        let responder = CallbackResponder::new(move |written| on_applied(written_answer(written)));
+        if let Err(fatal) = self.raft.client_write_ff(request, Some(responder)).await {
+            // The entry and its responder are dropped with it: its callers hear of an unknown
+            // outcome, as from any entry lost before it was answered.
+            tracing::debug!(%fatal, "raft is stopped; an entry was not submitted");
+        }
+    }
+}
+
+/// A client write's result as the answer its callers get.
+fn written_answer(written: ClientWriteResult<TypeConfig>) -> Result<Response, LockError> {
+    match written {
+        Ok(written) => Ok(written.data),
+        // Refused before it was appended (this node is not the leader), or appended and then
+        // dropped from this node's log by a new leader, which may still have it: either way
+        // NotLeader, and the request id makes the caller's retry safe.
+        Err(ClientWriteError::ForwardToLeader(f) | ClientWriteError::LogEntryDiscarded(f)) => {
+            Err(not_leader(f))
+        }
+        // lockd attaches no preconditions to its writes.
+        Err(ClientWriteError::PreconditionFailed(e)) => {
+            Err(LockError::contention(format!("write refused: {e}")))
+        }
+        Err(ClientWriteError::ChangeMembershipError(e)) => Err(LockError::contention(format!(
+            "membership change in progress: {e}"
+        ))),
     }
 }
 
@@ -223,9 +225,11 @@ impl Proposer {
             })
             .await
             .map_err(|_| LockError::contention("the node is shutting down"))?;
+        // The entry's answer was dropped unsent: the proposer or the Raft core stopped, or
+        // the entry was lost with the leader. It may still commit under a later leader.
         answer.await.unwrap_or_else(|_| {
             Err(LockError::contention(
-                "unknown outcome: the proposer stopped before answering; retry with the same request id",
+                "unknown outcome: the leader stopped before the entry was answered; retry with the same request id",
             ))
         })
     }
@@ -292,20 +296,13 @@ async fn run<W: LogWriter>(
             stamp_ms: last_stamp_ms,
             command,
         };
-        match writer.submit(request).await {
-            Err(err) => {
-                for reply in replies {
-                    let _ = reply.send(Err(err.clone()));
-                }
-            }
-            Ok(applied) => {
-                tokio::spawn(async move {
-                    let answer = applied.await;
-                    dispatch(answer, replies);
-                    drop(permit);
-                });
-            }
-        }
+        // Answered on the applying task; the slot frees once the callers have their answers
+        // (or, if the entry is lost, once the answers are dropped).
+        let on_applied: OnApplied = Box::new(move |answer| {
+            dispatch(answer, replies);
+            drop(permit);
+        });
+        writer.submit(request, on_applied).await;
     }
 }
 
@@ -397,11 +394,14 @@ mod tests {
     }
 
     /// Answers `Release { request_id: n }` with `Queued { position: n }` so each caller can
-    /// check it got its own answer; holds the first entry until `gate` is notified.
+    /// check it got its own answer; holds the first entry until `gate` is notified. While
+    /// `lose` is set, an entry's answer is dropped unsent, as openraft drops the responder of
+    /// an entry lost before it is answered.
     #[derive(Clone, Default)]
     struct FakeLog {
         requests: Arc<Mutex<Vec<Request>>>,
         gate: Arc<Notify>,
+        lose: Arc<std::sync::atomic::AtomicBool>,
     }
 
     fn answer_of(command: &Command) -> Response {
@@ -415,19 +415,23 @@ mod tests {
     }
 
     impl LogWriter for FakeLog {
-        async fn submit(&self, request: Request) -> Result<Applied, LockError> {
+        async fn submit(&self, request: Request, on_applied: OnApplied) {
             let first = {
                 let mut requests = self.requests.lock().unwrap();
                 requests.push(request.clone());
                 requests.len() == 1
             };
+            if self.lose.load(Ordering::SeqCst) {
+                drop(on_applied);
+                return;
+            }
             let gate = self.gate.clone();
-            Ok(Box::pin(async move {
+            tokio::spawn(async move {
                 if first {
                     gate.notified().await;
                 }
-                Ok(answer_of(&request.command))
-            }))
+                on_applied(Ok(answer_of(&request.command)));
+            });
         }
     }
 
@@ -567,6 +571,50 @@ mod tests {
         assert_eq!(
             requests[0].command,
             Command::Batch(vec![release(1), release(2), release(3)])
+        );
+    }
+
+    /// An entry whose answer is dropped unsent (the leader stopped, the entry was lost) gives
+    /// its callers a retry-safe unknown outcome and frees its slot for the next entry.
+    #[tokio::test]
+    async fn a_lost_entry_is_an_unknown_outcome_and_frees_its_slot() {
+        let log = FakeLog::default();
+        log.gate.notify_one();
+        log.lose.store(true, Ordering::SeqCst);
+        let clock = Arc::new(ManualClock::new(1_000));
+        let proposer = Proposer::spawn(log.clone(), clock, 1, BATCH_COMMANDS_MAX);
+        let lost = tokio::time::timeout(Duration::from_secs(5), proposer.propose(release(1)));
+        match lost.await.expect("the lost entry's callers were answered") {
+            Err(LockError::Contention { message }) => {
+                assert!(message.starts_with("unknown outcome"), "{message}");
+                assert!(message.contains("same request id"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
+        log.lose.store(false, Ordering::SeqCst);
+        let next = tokio::time::timeout(Duration::from_secs(5), proposer.propose(release(2)));
+        assert_eq!(
+            next.await.expect("the lost entry's slot was freed"),
+            Ok(Response::Queued { position: 2 })
+        );
+    }
+
+    /// A write refused or dropped by openraft is answered `NotLeader`, retry-safe with the
+    /// same request id, naming the leader when this node knows it.
+    #[test]
+    fn a_write_openraft_forwards_or_discards_is_not_leader() {
+        let leader = || ForwardToLeader::<TypeConfig>::new(2, openraft::BasicNode::new("b:7000"));
+        let named = LockError::NotLeader {
+            leader_id: Some(2),
+            leader_addr: Some("b:7000".into()),
+        };
+        assert_eq!(
+            written_answer(Err(ClientWriteError::ForwardToLeader(leader()))),
+            Err(named.clone())
+        );
+        assert_eq!(
+            written_answer(Err(ClientWriteError::LogEntryDiscarded(leader()))),
+            Err(named)
         );
     }
 

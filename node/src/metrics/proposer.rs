@@ -6,11 +6,10 @@
 
 use std::sync::Arc;
 
-use lock_api::LockError;
 use lock_raft_store::{Command, Request};
 
 use super::families::Families;
-use crate::leader::proposer::{Applied, LogWriter};
+use crate::leader::proposer::{LogWriter, OnApplied};
 
 /// Observes each submitted entry's command count, then submits it through `inner`.
 #[derive(Debug)]
@@ -27,7 +26,7 @@ impl<W> MeteredWriter<W> {
 }
 
 impl<W: LogWriter> LogWriter for MeteredWriter<W> {
-    async fn submit(&self, request: Request) -> Result<Applied, LockError> {
+    async fn submit(&self, request: Request, on_applied: OnApplied) {
         let commands = match &request.command {
             Command::Batch(commands) => commands.len(),
             _ => 1,
@@ -35,6 +34,6 @@ impl<W: LogWriter> LogWriter for MeteredWriter<W> {
         self.families
             .proposer_batch_commands
             .observe(commands as f64);
-        self.inner.submit(request).await
+        self.inner.submit(request, on_applied).await
     }
 }

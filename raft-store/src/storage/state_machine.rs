@@ -450,7 +450,8 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
     }
 
     /// Applies the entries ([`StateMachineStore::apply_entries`]), then answers each entry's
-    /// proposer through openraft's responder, in log order.
+    /// proposer through its responder, in log order, outside the state lock. On the leader the
+    /// responder is a [`crate::CallbackResponder`]: the callers get their answers in this call.
     async fn apply<Strm>(&mut self, entries: Strm) -> Result<(), io::Error>
     where
         Strm: Stream<Item = Result<EntryResponder<TypeConfig>, io::Error>> + Unpin + OptionalSend,
