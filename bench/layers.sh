@@ -26,11 +26,7 @@ command -v python3 >/dev/null || { echo "python3 not found" >&2; exit 2; }
 
 # The chosen workload runs 20 s, the others 1 s; `lead` is when perf may start.
 workload_window "$workload"
-case "$client" in
-  unary) key=lockd_unary ;;
-  pipeline) key=lockd ;;
-  *) echo "client must be unary or pipeline, not $client" >&2; exit 2 ;;
-esac
+client_style "$client"
 
 mkdir -p "$out"
 "$bench" --systems lockd --lockd-bin "$lockd" --client "$client" --data-root "$data_root" \

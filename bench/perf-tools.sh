@@ -1,6 +1,7 @@
 # Sourced by bench/profile.sh, bench/layers.sh and bench/timeline.sh: finds the release
 # binaries they drive and checks that perf is there. Sets `bench` (lock-bench) and `lockd`
-# (LOCKD_BIN picks another lockd); exits 2 naming what is missing. Defines `workload_window`.
+# (LOCKD_BIN picks another lockd); exits 2 naming what is missing. Defines `workload_window`
+# and `client_style`.
 target=${CARGO_TARGET_DIR:-target}
 bench="$target/release/lock-bench"
 lockd=${LOCKD_BIN:-$target/release/lockd}
@@ -19,5 +20,15 @@ workload_window() {
     w2) secs=(--w3-secs 1 --w2-secs 20 --w1-secs 1); lead=11 ;;
     w1) secs=(--w3-secs 1 --w2-secs 1 --w1-secs 20); lead=13 ;;
     *) echo "workload must be w1, w2 or w3, not $1" >&2; exit 2 ;;
+  esac
+}
+
+# client_style C: sets `key`, the key of lockd's results in lock-bench's results.json for client
+# style C (unary or pipeline). Exits 2 on another name.
+client_style() {
+  case "$1" in
+    unary) key=lockd_unary ;;
+    pipeline) key=lockd ;;
+    *) echo "client must be unary or pipeline, not $1" >&2; exit 2 ;;
   esac
 }

@@ -38,11 +38,11 @@ TARGET_CPU = re.compile(r"target_cpu=(\d+)")
 WOKEN_COMM = re.compile(r"(?:^|next_)comm=(\S+) (?:next_)?pid=(\d+)")
 
 
-def pid_in(pattern, rest):
-    """The pid `pattern` names in a scheduler event's text (the thread woken or switched in), or
-    0 when it names none."""
+def number_in(pattern, rest, missing=0):
+    """The number `pattern` names in a scheduler event's text (the pid of the thread woken or
+    switched in, the CPU it is woken onto), or `missing` when it names none."""
     m = pattern.search(rest)
-    return int(m.group(1)) if m else 0
+    return int(m.group(1)) if m else missing
 
 
 # What each traced call means for the request, for the printed labels.
@@ -128,6 +128,9 @@ def main():
     whole = 0
     periods = []
     for k, first in enumerate(starts):
+        # The last log write's entry runs past the trace's end: not a whole one.
+        if anchor == "entry" and k + 1 == len(starts):
+            break
         t0 = events[first][0]
         last = starts[k + 1] if k + 1 < len(starts) else len(events)
         seen = collections.Counter()
@@ -136,13 +139,13 @@ def main():
         waited = []
         for t, _comm, pid, tid, name, rest, _cpu in events[first + 1 : last]:
             if name == "sched_switch":
-                target = pid_in(SWITCH_IN, rest)
+                target = number_in(SWITCH_IN, rest)
                 if target in pending:
                     label, woken_at = pending.pop(target)
                     waited.append((label, t - woken_at))
                 continue
             if name == "sched_wakeup":
-                target = pid_in(WAKE_TARGET, rest)
+                target = number_in(WAKE_TARGET, rest)
                 if role.get(thread_pid.get(target)) is None:
                     continue
                 # Whoever is on the CPU is named as the waker, even when an interrupt (a
@@ -163,9 +166,6 @@ def main():
         if not any(kind.startswith("C ") and "recvfrom" in kind for kind, _ in found):
             continue
         if anchor == "entry":
-            # The last log write's entry runs past the trace's end: not a whole one.
-            if k + 1 == len(starts):
-                continue
             periods.append(events[last][0] - t0)
         whole += 1
         for kind, dt in found:
@@ -202,15 +202,14 @@ def print_cpu_waits(events, role, thread_pid, thread):
     onto_busy = collections.Counter()
     for t, _comm, _pid, _tid, name, rest, cpu in events:
         if name == "sched_switch":
-            target = pid_in(SWITCH_IN, rest)
+            target = number_in(SWITCH_IN, rest)
             running[cpu] = target
             if target in woken:
                 waits[target].append(t - woken.pop(target))
                 onto_busy[target] += busy.pop(target)
         elif name == "sched_wakeup":
-            target = pid_in(WAKE_TARGET, rest)
-            onto = TARGET_CPU.search(rest)
-            onto = int(onto.group(1)) if onto else -1
+            target = number_in(WAKE_TARGET, rest)
+            onto = number_in(TARGET_CPU, rest, missing=-1)
             woken[target] = t
             busy[target] = running.get(onto, 0) not in (0, target)
     by_kind = collections.defaultdict(list)

@@ -33,10 +33,7 @@ case "$workload" in
   w2) anchor=entry ;;
   *) echo "workload must be w3 or w2, not $workload" >&2; exit 2 ;;
 esac
-case "$client" in
-  unary | pipeline) ;;
-  *) echo "client must be unary or pipeline, not $client" >&2; exit 2 ;;
-esac
+client_style "$client"
 
 mkdir -p "$out"
 "$bench" --systems lockd --lockd-bin "$lockd" --client "$client" --data-root "$data_root" \

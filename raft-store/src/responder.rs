@@ -51,25 +51,21 @@ mod tests {
 
     use super::*;
 
+    /// A responder that adds its result to `seen`.
+    fn adding_to(seen: &Arc<AtomicUsize>) -> CallbackResponder<usize> {
+        let seen = seen.clone();
+        CallbackResponder::new(move |n| {
+            seen.fetch_add(n, Ordering::SeqCst);
+        })
+    }
+
     #[test]
     fn the_function_runs_once_with_the_result_and_not_when_dropped() {
         let seen = Arc::new(AtomicUsize::new(0));
-        let completed = CallbackResponder::new({
-            let seen = seen.clone();
-            move |n: usize| {
-                seen.fetch_add(n, Ordering::SeqCst);
-            }
-        });
-        Responder::<TypeConfig, usize>::on_complete(completed, 7);
+        Responder::<TypeConfig, usize>::on_complete(adding_to(&seen), 7);
         assert_eq!(seen.load(Ordering::SeqCst), 7);
 
-        let dropped = CallbackResponder::new({
-            let seen = seen.clone();
-            move |n: usize| {
-                seen.fetch_add(n, Ordering::SeqCst);
-            }
-        });
-        drop(dropped);
+        drop(adding_to(&seen));
         assert_eq!(seen.load(Ordering::SeqCst), 7);
     }
 }
