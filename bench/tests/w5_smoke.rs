@@ -138,9 +138,18 @@ fn a_tiny_w5_run_reports_every_figure_and_keeps_every_sampled_lock() {
         assert!(number(&node[2], "snapshot bytes") > 0.0);
     }
 
-    // Catch-up: past a snapshot the follower did not have, and caught up.
+    // Catch-up: past a snapshot the follower did not have, with the log it lacked purged (so
+    // from the snapshot, not from the log), and caught up.
     let catch_up = &report["catch_up"];
     assert_eq!(catch_up["snapshot_past_follower"], true, "{catch_up:#}");
+    assert_eq!(catch_up["from_snapshot"], true, "{catch_up:#}");
+    assert!(
+        number(
+            &catch_up["leader_purged_index"],
+            "the leader's purged index"
+        ) > number(&catch_up["stopped_at_index"], "the follower's stop"),
+        "{catch_up:#}"
+    );
     number(&catch_up["caught_up_secs"], "catch-up time");
     number(&catch_up["leader_matched_secs"], "leader matched time");
 

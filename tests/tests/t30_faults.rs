@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use lock_tests::log_lines::line_with;
+use lock_tests::metrics::Scrape;
 use lock_tests::pki::HARNESS_IDENTITY;
 use lock_tests::{
     Cluster, ClusterClient, ClusterConfig, Grant, LockError, Role, Session, poll_until,
@@ -783,9 +784,12 @@ async fn a_follower_far_behind_catches_up_from_a_snapshot() {
     /// Entries between snapshots: lockd's minimum, so a few hundred writes snapshot and
     /// purge the log several times.
     const SNAPSHOT_EVERY: u64 = 100;
-    /// Writes made while the follower is down: well past the log tail lockd keeps after a
-    /// snapshot, so the follower can only catch up by installing a snapshot.
+    /// Writes made while the follower is down, at least: well past the log tail lockd keeps
+    /// after a snapshot.
     const WRITES: usize = 600;
+    /// Most writes made while waiting for the leader to purge the entries the follower lacks
+    /// (openraft postpones a purge while an append still uses them).
+    const WRITES_MAX: usize = 6_000;
     /// The session and grants of this test outlive it whatever the machine's load (a loaded
     /// machine took over a minute for the writes alone): it is about snapshots, not leases.
     const TTL: Duration = lock_api::limits::TTL_MAX;
@@ -794,6 +798,7 @@ async fn a_follower_far_behind_catches_up_from_a_snapshot() {
             "--snapshot-logs-since-last".into(),
             SNAPSHOT_EVERY.to_string(),
         ],
+        metrics: true,
         ..ClusterConfig::default()
     };
     let mut cluster = Cluster::start_with(config).await;
@@ -805,15 +810,33 @@ async fn a_follower_far_behind_catches_up_from_a_snapshot() {
         .expect("try_acquire")
         .expect("granted");
     let follower = cluster.followers().await[0];
+    // The last entry the follower holds in its log (applied or not).
+    let follower_last = cluster
+        .status(follower)
+        .await
+        .expect("the follower's status")
+        .last_log_index;
     cluster.kill(follower);
     let started = Instant::now();
     let mut last = kept.clone();
-    for i in 0..WRITES / 2 {
+    let mut writes = 0;
+    // The follower must not be able to catch up from the log: write until the leader has
+    // purged past everything it holds (`lockd_raft_purged_index`), and at least WRITES.
+    loop {
+        if writes >= WRITES && leader_purged(&mut cluster).await > follower_last {
+            break;
+        }
+        assert!(
+            writes < WRITES_MAX,
+            "the leader purged no further than index {} in {writes} writes; the follower \
+             stopped at {follower_last}",
+            leader_purged(&mut cluster).await
+        );
         let grant = any
             .try_acquire(&owner.id, "churn", TTL)
             .await
             .expect("try_acquire")
-            .unwrap_or_else(|| panic!("churn {i}: not granted"));
+            .unwrap_or_else(|| panic!("churn {writes}: not granted"));
         assert!(grant.fencing_token > last.fencing_token);
         assert!(
             any.release(&owner.id, "churn", grant.fencing_token)
@@ -821,13 +844,17 @@ async fn a_follower_far_behind_catches_up_from_a_snapshot() {
                 .expect("release")
         );
         last = grant;
+        writes += 2;
     }
-    println!("{WRITES} writes in {:?}", started.elapsed());
+    println!("{writes} writes in {:?}", started.elapsed());
     let leader = cluster.leader().await;
     let leader_status = cluster.status(leader).await.expect("status");
     println!(
-        "leader {leader}: last log index {}, applied {}",
-        leader_status.last_log_index, leader_status.applied_index
+        "leader {leader}: last log index {}, applied {}, purged {}; the follower stopped at {}",
+        leader_status.last_log_index,
+        leader_status.applied_index,
+        leader_purged(&mut cluster).await,
+        follower_last
     );
 
     cluster.start_node(follower).await;
@@ -881,6 +908,18 @@ async fn a_follower_far_behind_catches_up_from_a_snapshot() {
         .expect("inspect")
         .expect("held");
     assert_eq!(info.fencing_token, kept.fencing_token);
+}
+
+/// The leader's `lockd_raft_purged_index`: the last log index it can no longer send a
+/// lagging follower (0 when the scrape fails, as before any purge).
+async fn leader_purged(cluster: &mut Cluster) -> u64 {
+    let leader = cluster.leader().await;
+    match Scrape::fetch(&cluster.metrics_url(leader)).await {
+        Ok(scrape) => scrape
+            .value("lockd_raft_purged_index", &[])
+            .map_or(0, |v| v as u64),
+        Err(_) => 0,
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

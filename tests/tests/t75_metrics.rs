@@ -36,12 +36,13 @@ const LONG_TTL: Duration = Duration::from_secs(120);
 
 /// Every family of issue 20 a Raft node must list (HELP and TYPE) in every scrape, by the
 /// name of its HELP line (a counter's without `_total`).
-const RAFT_NODE_FAMILIES: [&str; 26] = [
+const RAFT_NODE_FAMILIES: [&str; 27] = [
     "lockd_raft_term",
     "lockd_raft_is_leader",
     "lockd_raft_leader_changes",
     "lockd_raft_commit_index",
     "lockd_raft_applied_index",
+    "lockd_raft_purged_index",
     "lockd_raft_peer_reachable",
     "lockd_raft_replication_lag_entries",
     "lockd_wal_fsync_duration_seconds",

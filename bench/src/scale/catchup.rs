@@ -1,7 +1,9 @@
-//! W5's follower catch-up figure: stop a follower, write enough log entries that the leader
-//! takes a new snapshot (and purges the log the follower would need), restart the follower and
-//! time how long it takes to catch up — until its applied index reaches the leader's commit
-//! index of the restart, and until the leader sees it matched (replication lag 0).
+//! W5's follower catch-up figure: stop a follower, write log entries until the leader has
+//! taken a new snapshot and purged the log the follower would need (`lockd_raft_purged_index`
+//! past the follower's last entry, so it can only catch up from the snapshot), restart the
+//! follower and time how long it takes to catch up — until its applied index reaches the
+//! leader's commit index of the restart, and until the leader sees it matched (replication
+//! lag 0).
 
 use std::time::{Duration, Instant};
 
@@ -36,9 +38,15 @@ pub struct CatchUp {
     pub leader_snapshot_index: Option<u64>,
     /// Its size in bytes.
     pub leader_snapshot_bytes: Option<u64>,
-    /// Whether that snapshot is past the stopped follower's index (so it had to be sent one,
-    /// unless the leader kept the log it needed).
+    /// Whether that snapshot is past the stopped follower's index.
     pub snapshot_past_follower: bool,
+    /// The leader's purged index at the restart (`lockd_raft_purged_index`).
+    pub leader_purged_index: Option<u64>,
+    /// Whether the leader had purged past everything the follower held, so that it could only
+    /// catch up by installing the leader's snapshot. openraft postpones a purge while an
+    /// append to a peer still uses the entries, so writes go on until it has (or until
+    /// [`WRITE_MAX`]); `false` means the follower caught up from the log.
+    pub from_snapshot: bool,
     /// The leader's commit index at the restart: the target.
     pub target_index: u64,
     /// From the restart until the follower's metrics answered (the process is up).
@@ -60,9 +68,9 @@ pub struct CatchUp {
     pub leader_memory_after: Option<super::procfs::Memory>,
 }
 
-/// Stops the follower after the leader, writes about `entries` log entries (at least until a
-/// new leader snapshot is past the follower), restarts it and times its catch-up. `session` is
-/// a held session's index whose request ids the writes use.
+/// Stops the follower after the leader, writes at least `entries` log entries and until the
+/// leader has purged past the follower's log, restarts it and times its catch-up. `session`
+/// is a held session's index whose request ids the writes use.
 pub async fn measure(
     cluster: &mut Cluster,
     router: &Router,
@@ -95,15 +103,25 @@ pub async fn measure(
                 .and_then(|s| s.view().commit_index)
         }
     };
+    // The leader's commit index once the follower is gone bounds the follower's log: with
+    // one entry in flight, whatever reached the follower is committed by the time this reads.
     let start_commit = commit().await.context("the leader's commit index")?;
+    let purged = || {
+        let target = target.clone();
+        async move {
+            super::metrics::scrape(&target)
+                .await
+                .ok()
+                .and_then(|s| s.view().purged_index)
+        }
+    };
     let started = Instant::now();
     let session_id = held.sessions[session].clone();
     let mut written = 0u64;
     loop {
         let now_commit = commit().await.unwrap_or(start_commit);
-        let past = snapshots::current(&cluster.nodes[leader].data_dir)
-            .is_some_and(|s| s.index > stopped_at_index);
-        if (now_commit.saturating_sub(stopped_at_index) >= entries && past)
+        let purged_past = purged().await.is_some_and(|p| p > start_commit);
+        if (now_commit.saturating_sub(stopped_at_index) >= entries && purged_past)
             || started.elapsed() > WRITE_MAX
         {
             break;
@@ -143,6 +161,7 @@ pub async fn measure(
     }
     let write_secs = started.elapsed().as_secs_f64();
     let target_index = commit().await.context("the leader's commit index")?;
+    let leader_purged_index = purged().await;
     let leader_snapshot = snapshots::current(&cluster.nodes[leader].data_dir);
     cluster
         .lockd
@@ -187,6 +206,8 @@ pub async fn measure(
         leader_snapshot_index: leader_snapshot.as_ref().map(|s| s.index),
         leader_snapshot_bytes: leader_snapshot.as_ref().map(|s| s.bytes),
         snapshot_past_follower: leader_snapshot.is_some_and(|s| s.index > stopped_at_index),
+        leader_purged_index,
+        from_snapshot: leader_purged_index.is_some_and(|p| p > start_commit),
         target_index,
         up_secs,
         caught_up_secs,

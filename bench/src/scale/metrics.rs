@@ -56,6 +56,7 @@ impl Scrape {
             leader_changes: self.count("lockd_raft_leader_changes_total"),
             commit_index: self.count("lockd_raft_commit_index"),
             applied_index: self.count("lockd_raft_applied_index"),
+            purged_index: self.count("lockd_raft_purged_index"),
             locks_held: self.count("lockd_locks_held"),
             sessions: self.count("lockd_sessions"),
             snapshot_bytes: self.count("lockd_snapshot_bytes"),
@@ -79,6 +80,8 @@ pub struct NodeMetrics {
     pub commit_index: Option<u64>,
     /// `lockd_raft_applied_index`.
     pub applied_index: Option<u64>,
+    /// `lockd_raft_purged_index`.
+    pub purged_index: Option<u64>,
     /// `lockd_locks_held`.
     pub locks_held: Option<u64>,
     /// `lockd_sessions`.

@@ -302,11 +302,17 @@ impl ScaleReport {
         if let Some(c) = &self.catch_up {
             let _ = writeln!(
                 out,
-                "\nCatch-up: node {} stopped at index {}, {} entries written in {:.1} s, leader's \
-                 snapshot at {} ({} MiB, past the follower: {}); after the restart it was up in {} s, \
+                "\nCatch-up ({}): node {} stopped at index {}, {} entries written in {:.1} s, \
+                 leader's snapshot at {} ({} MiB, past the follower: {}; the leader's log purged \
+                 up to {}); after the restart it was up in {} s, \
                  **caught up in {} s** (applied ≥ {}), matched by the leader in {} s; its snapshot \
                  then at {}, {} built by itself; RSS after {} MiB (peak {}); the leader's RSS \
                  after {} MiB (peak since its start, the sending included, {}).",
+                if c.from_snapshot {
+                    "from the leader's snapshot: the leader had purged the log it lacked"
+                } else {
+                    "**from the log**: the leader had not purged the log it lacked"
+                },
                 c.node_id,
                 c.stopped_at_index,
                 c.entries_written,
@@ -315,6 +321,8 @@ impl ScaleReport {
                     .map_or("–".to_owned(), |i| i.to_string()),
                 c.leader_snapshot_bytes.map_or("–".to_owned(), mib),
                 c.snapshot_past_follower,
+                c.leader_purged_index
+                    .map_or("–".to_owned(), |i| i.to_string()),
                 opt(c.up_secs, 2),
                 opt(c.caught_up_secs, 2),
                 c.target_index,

@@ -136,6 +136,8 @@ pub struct Families {
     pub raft_commit_index: IntGauge,
     /// `lockd_raft_applied_index`.
     pub raft_applied_index: IntGauge,
+    /// `lockd_raft_purged_index`.
+    pub raft_purged_index: IntGauge,
     /// `lockd_raft_peer_reachable{peer}`.
     pub raft_peer_reachable: Family<PeerLabels, IntGauge>,
     /// `lockd_raft_replication_lag_entries{peer}`.
@@ -199,6 +201,7 @@ impl Families {
             raft_leader_changes: IntCounter::default(),
             raft_commit_index: IntGauge::default(),
             raft_applied_index: IntGauge::default(),
+            raft_purged_index: IntGauge::default(),
             raft_peer_reachable: Family::default(),
             raft_replication_lag: Family::default(),
             wal_fsync_duration: fsync_buckets(),
@@ -271,6 +274,14 @@ impl Families {
             "lockd_raft_applied_index",
             "The highest log index this node has applied to its lock table",
             self.raft_applied_index.clone(),
+        );
+        listed(
+            r,
+            "lockd_raft_purged_index",
+            "The highest log index this node has removed from its log, as covered by its \
+             snapshot (0 before the first purge): a peer whose matched index is below the \
+             leader's can only catch up from a snapshot",
+            self.raft_purged_index.clone(),
         );
         listed(
             r,

@@ -1,6 +1,7 @@
 //! The Raft families and `/readyz` of a Raft node, from openraft's own metrics: term, role,
-//! commit and applied index, and on the leader each peer's reachability and replication lag,
-//! read at each scrape; leader changes counted by a task that watches the server metrics.
+//! commit, applied and purged index, and on the leader each peer's reachability and
+//! replication lag, read at each scrape; leader changes counted by a task that watches the
+//! server metrics.
 //!
 //! Owns reading openraft's metrics only; changes nothing in Raft. The readiness rule is
 //! docs/METRICS.md's: a leader heard from within an election timeout, and the applied index
@@ -61,6 +62,8 @@ impl RaftProbe {
             .set(gauge(m.local_committed.map_or(0, |l| l.index)));
         f.raft_applied_index
             .set(gauge(m.last_applied.map_or(0, |l| l.index)));
+        f.raft_purged_index
+            .set(gauge(m.purged.map_or(0, |l| l.index)));
         match (&m.replication, &m.heartbeat) {
             (Some(replication), Some(heartbeat)) if m.state == ServerState::Leader => {
                 let last = m.last_log_index.unwrap_or(0);
