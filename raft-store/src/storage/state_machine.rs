@@ -519,7 +519,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         let file_meta = meta.clone();
         #[cfg(test)]
         let gate = self.install_gate.clone();
-        let table = tokio::task::spawn_blocking(move || {
+        let (table, released, decoded) = tokio::task::spawn_blocking(move || {
             // The transport hands over a received file of this directory, written, checked
             // and synced as it arrived (`Incoming`); other data (tests, tools) is copied into
             // one first, which checks it the same way. Either way the data is sound before
@@ -540,7 +540,9 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                 std::mem::take(&mut state.table)
             };
             // Freed here, before the decode allocates: the decode reuses the memory.
+            let releasing = Instant::now();
             drop(own);
+            let released = releasing.elapsed();
             #[cfg(test)]
             if let Some(gate) = gate {
                 gate.wait();
@@ -549,12 +551,14 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             // Read from the file a buffer at a time; the file is already durable, and becomes
             // the current snapshot only once the table decoded and checked, before the table
             // is replaced: once it is, the log before it may be purged.
+            let decoding = Instant::now();
             let table = snapshot::decode_table_streamed(&data, prepared.temp());
+            let decoded = decoding.elapsed();
             drop(data);
             match table {
                 Ok(table) => {
                     snapshots.commit(prepared)?;
-                    Ok::<_, StorageError>(table)
+                    Ok::<_, StorageError>((table, released, decoded))
                 }
                 Err(refused) => {
                     snapshots.abandon(prepared);
@@ -571,6 +575,8 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             locks = table.grant_count(),
             sessions = table.session_count(),
             took_ms = started.elapsed().as_millis() as u64,
+            released_ms = released.as_millis() as u64,
+            decoded_ms = decoded.as_millis() as u64,
             "installed the leader's snapshot"
         );
         let commands_now = {
