@@ -5,9 +5,11 @@
 //! leader's commit index of the restart, and until the leader sees it matched (replication
 //! lag 0).
 
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use futures::future::join_all;
 use lock_proto::v1::{ReleaseRequest, TryAcquireRequest};
 use serde::Serialize;
 
@@ -20,8 +22,12 @@ use super::snapshots;
 const WRITE_MAX: Duration = Duration::from_secs(180);
 /// Longest wait for the restarted follower to catch up.
 const CATCH_UP_MAX: Duration = Duration::from_secs(180);
-/// Pause between two polls of the follower.
+/// Pause between two polls of the follower (and of the leader while writing).
 const POLL: Duration = Duration::from_millis(20);
+/// Held sessions writing at once while the follower is down. The leader's snapshot policy
+/// counts commands as well as log bytes: at a million held locks, one call at a time wrote
+/// 217,100 entries in [`WRITE_MAX`] without the leader taking a snapshot (session 26).
+const WRITERS: usize = 32;
 
 /// What the catch-up measured.
 #[derive(Debug, Clone, Serialize)]
@@ -69,13 +75,12 @@ pub struct CatchUp {
 }
 
 /// Stops the follower after the leader, writes at least `entries` log entries and until the
-/// leader has purged past the follower's log, restarts it and times its catch-up. `session`
-/// is a held session's index whose request ids the writes use.
+/// leader has purged past the follower's log (through [`WRITERS`] held sessions at once),
+/// restarts it and times its catch-up.
 pub async fn measure(
     cluster: &mut Cluster,
     router: &Router,
     held: &Held,
-    session: usize,
     entries: u64,
 ) -> Result<CatchUp> {
     let leader = cluster.leader.get();
@@ -116,49 +121,32 @@ pub async fn measure(
         }
     };
     let started = Instant::now();
-    let session_id = held.sessions[session].clone();
-    let mut written = 0u64;
-    loop {
-        let now_commit = commit().await.unwrap_or(start_commit);
-        let purged_past = purged().await.is_some_and(|p| p > start_commit);
-        if (now_commit.saturating_sub(stopped_at_index) >= entries && purged_past)
-            || started.elapsed() > WRITE_MAX
-        {
-            break;
+    let stop = AtomicBool::new(false);
+    let written = AtomicU64::new(0);
+    let writer = |w: usize| {
+        let (stop, written) = (&stop, &written);
+        async move {
+            let wrote = write_pairs(router, held, w, written, stop).await;
+            // One writer's failure ends the step: the others stop at their next pair.
+            stop.store(true, Ordering::Relaxed);
+            wrote
         }
-        // Fifty acquire/release pairs between two polls: one call at a time, so each is its
-        // own log entry.
-        for _ in 0..50 {
-            let key = format!("w5/catch-up/{written}");
-            written += 1;
-            let request = TryAcquireRequest {
-                session_id: session_id.clone(),
-                request_id: held.request_id(session),
-                key: key.clone(),
-                ttl_ms: 60_000,
-            };
-            let grant = router
-                .call("TryAcquire", |node| {
-                    let (pipeline, request) = (router.pipeline(node), request.clone());
-                    async move { pipeline.try_acquire(request, CALL_TIMEOUT).await }
-                })
-                .await?
-                .grant
-                .with_context(|| format!("{key}: not granted"))?;
-            let request = ReleaseRequest {
-                session_id: session_id.clone(),
-                request_id: held.request_id(session),
-                key,
-                fencing_token: grant.fencing_token,
-            };
-            router
-                .call("Release", |node| {
-                    let (pipeline, request) = (router.pipeline(node), request.clone());
-                    async move { pipeline.release(request, CALL_TIMEOUT).await }
-                })
-                .await?;
+    };
+    let watch = async {
+        while !stop.load(Ordering::Relaxed) {
+            let now_commit = commit().await.unwrap_or(start_commit);
+            let purged_past = purged().await.is_some_and(|p| p > start_commit);
+            if (now_commit.saturating_sub(stopped_at_index) >= entries && purged_past)
+                || started.elapsed() > WRITE_MAX
+            {
+                stop.store(true, Ordering::Relaxed);
+            }
+            tokio::time::sleep(POLL).await;
         }
-    }
+    };
+    let writers = WRITERS.min(held.sessions.len());
+    let (wrote, ()) = tokio::join!(join_all((0..writers).map(writer)), watch);
+    wrote.into_iter().collect::<Result<Vec<()>>>()?;
     let write_secs = started.elapsed().as_secs_f64();
     let target_index = commit().await.context("the leader's commit index")?;
     let leader_purged_index = purged().await;
@@ -218,4 +206,46 @@ pub async fn measure(
         follower_memory_after: cluster.pid(follower).and_then(super::procfs::memory),
         leader_memory_after: cluster.pid(leader).and_then(super::procfs::memory),
     })
+}
+
+/// Acquires and releases fresh keys as held session `w` until `stop`, numbering the keys
+/// through `written`.
+async fn write_pairs(
+    router: &Router,
+    held: &Held,
+    w: usize,
+    written: &AtomicU64,
+    stop: &AtomicBool,
+) -> Result<()> {
+    let session_id = &held.sessions[w];
+    while !stop.load(Ordering::Relaxed) {
+        let key = format!("w5/catch-up/{}", written.fetch_add(1, Ordering::Relaxed));
+        let request = TryAcquireRequest {
+            session_id: session_id.clone(),
+            request_id: held.request_id(w),
+            key: key.clone(),
+            ttl_ms: 60_000,
+        };
+        let grant = router
+            .call("TryAcquire", |node| {
+                let (pipeline, request) = (router.pipeline(node), request.clone());
+                async move { pipeline.try_acquire(request, CALL_TIMEOUT).await }
+            })
+            .await?
+            .grant
+            .with_context(|| format!("{key}: not granted"))?;
+        let request = ReleaseRequest {
+            session_id: session_id.clone(),
+            request_id: held.request_id(w),
+            key,
+            fencing_token: grant.fencing_token,
+        };
+        router
+            .call("Release", |node| {
+                let (pipeline, request) = (router.pipeline(node), request.clone());
+                async move { pipeline.release(request, CALL_TIMEOUT).await }
+            })
+            .await?;
+    }
+    Ok(())
 }

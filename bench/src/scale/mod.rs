@@ -464,7 +464,7 @@ async fn fill_and_measure(
     eprintln!("lock-bench w5: follower catch-up");
     cluster.await_leader(None, LEADER_WAIT).await?;
     let entries = snapshot_logs_since_last() * 3 / 2 + 100;
-    match catchup::measure(cluster, &routers[0], held, 0, entries).await {
+    match catchup::measure(cluster, &routers[0], held, entries).await {
         Ok(c) => report.catch_up = Some(c),
         Err(e) => report.errors.push(format!("catch-up: {e:#}")),
     }
