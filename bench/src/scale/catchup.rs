@@ -99,27 +99,15 @@ pub async fn measure(
         .terminate()
         .await?;
     let target = cluster.nodes[leader].metrics.clone();
-    let commit = || {
+    // What the leader's metrics say now (`None` while a scrape fails).
+    let leader_view = || {
         let target = target.clone();
-        async move {
-            super::metrics::scrape(&target)
-                .await
-                .ok()
-                .and_then(|s| s.view().commit_index)
-        }
+        async move { super::metrics::scrape(&target).await.ok().map(|s| s.view()) }
     };
+    let commit = || async { leader_view().await.and_then(|v| v.commit_index) };
     // The leader's commit index once the follower is gone bounds the follower's log: with
     // one entry in flight, whatever reached the follower is committed by the time this reads.
     let start_commit = commit().await.context("the leader's commit index")?;
-    let purged = || {
-        let target = target.clone();
-        async move {
-            super::metrics::scrape(&target)
-                .await
-                .ok()
-                .and_then(|s| s.view().purged_index)
-        }
-    };
     let started = Instant::now();
     let stop = AtomicBool::new(false);
     let written = AtomicU64::new(0);
@@ -134,8 +122,9 @@ pub async fn measure(
     };
     let watch = async {
         while !stop.load(Ordering::Relaxed) {
-            let now_commit = commit().await.unwrap_or(start_commit);
-            let purged_past = purged().await.is_some_and(|p| p > start_commit);
+            let view = leader_view().await.unwrap_or_default();
+            let now_commit = view.commit_index.unwrap_or(start_commit);
+            let purged_past = view.purged_index.is_some_and(|p| p > start_commit);
             if (now_commit.saturating_sub(stopped_at_index) >= entries && purged_past)
                 || started.elapsed() > WRITE_MAX
             {
@@ -149,7 +138,7 @@ pub async fn measure(
     wrote.into_iter().collect::<Result<Vec<()>>>()?;
     let write_secs = started.elapsed().as_secs_f64();
     let target_index = commit().await.context("the leader's commit index")?;
-    let leader_purged_index = purged().await;
+    let leader_purged_index = leader_view().await.and_then(|v| v.purged_index);
     let leader_snapshot = snapshots::current(&cluster.nodes[leader].data_dir);
     cluster
         .lockd
