@@ -92,6 +92,12 @@ impl LogStore {
         self.engine.kind()
     }
 
+    /// The index of the last entry in the log, if any (`RaftLogStorage::get_log_state`
+    /// without the runtime and without decoding the entry).
+    pub(crate) fn last_index(&self) -> Result<Option<u64>, StorageError> {
+        Ok(self.engine.last_log()?.map(|(index, _)| index))
+    }
+
     /// Writes `entries` as one batch, replacing the log from the first of them on: readable at
     /// once, durable after the next sync.
     fn write_entries(&self, entries: impl IntoIterator<Item = Entry>) -> Result<(), io::Error> {

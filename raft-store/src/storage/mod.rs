@@ -51,6 +51,9 @@ mod disk;
 mod engine;
 pub mod log_store;
 pub mod observer;
+mod own_load;
+#[cfg(test)]
+mod own_load_test;
 #[cfg(test)]
 mod power_cut_test;
 mod snapshot;
@@ -127,8 +130,14 @@ pub(crate) fn open_on(
         })?;
     let written = LogBytes::shared();
     let log_store = LogStore::open_on(disk.clone(), dir, fresh, storage.clone(), written.clone())?;
+    // The entries of the log as it opens were all proposed before this start, so no caller
+    // waits for their answers: while a large snapshot loads, they may wait for it.
+    let own = state_machine::OwnSnapshot {
+        queue_until: log_store.last_index()?,
+        ..Default::default()
+    };
     let state_machine =
-        StateMachineStore::open_on(disk, &dir.join(SNAPSHOT_DIR_NAME), observer, storage)?
+        StateMachineStore::open_on(disk, &dir.join(SNAPSHOT_DIR_NAME), observer, storage, own)?
             .with_log_bytes(written);
     Ok((log_store, state_machine))
 }

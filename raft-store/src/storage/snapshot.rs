@@ -26,7 +26,7 @@
 use std::collections::BTreeMap;
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 use serde::Serialize;
@@ -277,9 +277,13 @@ pub fn decode_table(data: &[u8], origin: &Path) -> Result<LockTable, StorageErro
 /// [`decode_table`] of data read from its file a buffer at a time, never whole in memory. The
 /// data must have been verified (version and checksum): a received snapshot is
 /// ([`Incoming::finish`]), and an install verifies any other before it lets go of its table.
+///
+/// Once `cancel` is set the decode fails at its next buffer (an error like a truncated
+/// file's): the caller that set it tells the two apart.
 pub(crate) fn decode_table_streamed(
     data: &SnapshotData,
     origin: &Path,
+    cancel: Option<&AtomicBool>,
 ) -> Result<LockTable, StorageError> {
     if let Some(bytes) = data.bytes() {
         return decode_table(bytes, origin);
@@ -296,7 +300,13 @@ pub(crate) fn decode_table_streamed(
         path: origin.to_path_buf(),
         source,
     };
-    let mut reader = io::BufReader::with_capacity(STREAM_BUFFER, data.reader());
+    let mut reader = io::BufReader::with_capacity(
+        STREAM_BUFFER,
+        Cancellable {
+            inner: data.reader(),
+            cancel,
+        },
+    );
     let mut header = [0u8; codec::HEADER_LEN];
     reader.read_exact(&mut header).map_err(io)?;
     let mut scratch = vec![0u8; STRING_SCRATCH];
@@ -308,6 +318,21 @@ pub(crate) fn decode_table_streamed(
         },
         origin,
     )
+}
+
+/// A reader that fails every read once `cancel` is set.
+struct Cancellable<'c, R> {
+    inner: R,
+    cancel: Option<&'c AtomicBool>,
+}
+
+impl<R: Read> Read for Cancellable<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.cancel.is_some_and(|c| c.load(Ordering::Acquire)) {
+            return Err(io::Error::other("the decode was cancelled"));
+        }
+        self.inner.read(buf)
+    }
 }
 
 /// The longest string a streamed decode reads (postcard copies each into this buffer before
@@ -1549,7 +1574,7 @@ mod tests {
         assert_eq!(current_meta, meta);
         assert!(!current.is_received());
         assert_eq!(current.to_vec().expect("reads"), data);
-        let streamed = decode_table_streamed(&current, &path).expect("decodes");
+        let streamed = decode_table_streamed(&current, &path, None).expect("decodes");
         assert_eq!(streamed, decode_table(&data, &path).expect("decodes"));
         assert_eq!(streamed, table);
         drop(current);

@@ -16,7 +16,8 @@
 //! log id (`RaftLogStorage::read_committed`) before the node serves anything; since `apply` is
 //! deterministic, that rebuilds the same table. openraft purges log entries only once a
 //! snapshot covering them is durable, so nothing applied can be lost. Observers see replayed
-//! entries again after a restart.
+//! entries again after a restart. A large snapshot is decoded behind the node's start
+//! (`own_load`): until it is in, the state machine holds no table, as during an install.
 
 use std::fmt;
 use std::io;
@@ -33,6 +34,7 @@ use tokio::sync::watch;
 use super::StorageError;
 use super::disk::Disk;
 use super::observer::StorageObserver;
+use super::own_load::{BACKGROUND_LOAD_MIN_BYTES, OwnLoad, Replay, Target};
 use super::snapshot::{self, SnapshotDir};
 use super::snapshot_data::SnapshotInbox;
 use super::snapshot_policy::{LogBytes, SnapshotPolicy, worth_building_at_stop};
@@ -54,24 +56,90 @@ pub trait ApplyObserver: Send + Sync + 'static {
 
 /// What the state machine holds.
 #[derive(Debug, Default)]
-struct AppliedState {
+pub(super) struct AppliedState {
     /// The last applied entry's log id; `None` before any.
     last_applied: Option<LogId>,
     /// The last applied membership change.
     last_membership: StoredMembership,
-    /// The lock table.
-    table: LockTable,
+    /// The lock table: the applied state only while `table_state` is
+    /// [`TableState::Present`], else empty.
+    pub(super) table: LockTable,
     /// Commands applied since the store opened (an entry counts its batch's commands, a blank
     /// or membership entry one): what the snapshot policy bounds a restart's replay by.
     commands_applied: u64,
-    /// A snapshot install let go of `table` (empty meanwhile) and has not put the installed
-    /// one in its place: nothing may be read from, applied to or snapshotted of the table
-    /// until it has. Stays set if the install failed, which stops the node (openraft stops on
-    /// any state machine error); a restart rebuilds the table from this node's own disk.
-    installing: bool,
+    /// Whether `table` is the applied state.
+    pub(super) table_state: TableState,
 }
 
-type SharedState = Arc<RwLock<AppliedState>>;
+/// Whether [`AppliedState::table`] holds the applied state. While it does not, nothing may be
+/// read from, applied to or snapshotted of the table.
+#[derive(Debug, Default)]
+pub(super) enum TableState {
+    /// It does.
+    #[default]
+    Present,
+    /// The node's own snapshot is being decoded behind the start (`own_load`); the entries of
+    /// the node's own log applied meanwhile wait in the queue.
+    Loading(Replay),
+    /// The background load failed (the reason): nothing can be applied, and a snapshot from
+    /// the leader can still be installed.
+    LoadFailed(String),
+    /// A snapshot install let go of the table and has not put the installed one in its
+    /// place. Stays so if the install failed, which stops the node (openraft stops on any
+    /// state machine error); a restart rebuilds the table from this node's own disk.
+    Released,
+}
+
+impl TableState {
+    fn is_present(&self) -> bool {
+        matches!(self, TableState::Present)
+    }
+}
+
+/// What [`TableState`] says of the table, as a watch publishes it: readers check it without
+/// the state lock, an apply or a build waits on it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Presence {
+    /// The table holds the applied state.
+    Present,
+    /// It is loading, or an install holds it.
+    Absent,
+    /// The background load failed.
+    LoadFailed,
+}
+
+impl Presence {
+    /// Whether waiting for the table is over: it is there, or will not come.
+    fn settled(&self) -> bool {
+        *self != Presence::Absent
+    }
+}
+
+impl AppliedState {
+    /// Records `entry` as applied, all but its effect on the table: its log id, its
+    /// membership, its commands.
+    fn note_applied(&mut self, entry: &Entry) {
+        self.last_applied = Some(entry.log_id);
+        self.commands_applied += commands_of(entry);
+        if let EntryPayload::Membership(membership) = &entry.payload {
+            self.last_membership = StoredMembership::new(Some(entry.log_id), membership.clone());
+        }
+    }
+}
+
+/// The commands `entry` counts for the snapshot policy: a batch's commands, else one.
+fn commands_of(entry: &Entry) -> u64 {
+    match &entry.payload {
+        EntryPayload::Normal(Request {
+            command: Command::Batch(commands),
+            ..
+        }) => commands.len().max(1) as u64,
+        _ => 1,
+    }
+}
+
+/// The applied state, shared by the state machine, its readers, builds and the own load.
+pub(super) type SharedState = Arc<RwLock<AppliedState>>;
 
 fn read_state(state: &RwLock<AppliedState>) -> RwLockReadGuard<'_, AppliedState> {
     // A poisoned lock means an apply panicked half-way (an invariant broke): the table cannot be
@@ -81,10 +149,36 @@ fn read_state(state: &RwLock<AppliedState>) -> RwLockReadGuard<'_, AppliedState>
         .unwrap_or_else(|_| panic!("lock state machine poisoned: an earlier apply panicked"))
 }
 
-fn write_state(state: &RwLock<AppliedState>) -> RwLockWriteGuard<'_, AppliedState> {
+pub(super) fn write_state(state: &RwLock<AppliedState>) -> RwLockWriteGuard<'_, AppliedState> {
     state
         .write()
         .unwrap_or_else(|_| panic!("lock state machine poisoned: an earlier apply panicked"))
+}
+
+/// How a state machine opens with its own snapshot.
+#[derive(Clone, Debug)]
+pub(crate) struct OwnSnapshot {
+    /// Snapshot data of at least this many bytes is decoded behind the start (`own_load`);
+    /// smaller data as the store opens.
+    pub(crate) background_from: u64,
+    /// The last index of the log as it opened: the entries up to it, proposed before this
+    /// start, may be queued while the snapshot loads.
+    pub(crate) queue_until: Option<u64>,
+    /// Tests: a barrier the load meets once before it decodes.
+    #[cfg(test)]
+    pub(crate) gate: Option<Arc<std::sync::Barrier>>,
+}
+
+impl Default for OwnSnapshot {
+    /// A large snapshot loads behind the start; no replay is known.
+    fn default() -> Self {
+        OwnSnapshot {
+            background_from: BACKGROUND_LOAD_MIN_BYTES,
+            queue_until: None,
+            #[cfg(test)]
+            gate: None,
+        }
+    }
 }
 
 /// The lock state machine. Give it to `openraft::Raft::new`; keep a [`StateReader`] from
@@ -102,8 +196,11 @@ pub struct StateMachineStore {
     log_bytes: Option<Arc<LogBytes>>,
     /// Where the last snapshot left the policy's inputs.
     mark: Arc<SnapshotMark>,
-    /// Whether an install holds the table (`AppliedState::installing`), for a build to wait on.
-    installs: Arc<watch::Sender<bool>>,
+    /// Whether the table is there, for a build or an apply to wait on and for readers to
+    /// check without the state lock.
+    presence: Arc<watch::Sender<Presence>>,
+    /// The background load of this node's own snapshot, while it may still run.
+    own_load: Option<OwnLoad>,
     /// Set by [`StopSnapshot::request`]: the next build openraft asks for goes ahead whatever
     /// the policy says.
     stop_request: Arc<AtomicBool>,
@@ -159,18 +256,27 @@ impl StateMachineStore {
         snapshot_dir: &Path,
         observer: Option<Arc<dyn ApplyObserver>>,
     ) -> Result<StateMachineStore, StorageError> {
-        StateMachineStore::open_on(Disk::Os, snapshot_dir, observer, None)
+        StateMachineStore::open_on(
+            Disk::Os,
+            snapshot_dir,
+            observer,
+            None,
+            OwnSnapshot::default(),
+        )
     }
 
-    /// [`StateMachineStore::open`] with the snapshot files on `disk`.
+    /// [`StateMachineStore::open`] with the snapshot files on `disk`, loading its own snapshot
+    /// as `own` says.
     pub(crate) fn open_on(
         disk: Disk,
         snapshot_dir: &Path,
         observer: Option<Arc<dyn ApplyObserver>>,
         storage: Option<Arc<dyn StorageObserver>>,
+        own: OwnSnapshot,
     ) -> Result<StateMachineStore, StorageError> {
         let (snapshots, current) = SnapshotDir::open(disk, snapshot_dir)?;
         let mark = SnapshotMark::default();
+        let mut background = None;
         let state = match current {
             None => AppliedState::default(),
             Some((meta, data)) => {
@@ -178,37 +284,67 @@ impl StateMachineStore {
                 let origin = snapshots
                     .current_path()
                     .unwrap_or_else(|| snapshot_dir.to_path_buf());
-                // Read from the file a buffer at a time, as an install reads the one it
-                // received: the file was verified as the directory opened.
-                let started = Instant::now();
-                let table = snapshot::decode_table_streamed(&data, &origin)?;
-                tracing::info!(
-                    path = %origin.display(),
-                    index = meta.last_log_id.map(|id| id.index),
-                    bytes = data.len(),
-                    locks = table.grant_count(),
-                    sessions = table.session_count(),
-                    took_ms = started.elapsed().as_millis() as u64,
-                    "state loaded from the node's own snapshot"
-                );
+                let (table, table_state) = if data.len() >= own.background_from {
+                    let index = meta.last_log_id.map(|id| id.index);
+                    background = Some((data, origin, index));
+                    (
+                        LockTable::default(),
+                        TableState::Loading(Replay::new(own.queue_until)),
+                    )
+                } else {
+                    // Read from the file a buffer at a time, as an install reads the one it
+                    // received: the file was verified as the directory opened.
+                    let started = Instant::now();
+                    let table = snapshot::decode_table_streamed(&data, &origin, None)?;
+                    tracing::info!(
+                        path = %origin.display(),
+                        index = meta.last_log_id.map(|id| id.index),
+                        bytes = data.len(),
+                        locks = table.grant_count(),
+                        sessions = table.session_count(),
+                        took_ms = started.elapsed().as_millis() as u64,
+                        "state loaded from the node's own snapshot"
+                    );
+                    (table, TableState::Present)
+                };
                 AppliedState {
                     last_applied: meta.last_log_id,
                     last_membership: meta.last_membership,
                     table,
                     commands_applied: 0,
-                    installing: false,
+                    table_state,
                 }
             }
         };
+        let state = Arc::new(RwLock::new(state));
+        let presence = Arc::new(watch::Sender::new(if background.is_some() {
+            Presence::Absent
+        } else {
+            Presence::Present
+        }));
+        let own_load = match background {
+            Some((data, origin, index)) => {
+                let target = Target {
+                    state: state.clone(),
+                    presence: presence.clone(),
+                    observer: observer.clone(),
+                    #[cfg(test)]
+                    gate: own.gate.clone(),
+                };
+                Some(OwnLoad::start(target, data, origin, index)?)
+            }
+            None => None,
+        };
         Ok(StateMachineStore {
-            state: Arc::new(RwLock::new(state)),
+            state,
             snapshots: Arc::new(snapshots),
             observer,
             storage,
             policy: SnapshotPolicy::default(),
             log_bytes: None,
             mark: Arc::new(mark),
-            installs: Arc::new(watch::Sender::new(false)),
+            presence,
+            own_load,
             stop_request: Arc::new(AtomicBool::new(false)),
             #[cfg(test)]
             build_gate: None,
@@ -277,7 +413,7 @@ impl StateMachineStore {
             storage: self.storage.clone(),
             log_bytes: self.log_bytes.clone(),
             mark: self.mark.clone(),
-            installs: self.installs.clone(),
+            presence: self.presence.clone(),
             #[cfg(test)]
             build_gate: self.build_gate.clone(),
         }
@@ -297,27 +433,15 @@ impl StateMachineStore {
         {
             let mut state = write_state(&self.state);
             for entry in entries {
-                state.last_applied = Some(entry.log_id);
                 last_index = Some(entry.log_id.index);
-                state.commands_applied += match &entry.payload {
-                    EntryPayload::Normal(Request {
-                        command: Command::Batch(commands),
-                        ..
-                    }) => commands.len().max(1) as u64,
-                    _ => 1,
-                };
+                state.note_applied(&entry);
                 answers.push(match entry.payload {
                     EntryPayload::Normal(request) => {
                         state
                             .table
                             .apply(request.stamp_ms, request.command, &mut events)
                     }
-                    EntryPayload::Blank => Response::NoCommand,
-                    EntryPayload::Membership(membership) => {
-                        state.last_membership =
-                            StoredMembership::new(Some(entry.log_id), membership);
-                        Response::NoCommand
-                    }
+                    EntryPayload::Blank | EntryPayload::Membership(_) => Response::NoCommand,
                 });
             }
         }
@@ -337,6 +461,7 @@ impl StateMachineStore {
     pub fn reader(&self) -> StateReader {
         StateReader {
             state: self.state.clone(),
+            presence: self.presence.subscribe(),
         }
     }
 }
@@ -386,6 +511,7 @@ impl StopSnapshot {
 #[derive(Clone)]
 pub struct StateReader {
     state: SharedState,
+    presence: watch::Receiver<Presence>,
 }
 
 impl fmt::Debug for StateReader {
@@ -400,9 +526,10 @@ impl StateReader {
     /// Runs `f` on the lock table as of the last applied entry. Keep `f` short: applies wait
     /// for it.
     ///
-    /// While a snapshot install replaces the table, the table `f` sees is empty: the leader's
-    /// paths may use this (a leader never installs), a node's own answers use
-    /// [`StateReader::read_applied`].
+    /// While a snapshot install replaces the table, or the node's own snapshot still loads,
+    /// the table `f` sees is empty: the leader's paths may use this once
+    /// [`StateReader::has_table`] said so (a leader never installs, and a load never comes
+    /// back once done); a node's own answers use [`StateReader::read_applied`].
     pub fn read<R>(&self, f: impl FnOnce(&LockTable) -> R) -> R {
         f(&read_state(&self.state).table)
     }
@@ -412,7 +539,15 @@ impl StateReader {
     /// install let go of its own table before decoding the one it received).
     pub fn read_applied<R>(&self, f: impl FnOnce(&LockTable) -> R) -> Option<R> {
         let state = read_state(&self.state);
-        (!state.installing).then(|| f(&state.table))
+        state.table_state.is_present().then(|| f(&state.table))
+    }
+
+    /// Whether the table holds the applied state: `false` while a snapshot install replaces
+    /// it, and while the node's own snapshot still loads behind its start (`own_load`). A
+    /// node can lead before its own snapshot has loaded (a whole cluster restarted); its
+    /// leader paths check this before they [`StateReader::read`].
+    pub fn has_table(&self) -> bool {
+        *self.presence.borrow() == Presence::Present
     }
 
     /// The last applied entry's log id; `None` before any.
@@ -458,15 +593,54 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
     {
         // The stream may wait on the log between entries, so it is drained before the
         // (blocking) state lock is taken.
-        let (entries, responders): (Vec<_>, Vec<_>) =
+        let (mut entries, responders): (Vec<_>, Vec<_>) =
             entries.try_collect::<Vec<_>>().await?.into_iter().unzip();
-        if read_state(&self.state).installing {
-            return Err(to_io(StorageError::Layout {
-                path: self.snapshots.dir().to_path_buf(),
-                message: "a failed snapshot install left the state machine without its table; \
-                          restart the node to rebuild it from its own snapshot and log"
-                    .to_string(),
-            }));
+        let answered = responders.iter().any(Option::is_some);
+        let commands: u64 = entries.iter().map(commands_of).sum();
+        let mut presence = self.presence.subscribe();
+        loop {
+            {
+                let mut guard = write_state(&self.state);
+                let state = &mut *guard;
+                let failed = match &state.table_state {
+                    TableState::Present => break,
+                    TableState::Loading(replay) if replay.accepts(&entries, answered, commands) => {
+                        // Counted as applied now (openraft goes on with its start, or with
+                        // the leader's commit); the load applies them to the table before
+                        // any later entry.
+                        for entry in &entries {
+                            state.note_applied(entry);
+                        }
+                        if let TableState::Loading(replay) = &mut state.table_state {
+                            replay.push(std::mem::take(&mut entries), commands);
+                        }
+                        return Ok(());
+                    }
+                    TableState::Loading(_) => None,
+                    TableState::LoadFailed(why) => Some(format!(
+                        "the node's own snapshot did not load ({why}); the state machine has \
+                         no table to apply to until the leader sends a snapshot"
+                    )),
+                    TableState::Released => Some(
+                        "a failed snapshot install left the state machine without its table; \
+                         restart the node to rebuild it from its own snapshot and log"
+                            .to_string(),
+                    ),
+                };
+                if let Some(message) = failed {
+                    return Err(to_io(StorageError::Layout {
+                        path: self.snapshots.dir().to_path_buf(),
+                        message,
+                    }));
+                }
+            }
+            // Not for the queue: this entry needs the table.
+            if presence.wait_for(Presence::settled).await.is_err() {
+                return Err(to_io(StorageError::Layout {
+                    path: self.snapshots.dir().to_path_buf(),
+                    message: "the state machine closed while its snapshot loaded".to_string(),
+                }));
+            }
         }
         let answers = self.apply_entries(entries);
         for (responder, answer) in responders.into_iter().zip(answers) {
@@ -515,7 +689,8 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         // the new one in.
         let snapshots = self.snapshots.clone();
         let state = self.state.clone();
-        let installs = self.installs.clone();
+        let presence = self.presence.clone();
+        let own_load = self.own_load.take();
         let file_meta = meta.clone();
         #[cfg(test)]
         let gate = self.install_gate.clone();
@@ -533,10 +708,18 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                 path: snapshots.dir().to_path_buf(),
                 message: "snapshot: a received snapshot without its file".to_string(),
             })?;
+            // A load of the node's own snapshot still running is of no use now: stopped, and
+            // what it decoded freed, before the decode below allocates.
+            if let Some(load) = own_load {
+                load.stop();
+            }
             let own = {
                 let mut state = write_state(&state);
-                state.installing = true;
-                installs.send_replace(true);
+                // A start-up replay still queued goes with the table it was for: openraft
+                // installs only a snapshot past its committed index, and the replay ends at
+                // the committed index the log held at open.
+                state.table_state = TableState::Released;
+                presence.send_replace(Presence::Absent);
                 std::mem::take(&mut state.table)
             };
             // Freed here, before the decode allocates: the decode reuses the memory.
@@ -552,7 +735,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             // the current snapshot only once the table decoded and checked, before the table
             // is replaced: once it is, the log before it may be purged.
             let decoding = Instant::now();
-            let table = snapshot::decode_table_streamed(&data, prepared.temp());
+            let table = snapshot::decode_table_streamed(&data, prepared.temp(), None);
             let decoded = decoding.elapsed();
             drop(data);
             match table {
@@ -586,10 +769,10 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             state.last_applied = meta.last_log_id;
             state.last_membership = meta.last_membership.clone();
             state.table = table;
-            state.installing = false;
+            state.table_state = TableState::Present;
             state.commands_applied
         };
-        self.installs.send_replace(false);
+        self.presence.send_replace(Presence::Present);
         let log_bytes_now = self.log_bytes.as_ref().map_or(0, |l| l.get());
         self.mark.set(data_len, log_bytes_now, commands_now);
         Ok(())
@@ -644,7 +827,7 @@ pub struct SnapshotBuilder {
     storage: Option<Arc<dyn StorageObserver>>,
     log_bytes: Option<Arc<LogBytes>>,
     mark: Arc<SnapshotMark>,
-    installs: Arc<watch::Sender<bool>>,
+    presence: Arc<watch::Sender<Presence>>,
     #[cfg(test)]
     build_gate: Option<Arc<std::sync::Barrier>>,
 }
@@ -665,20 +848,31 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         // The read lock is held only to clone the table, which shares every chunk with it
         // (`LockTable`'s docs): applies go on while the clone is encoded and written on a
         // blocking thread, copying only the chunks they change meanwhile.
-        let mut installs = self.installs.subscribe();
+        let mut presence = self.presence.subscribe();
         let (meta, table, log_bytes_at, commands_at) = loop {
-            // An install holds no table to build from until it has put the new one in: the
-            // build waits for it and snapshots the installed state. (If the install failed,
-            // the node is stopping and the build never finishes.)
-            if installs.wait_for(|installing| !installing).await.is_err() {
+            // An install holds no table to build from until it has put the new one in, nor
+            // does the node while its own snapshot loads: the build waits for the table and
+            // snapshots it then. (If the install failed, the node is stopping and the build
+            // never finishes.)
+            if presence.wait_for(Presence::settled).await.is_err() {
                 return Err(to_io(StorageError::Layout {
                     path: self.snapshots.dir().to_path_buf(),
                     message: "the state machine closed during a snapshot build".to_string(),
                 }));
             }
             let state = read_state(&self.state);
-            if state.installing {
-                continue;
+            match &state.table_state {
+                TableState::Present => {}
+                TableState::LoadFailed(why) => {
+                    return Err(to_io(StorageError::Layout {
+                        path: self.snapshots.dir().to_path_buf(),
+                        message: format!(
+                            "no snapshot can be built: the node's own snapshot did not load \
+                             ({why})"
+                        ),
+                    }));
+                }
+                TableState::Loading(_) | TableState::Released => continue,
             }
             let meta = SnapshotMeta {
                 last_log_id: state.last_applied,
@@ -727,15 +921,24 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
 }
 
 #[cfg(test)]
-mod tests {
+impl StateMachineStore {
+    /// Tests: the flag that stops the background load, while one may run.
+    pub(super) fn load_cancel(&self) -> Option<Arc<AtomicBool>> {
+        self.own_load.as_ref().map(OwnLoad::cancel_flag)
+    }
+}
+
+#[cfg(test)]
+pub(super) mod tests {
     use std::sync::Mutex;
 
     use super::*;
     use crate::storage::snapshot_policy::STOP_SNAPSHOT_BYTES_PER_COMMAND;
     use crate::{Command, LeaderId, Membership, Node, Request};
 
+    /// Records every batch an observer learns: its last index and its events.
     #[derive(Default)]
-    struct Recorder(Mutex<Vec<(u64, Vec<Event>)>>);
+    pub(in crate::storage) struct Recorder(pub(in crate::storage) Mutex<Vec<(u64, Vec<Event>)>>);
 
     impl ApplyObserver for Recorder {
         fn applied(&self, log_index: u64, events: &[Event]) {
@@ -746,7 +949,8 @@ mod tests {
         }
     }
 
-    fn entry(index: u64, payload: EntryPayload) -> Entry {
+    /// An entry of term 1 at `index`.
+    pub(in crate::storage) fn entry(index: u64, payload: EntryPayload) -> Entry {
         Entry {
             log_id: LogId::new(
                 LeaderId {
@@ -759,7 +963,8 @@ mod tests {
         }
     }
 
-    fn open_session(session_id: &str) -> EntryPayload {
+    /// Opens `session_id` for "owner".
+    pub(in crate::storage) fn open_session(session_id: &str) -> EntryPayload {
         EntryPayload::Normal(Request {
             stamp_ms: 1_000,
             command: Command::OpenSession {
@@ -813,7 +1018,8 @@ mod tests {
     }
 
     /// The snapshot data of a state machine holding session `session` at index `index`.
-    async fn snapshot_holding(session: &str, index: u64) -> Snapshot {
+    /// A leader's snapshot at `index` holding one session, `session`.
+    pub(in crate::storage) async fn snapshot_holding(session: &str, index: u64) -> Snapshot {
         let dir = tempfile::tempdir().expect("temp dir");
         let mut sm = StateMachineStore::open(dir.path(), None).expect("open");
         sm.apply_entries([entry(index, open_session(session))]);
@@ -840,7 +1046,8 @@ mod tests {
         let gate = Arc::new(std::sync::Barrier::new(2));
         sm.install_gate = Some(gate.clone());
         let reader = sm.reader();
-        let installs = sm.installs.clone();
+        let installs = sm.presence.clone();
+        let watching = installs.receiver_count();
         sm.apply_entries([entry(1, open_session("own"))]);
         assert_eq!(reader.read_applied(|t| t.session_count()), Some(1));
         let mut builder = sm.get_snapshot_builder().await;
@@ -858,7 +1065,7 @@ mod tests {
             "the own table is gone"
         );
         let build = tokio::spawn(async move { builder.build_snapshot().await });
-        while installs.receiver_count() == 0 {
+        while installs.receiver_count() == watching {
             tokio::task::yield_now().await;
         }
         // Given a moment, a build that did not wait would finish with the empty table.

@@ -154,13 +154,21 @@ impl RaftBackend {
         }
     }
 
-    /// `Ok` if this node is the leader, else `NotLeader`.
+    /// `Ok` if this node is the leader and holds its applied state, else `NotLeader`. A leader
+    /// whose own snapshot still loads behind its start (a whole cluster restarted at a large
+    /// state; `StateReader::has_table`) answers `Contention` until it has loaded: the leader
+    /// paths after this check read the table.
     pub fn leader_check(&self) -> Result<(), LockError> {
-        if self.inner.raft.server_metrics().borrow_watched().state == ServerState::Leader {
-            Ok(())
-        } else {
-            Err(self.not_leader())
+        if self.inner.raft.server_metrics().borrow_watched().state != ServerState::Leader {
+            return Err(self.not_leader());
         }
+        if !self.inner.reader.has_table() {
+            return Err(LockError::contention(
+                "this node just became leader and is still loading its state from its \
+                 snapshot; retry shortly",
+            ));
+        }
+        Ok(())
     }
 
     /// `Ok` if this node leads and its promote applied in this term, so its lease deadlines are

@@ -65,10 +65,15 @@ pub async fn run_promoter(
         }
         if state != ServerState::Leader {
             keeper.clear_promoted();
-        } else if keeper.promoted_term() != Some(term) && applied_term == Some(term) {
+        } else if keeper.promoted_term() != Some(term)
+            && applied_term == Some(term)
+            && reader.has_table()
+        {
             // The blank entry of this term has applied: every entry of earlier terms is in the
             // state machine, so the promote restarts every lease that exists. First make sure
-            // our stamps do not go below the predecessor's (D-time).
+            // our stamps do not go below the predecessor's (D-time). (A node whose own
+            // snapshot still loads may count entries of its log as applied before they reach
+            // the table: it promotes once the table is in, at the next retry.)
             proposer.raise_stamp_floor(reader.read(|table| table.last_stamp_ms()));
             match proposer.propose(Command::Promote).await {
                 Ok(Response::Promoted { grants, sessions }) => {
