@@ -216,7 +216,7 @@ where
         writing += write.elapsed();
     }
     let arrived = started.elapsed();
-    // The checks of the whole, the file's head and its sync.
+    // The checks of the whole and the file's head (the install syncs the file as it decodes).
     let data = blocking(move || file.finish()).await?;
     let took = started.elapsed();
     tracing::info!(
@@ -224,7 +224,7 @@ where
         bytes = header.len,
         took_ms = took.as_millis() as u64,
         writing_ms = writing.as_millis() as u64,
-        sync_ms = (took - arrived).as_millis() as u64,
+        finishing_ms = (took - arrived).as_millis() as u64,
         "snapshot received from the leader"
     );
     Ok((header, data))

@@ -144,6 +144,20 @@ impl SnapshotData {
         matches!(&self.0, Source::File(range) if range.received.is_some())
     }
 
+    /// Makes the data's file durable (`fdatasync`); nothing for data in memory. A received
+    /// snapshot is synced by its install, beside its decode, before the install commits it.
+    /// Blocks on the disk.
+    pub(crate) fn sync(&self) -> Result<(), StorageError> {
+        match &self.0 {
+            Source::None | Source::Bytes(_) => Ok(()),
+            Source::File(range) => range.file.sync_data().map_err(|source| StorageError::Io {
+                op: "fsync snapshot data in",
+                path: range.path.clone(),
+                source,
+            }),
+        }
+    }
+
     /// Takes the prepared snapshot file a received data is the data of, for the install to
     /// commit: the data is then the committed file's, which stays.
     pub(crate) fn take_received(&mut self) -> Option<Prepared> {
@@ -194,9 +208,10 @@ impl Read for DataReader<'_> {
 
 /// A snapshot arriving from a leader, written into a temporary file of the snapshot directory
 /// as its chunks come: the file's head first (its checksum patched in at the end), then the
-/// data. [`Incoming::finish`] checks it is whole and sound and syncs it, and hands it over as
-/// the [`SnapshotData`] of the install, which commits the file as the node's snapshot. Dropped
-/// unfinished, or finished and never committed, the file is removed.
+/// data. [`Incoming::finish`] checks it is whole and sound and hands it over as the
+/// [`SnapshotData`] of the install, which syncs the file while it decodes it and commits it as
+/// the node's snapshot once both are done. Dropped unfinished, or finished and never
+/// committed, the file is removed.
 pub struct Incoming {
     range: FileRange,
     written: u64,
@@ -282,9 +297,9 @@ impl Incoming {
         Ok(())
     }
 
-    /// Checks that the whole data arrived and that its record's version and checksum hold,
-    /// writes the file's head and syncs the file: the [`SnapshotData`] of an install, which
-    /// commits the file. Blocks on the disk.
+    /// Checks that the whole data arrived and that its record's version and checksum hold, and
+    /// writes the file's head: the [`SnapshotData`] of an install, which syncs the file
+    /// ([`SnapshotData::sync`]) beside its decode and commits it. Blocks on the disk.
     pub fn finish(self) -> Result<SnapshotData, StorageError> {
         let layout = |path: &Path, message: String| StorageError::Layout {
             path: path.to_path_buf(),
@@ -342,10 +357,6 @@ impl Incoming {
             .file
             .write_all_at(&head, 0)
             .map_err(|e| self.io("write a received snapshot's head into", e))?;
-        self.range
-            .file
-            .sync_data()
-            .map_err(|e| self.io("fsync a received snapshot", e))?;
         Ok(SnapshotData(Source::File(Box::new(self.range))))
     }
 }

@@ -731,14 +731,26 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                 gate.wait();
                 gate.wait();
             }
-            // Read from the file a buffer at a time; the file is already durable, and becomes
-            // the current snapshot only once the table decoded and checked, before the table
-            // is replaced: once it is, the log before it may be purged.
+            // Read from the file a buffer at a time, while another thread makes the file
+            // durable; it becomes the current snapshot only once it is durable and the table
+            // decoded and checked, before the table is replaced: once it is, the log before
+            // it may be purged.
             let decoding = Instant::now();
-            let table = snapshot::decode_table_streamed(&data, prepared.temp(), None);
+            let (table, synced) = std::thread::scope(|scope| {
+                let syncing = scope.spawn(|| data.sync());
+                let table = snapshot::decode_table_streamed(&data, prepared.temp(), None);
+                (table, syncing.join())
+            });
             let decoded = decoding.elapsed();
             drop(data);
-            match table {
+            let synced = synced.unwrap_or_else(|_| {
+                Err(StorageError::Io {
+                    op: "fsync snapshot data in",
+                    path: prepared.temp().to_path_buf(),
+                    source: io::Error::other("the syncing thread panicked"),
+                })
+            });
+            match table.and_then(|table| synced.map(|()| table)) {
                 Ok(table) => {
                     snapshots.commit(prepared)?;
                     Ok::<_, StorageError>((table, released, decoded))
