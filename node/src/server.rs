@@ -140,7 +140,8 @@ async fn serve(
     let (log_store, mut state_machine) = tokio::task::spawn_blocking({
         let dir = storage_dir.clone();
         let engine = config.log_engine.into();
-        move || storage::open_observed(&dir, engine, Some(observer), Some(timings))
+        let background_from = config.test_snapshot_background_from;
+        move || storage::open_observed(&dir, engine, Some(observer), Some(timings), background_from)
     })
     .await
     .context("storage open task failed")?

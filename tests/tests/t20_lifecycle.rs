@@ -6,7 +6,9 @@ use std::time::{Duration, Instant};
 
 use lock_tests::log_lines::{field, line_with};
 use lock_tests::pki::HARNESS_IDENTITY;
-use lock_tests::{Cluster, ClusterClient, FencedRegister, Grant, LockError, poll_until};
+use lock_tests::{
+    Cluster, ClusterClient, ClusterConfig, FencedRegister, Grant, LockError, poll_until,
+};
 use tokio::task::JoinHandle;
 
 /// Lease of grants and sessions that must not expire during a test.
@@ -421,9 +423,34 @@ async fn waiters_are_granted_in_arrival_order() {
     }
 }
 
+/// A cluster whose nodes decode their own snapshots behind their start however small they are
+/// (`--test-snapshot-background-from 0`; a node does so from 16 MiB), or as they open.
+async fn cluster_loading(background: bool) -> Cluster {
+    let mut config = ClusterConfig::with_nodes(3);
+    if background {
+        config.extra_args = vec!["--test-snapshot-background-from".into(), "0".into()];
+    }
+    Cluster::start_with(config).await
+}
+
+/// What a node logs once its own snapshot, decoded behind its start, is in.
+const LOADED_IN_THE_BACKGROUND: &str =
+    "state loaded from the node's own snapshot in the background";
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_restart_keeps_grants_sessions_and_the_token_counter() {
-    let mut cluster = Cluster::start(3).await;
+    full_restart_keeps_grants_sessions_and_the_token_counter(false).await;
+}
+
+/// The same with every node's own snapshot decoded behind its start: the nodes answer Raft,
+/// elect and replay their logs before their tables are in, and serve the same state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_restart_with_snapshots_loading_behind_the_start_keeps_everything() {
+    full_restart_keeps_grants_sessions_and_the_token_counter(true).await;
+}
+
+async fn full_restart_keeps_grants_sessions_and_the_token_counter(background: bool) {
+    let mut cluster = cluster_loading(background).await;
     let any = cluster.cluster_client();
     let s1 = any.open_session("s1", LONG_TTL).await.expect("open");
     let s2 = any.open_session("s2", LONG_TTL).await.expect("open");
@@ -449,12 +476,32 @@ async fn a_full_restart_keeps_grants_sessions_and_the_token_counter() {
     let grants: Vec<Grant> = grants.into_iter().filter(|g| g.key != "revoked").collect();
 
     let cluster_id = cluster.status(1).await.expect("status").cluster_id;
+    let logs_at: Vec<(u64, u64)> = cluster
+        .ids()
+        .into_iter()
+        .map(|id| (id, cluster.log_len(id)))
+        .collect();
     let restarted = Instant::now();
     let leader = cluster.restart_all(Duration::from_secs(20)).await;
     println!(
         "restarted all nodes; leader {leader} after {:?}",
         restarted.elapsed()
     );
+    if background {
+        // The followers built a snapshot as they stopped, and loaded it behind their start.
+        let loaded = logs_at
+            .iter()
+            .filter(|(id, at)| {
+                cluster
+                    .log_since(*id, *at)
+                    .contains(LOADED_IN_THE_BACKGROUND)
+            })
+            .count();
+        assert!(
+            loaded >= 1,
+            "no node loaded its own snapshot in the background"
+        );
+    }
 
     for grant in &grants {
         let info = any
@@ -534,7 +581,18 @@ fn logged_index(log: &str, message: &str) -> Option<(u64, String)> {
 /// (its followers' election must not wait for it) and says why.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follower_stopped_cleanly_restarts_from_a_snapshot_of_all_it_applied() {
-    let mut cluster = Cluster::start(3).await;
+    follower_stopped_cleanly_restarts_from_a_snapshot_of_all_it_applied(false).await;
+}
+
+/// The same with the follower's own snapshot decoded behind its start: once it is in, the
+/// node answers from it as it would have.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_restarts_from_a_snapshot_loaded_behind_its_start() {
+    follower_stopped_cleanly_restarts_from_a_snapshot_of_all_it_applied(true).await;
+}
+
+async fn follower_stopped_cleanly_restarts_from_a_snapshot_of_all_it_applied(background: bool) {
+    let mut cluster = cluster_loading(background).await;
     let any = cluster.cluster_client();
     let session = any.open_session("stopper", LONG_TTL).await.expect("open");
     let mut grants = Vec::new();
@@ -571,11 +629,27 @@ async fn a_follower_stopped_cleanly_restarts_from_a_snapshot_of_all_it_applied()
 
     let restarted_at = cluster.log_len(follower);
     cluster.start_node(follower).await;
+    let restarted = cluster.client(follower);
+    // A node serves follower reads only once its table is in (before, it sends the caller to
+    // the leader): the first answer from it is the table's.
+    let first = &grants[0];
+    poll_until(
+        "the restarted node serves a read",
+        Duration::from_secs(20),
+        || async {
+            match restarted.inspect(&first.key, false).await {
+                Ok(Some(_)) => Ok(()),
+                other => Err(format!("{}: {other:?}", first.key)),
+            }
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("node {follower}: {e}"));
     let log = cluster.log_since(follower, restarted_at);
     let (loaded, line) = logged_index(&log, "state loaded from the node's own snapshot")
         .unwrap_or_else(|| panic!("node {follower} did not start from a snapshot:\n{log}"));
     assert_eq!(loaded, built, "{line}");
-    let restarted = cluster.client(follower);
+    assert_eq!(line.contains("in the background"), background, "{line}");
     for grant in &grants {
         let info = restarted
             .inspect(&grant.key, false)

@@ -61,6 +61,7 @@ impl InProcessCluster {
                 log_engine: Default::default(),
                 worker_threads: None,
                 test_clock_offset_ms: 0,
+                test_snapshot_background_from: None,
                 backend: lockd::config::Backend::Raft,
                 pg_url: None,
                 etcd_endpoints: Vec::new(),

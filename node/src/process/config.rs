@@ -197,6 +197,10 @@ pub struct RunArgs {
         allow_hyphen_values = true
     )]
     pub test_clock_offset_ms: Option<i64>,
+    /// Test-only: a snapshot of at least this many bytes is decoded behind the node's start
+    /// [default: 16 MiB], so a test can take that path with a small state.
+    #[arg(long, env = "LOCKD_TEST_SNAPSHOT_BACKGROUND_FROM", hide = true)]
+    pub test_snapshot_background_from: Option<u64>,
     /// Where the lock table lives: raft (default), pg or etcd. With pg or etcd the node holds
     /// no state and any node serves; data_dir and peers are then not needed (ignored, with a
     /// warning, if given).
@@ -394,6 +398,9 @@ pub struct Config {
     pub worker_threads: Option<usize>,
     /// Test-only skew of the stamp clock.
     pub test_clock_offset_ms: i64,
+    /// Test-only: the snapshot size from which the node's own snapshot is decoded behind its
+    /// start; `None` is the store's default.
+    pub test_snapshot_background_from: Option<u64>,
     /// Where the lock table lives.
     pub backend: Backend,
     /// PostgreSQL URL (`--backend pg`).
@@ -533,6 +540,7 @@ impl Config {
                 .test_clock_offset_ms
                 .or(file.test_clock_offset_ms)
                 .unwrap_or(0),
+            test_snapshot_background_from: args.test_snapshot_background_from,
             backend,
             pg_url: args.pg_url.clone().or(file.pg_url),
             etcd_endpoints: args

@@ -100,27 +100,49 @@ pub fn open_with(
     fresh: EngineKind,
     observer: Option<Arc<dyn ApplyObserver>>,
 ) -> Result<(LogStore, StateMachineStore), StorageError> {
-    open_observed(dir, fresh, observer, None)
+    open_observed(dir, fresh, observer, None, None)
 }
 
 /// [`open_with`], and `storage`, if given, learns how long each log flush and each snapshot
-/// build takes ([`StorageObserver`]).
+/// build takes ([`StorageObserver`]). The node's own snapshot is decoded behind the start when
+/// its data has at least `background_from` bytes (`None`: 16 MiB; tests set less).
 pub fn open_observed(
     dir: &Path,
     fresh: EngineKind,
     observer: Option<Arc<dyn ApplyObserver>>,
     storage: Option<Arc<dyn StorageObserver>>,
+    background_from: Option<u64>,
 ) -> Result<(LogStore, StateMachineStore), StorageError> {
-    open_on(disk::Disk::Os, dir, fresh, observer, storage)
+    open_loading(
+        disk::Disk::Os,
+        dir,
+        fresh,
+        observer,
+        storage,
+        background_from,
+    )
 }
 
-/// [`open_with`] on `disk`: the operating system's, or in tests a simulated one.
+/// [`open_with`] on `disk`: in tests a simulated one.
+#[cfg(test)]
 pub(crate) fn open_on(
     disk: disk::Disk,
     dir: &Path,
     fresh: EngineKind,
     observer: Option<Arc<dyn ApplyObserver>>,
     storage: Option<Arc<dyn StorageObserver>>,
+) -> Result<(LogStore, StateMachineStore), StorageError> {
+    open_loading(disk, dir, fresh, observer, storage, None)
+}
+
+/// [`open_observed`] on `disk`.
+fn open_loading(
+    disk: disk::Disk,
+    dir: &Path,
+    fresh: EngineKind,
+    observer: Option<Arc<dyn ApplyObserver>>,
+    storage: Option<Arc<dyn StorageObserver>>,
+    background_from: Option<u64>,
 ) -> Result<(LogStore, StateMachineStore), StorageError> {
     disk.create_dir_all(dir)
         .map_err(|source| StorageError::Io {
@@ -132,10 +154,13 @@ pub(crate) fn open_on(
     let log_store = LogStore::open_on(disk.clone(), dir, fresh, storage.clone(), written.clone())?;
     // The entries of the log as it opens were all proposed before this start, so no caller
     // waits for their answers: while a large snapshot loads, they may wait for it.
-    let own = state_machine::OwnSnapshot {
+    let mut own = state_machine::OwnSnapshot {
         queue_until: log_store.last_index()?,
         ..Default::default()
     };
+    if let Some(from) = background_from {
+        own.background_from = from;
+    }
     let state_machine =
         StateMachineStore::open_on(disk, &dir.join(SNAPSHOT_DIR_NAME), observer, storage, own)?
             .with_log_bytes(written);
