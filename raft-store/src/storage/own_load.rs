@@ -20,6 +20,7 @@
 //! from the applied state and a build waits. A snapshot smaller than
 //! [`BACKGROUND_LOAD_MIN_BYTES`] is decoded as the node opens.
 
+use std::panic::AssertUnwindSafe;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -126,7 +127,15 @@ impl OwnLoad {
         let path = origin.clone();
         let thread = std::thread::Builder::new()
             .name("lockd-own-snapshot".to_string())
-            .spawn(move || load(target, data, origin, index, &cancelled))
+            .spawn(move || {
+                let (state, presence) = (target.state.clone(), target.presence.clone());
+                let loading = AssertUnwindSafe(|| load(target, data, origin, index, &cancelled));
+                // A panic (a broken invariant in the replay) must not leave the state
+                // machine waiting for a table forever: the load failed.
+                if std::panic::catch_unwind(loading).is_err() {
+                    load_failed(&state, &presence, "the load panicked".to_string());
+                }
+            })
             .map_err(|source| StorageError::Io {
                 op: "start a thread to load the snapshot",
                 path,
@@ -161,6 +170,17 @@ impl OwnLoad {
 impl Drop for OwnLoad {
     fn drop(&mut self) {
         self.cancel.store(true, Ordering::Release);
+    }
+}
+
+/// Records that the load failed (`why`), unless an install took over meanwhile, and wakes
+/// whoever waits for the table.
+fn load_failed(state: &SharedState, presence: &watch::Sender<Presence>, why: String) {
+    let mut state = write_state(state);
+    if matches!(state.table_state, TableState::Loading(_)) {
+        state.table_state = TableState::LoadFailed(why);
+        drop(state);
+        presence.send_replace(Presence::LoadFailed);
     }
 }
 
@@ -201,14 +221,9 @@ fn load(
                 index,
                 error = %e,
                 "cannot load the node's own snapshot; this node applies nothing until the \
-                 leader sends it a snapshot (or restart it once the file is replaced)"
+                 leader sends it a snapshot"
             );
-            let mut state = write_state(&target.state);
-            if matches!(state.table_state, TableState::Loading(_)) {
-                state.table_state = TableState::LoadFailed(e.to_string());
-            }
-            drop(state);
-            target.presence.send_replace(Presence::LoadFailed);
+            load_failed(&target.state, &target.presence, e.to_string());
             return;
         }
     };

@@ -106,6 +106,29 @@ fn observed(observer: &Recorder) -> Vec<u64> {
     batches.iter().map(|(index, _)| *index).collect()
 }
 
+/// Applies entry `index` of the test log, which must wait for the table (`what` it is): it is
+/// not done while the load is held at `gate`, and is once the gate lets the load go on.
+async fn applied_once_loaded(
+    mut sm: StateMachineStore,
+    index: u64,
+    gate: Arc<Barrier>,
+    what: &str,
+) -> StateMachineStore {
+    let mut next = tokio::spawn(async move { apply(&mut sm, [index]).await.map(|()| sm) });
+    for _ in 0..20 {
+        tokio::task::yield_now().await;
+    }
+    assert!(
+        !next.is_finished(),
+        "{what} must wait for the table (the load is held at its gate)"
+    );
+    open_gate(gate).await;
+    (&mut next)
+        .await
+        .expect("task")
+        .expect("applied once loaded")
+}
+
 /// Lets the gated load go on, from a blocking thread.
 async fn open_gate(gate: Arc<Barrier>) {
     tokio::task::spawn_blocking(move || {
@@ -137,19 +160,7 @@ async fn the_start_up_replay_goes_on_while_the_snapshot_loads_and_reaches_the_ta
         "nothing applied to a table yet"
     );
 
-    let mut next = tokio::spawn(async move { apply(&mut sm, [7]).await.map(|()| sm) });
-    for _ in 0..20 {
-        tokio::task::yield_now().await;
-    }
-    assert!(
-        !next.is_finished(),
-        "an entry past the replay must wait for the table (the load is held at its gate)"
-    );
-    open_gate(gate).await;
-    let mut sm = (&mut next)
-        .await
-        .expect("task")
-        .expect("applied once loaded");
+    let mut sm = applied_once_loaded(sm, 7, gate, "an entry past the replay").await;
 
     assert!(reader.has_table());
     assert_eq!(reader.read(LockTable::clone), table_after(7));
@@ -174,25 +185,14 @@ async fn entries_past_the_log_wait_for_the_table() {
         own_snapshot_at(dir.path(), 4).await;
         let gate = Arc::new(Barrier::new(2));
         let observer = Arc::new(Recorder::default());
-        let mut sm = open_loading(
+        let sm = open_loading(
             dir.path(),
             observer.clone(),
             queue_until,
             Some(gate.clone()),
         );
-        let mut next = tokio::spawn(async move { apply(&mut sm, [5]).await.map(|()| sm) });
-        for _ in 0..20 {
-            tokio::task::yield_now().await;
-        }
-        assert!(
-            !next.is_finished(),
-            "{queue_until:?}: applied before the table was in"
-        );
-        open_gate(gate).await;
-        let sm = (&mut next)
-            .await
-            .expect("task")
-            .expect("applied once loaded");
+        let what = format!("entry 5 with the log ending at {queue_until:?}");
+        let sm = applied_once_loaded(sm, 5, gate, &what).await;
         assert_eq!(sm.reader().read(LockTable::clone), table_after(5));
         assert_eq!(observed(&observer), vec![5]);
     }

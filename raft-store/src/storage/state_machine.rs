@@ -451,6 +451,63 @@ impl StateMachineStore {
         answers
     }
 
+    /// `entries` while the table is absent: queued for the load if they may wait there (the
+    /// answer is `None`: they count as applied), else given back once the table is in. An
+    /// error if it never will be (a failed load or install). Only a load or an install
+    /// changes the table's presence, and an install never runs beside an apply.
+    async fn queue_or_wait(
+        &self,
+        mut entries: Vec<Entry>,
+        answered: bool,
+    ) -> Result<Option<Vec<Entry>>, io::Error> {
+        let commands: u64 = entries.iter().map(commands_of).sum();
+        let mut presence = self.presence.subscribe();
+        loop {
+            {
+                let mut guard = write_state(&self.state);
+                let state = &mut *guard;
+                let failed = match &state.table_state {
+                    TableState::Present => return Ok(Some(entries)),
+                    TableState::Loading(replay) if replay.accepts(&entries, answered, commands) => {
+                        // Counted as applied now (openraft goes on with its start, or with
+                        // the leader's commit); the load applies them to the table before
+                        // any later entry.
+                        for entry in &entries {
+                            state.note_applied(entry);
+                        }
+                        if let TableState::Loading(replay) = &mut state.table_state {
+                            replay.push(std::mem::take(&mut entries), commands);
+                        }
+                        return Ok(None);
+                    }
+                    TableState::Loading(_) => None,
+                    TableState::LoadFailed(why) => Some(format!(
+                        "the node's own snapshot did not load ({why}); the state machine has \
+                         no table to apply to until the leader sends a snapshot"
+                    )),
+                    TableState::Released => Some(
+                        "a failed snapshot install left the state machine without its table; \
+                         restart the node to rebuild it from its own snapshot and log"
+                            .to_string(),
+                    ),
+                };
+                if let Some(message) = failed {
+                    return Err(to_io(StorageError::Layout {
+                        path: self.snapshots.dir().to_path_buf(),
+                        message,
+                    }));
+                }
+            }
+            // Not for the queue: these entries need the table.
+            if presence.wait_for(Presence::settled).await.is_err() {
+                return Err(to_io(StorageError::Layout {
+                    path: self.snapshots.dir().to_path_buf(),
+                    message: "the state machine closed while its snapshot loaded".to_string(),
+                }));
+            }
+        }
+    }
+
     /// Where the transport writes the snapshots a leader sends, for this state machine to
     /// install.
     pub fn inbox(&self) -> SnapshotInbox {
@@ -593,55 +650,19 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
     {
         // The stream may wait on the log between entries, so it is drained before the
         // (blocking) state lock is taken.
-        let (mut entries, responders): (Vec<_>, Vec<_>) =
+        let (entries, responders): (Vec<_>, Vec<_>) =
             entries.try_collect::<Vec<_>>().await?.into_iter().unzip();
-        let answered = responders.iter().any(Option::is_some);
-        let commands: u64 = entries.iter().map(commands_of).sum();
-        let mut presence = self.presence.subscribe();
-        loop {
-            {
-                let mut guard = write_state(&self.state);
-                let state = &mut *guard;
-                let failed = match &state.table_state {
-                    TableState::Present => break,
-                    TableState::Loading(replay) if replay.accepts(&entries, answered, commands) => {
-                        // Counted as applied now (openraft goes on with its start, or with
-                        // the leader's commit); the load applies them to the table before
-                        // any later entry.
-                        for entry in &entries {
-                            state.note_applied(entry);
-                        }
-                        if let TableState::Loading(replay) = &mut state.table_state {
-                            replay.push(std::mem::take(&mut entries), commands);
-                        }
-                        return Ok(());
-                    }
-                    TableState::Loading(_) => None,
-                    TableState::LoadFailed(why) => Some(format!(
-                        "the node's own snapshot did not load ({why}); the state machine has \
-                         no table to apply to until the leader sends a snapshot"
-                    )),
-                    TableState::Released => Some(
-                        "a failed snapshot install left the state machine without its table; \
-                         restart the node to rebuild it from its own snapshot and log"
-                            .to_string(),
-                    ),
-                };
-                if let Some(message) = failed {
-                    return Err(to_io(StorageError::Layout {
-                        path: self.snapshots.dir().to_path_buf(),
-                        message,
-                    }));
-                }
+        // The table is there but for a node's first second at a large state: a look at the
+        // watch, not the state lock, on every other apply.
+        let entries = if *self.presence.borrow() == Presence::Present {
+            entries
+        } else {
+            let answered = responders.iter().any(Option::is_some);
+            match self.queue_or_wait(entries, answered).await? {
+                Some(entries) => entries,
+                None => return Ok(()),
             }
-            // Not for the queue: this entry needs the table.
-            if presence.wait_for(Presence::settled).await.is_err() {
-                return Err(to_io(StorageError::Layout {
-                    path: self.snapshots.dir().to_path_buf(),
-                    message: "the state machine closed while its snapshot loaded".to_string(),
-                }));
-            }
-        }
+        };
         let answers = self.apply_entries(entries);
         for (responder, answer) in responders.into_iter().zip(answers) {
             if let Some(responder) = responder {
