@@ -299,7 +299,7 @@ impl Incoming {
 
     /// Checks that the whole data arrived and that its record's version and checksum hold, and
     /// writes the file's head: the [`SnapshotData`] of an install, which syncs the file
-    /// ([`SnapshotData::sync`]) beside its decode and commits it. Blocks on the disk.
+    /// (`SnapshotData::sync`) beside its decode and commits it. Blocks on the disk.
     pub fn finish(self) -> Result<SnapshotData, StorageError> {
         let layout = |path: &Path, message: String| StorageError::Layout {
             path: path.to_path_buf(),
