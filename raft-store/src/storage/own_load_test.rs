@@ -79,6 +79,29 @@ fn open_loading(
     .expect("open")
 }
 
+/// A node's storage whose snapshot holds entries `1..=4`, opened with its load held at the
+/// returned gate and its log as it opened ending at `queue_until`, and the observer it tells.
+async fn gated(
+    queue_until: Option<u64>,
+) -> (
+    tempfile::TempDir,
+    StateMachineStore,
+    Arc<Barrier>,
+    Arc<Recorder>,
+) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    own_snapshot_at(dir.path(), 4).await;
+    let gate = Arc::new(Barrier::new(2));
+    let observer = Arc::new(Recorder::default());
+    let sm = open_loading(
+        dir.path(),
+        observer.clone(),
+        queue_until,
+        Some(gate.clone()),
+    );
+    (dir, sm, gate, observer)
+}
+
 /// Applies `indexes` of the test log as openraft does, no proposer waiting.
 async fn apply(
     sm: &mut StateMachineStore,
@@ -143,11 +166,7 @@ async fn open_gate(gate: Arc<Barrier>) {
 /// observer learning the replay before the entry after it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_start_up_replay_goes_on_while_the_snapshot_loads_and_reaches_the_table_in_order() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    own_snapshot_at(dir.path(), 4).await;
-    let gate = Arc::new(Barrier::new(2));
-    let observer = Arc::new(Recorder::default());
-    let mut sm = open_loading(dir.path(), observer.clone(), Some(6), Some(gate.clone()));
+    let (_dir, mut sm, gate, observer) = gated(Some(6)).await;
     let reader = sm.reader();
     assert!(!reader.has_table());
     assert_eq!(reader.read_applied(LockTable::grant_count), None);
@@ -181,16 +200,7 @@ async fn the_start_up_replay_goes_on_while_the_snapshot_loads_and_reaches_the_ta
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn entries_past_the_log_wait_for_the_table() {
     for queue_until in [Some(4), None] {
-        let dir = tempfile::tempdir().expect("temp dir");
-        own_snapshot_at(dir.path(), 4).await;
-        let gate = Arc::new(Barrier::new(2));
-        let observer = Arc::new(Recorder::default());
-        let sm = open_loading(
-            dir.path(),
-            observer.clone(),
-            queue_until,
-            Some(gate.clone()),
-        );
+        let (_dir, sm, gate, observer) = gated(queue_until).await;
         let what = format!("entry 5 with the log ending at {queue_until:?}");
         let sm = applied_once_loaded(sm, 5, gate, &what).await;
         assert_eq!(sm.reader().read(LockTable::clone), table_after(5));
@@ -202,11 +212,7 @@ async fn entries_past_the_log_wait_for_the_table() {
 /// snapshot is the state, and the observer never learns the replay.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_install_stops_the_load_and_the_leaders_snapshot_is_the_state() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    own_snapshot_at(dir.path(), 4).await;
-    let gate = Arc::new(Barrier::new(2));
-    let observer = Arc::new(Recorder::default());
-    let mut sm = open_loading(dir.path(), observer.clone(), Some(6), Some(gate.clone()));
+    let (_dir, mut sm, gate, observer) = gated(Some(6)).await;
     let reader = sm.reader();
     apply_replay(&mut sm, [5, 6]).await;
     let sent = snapshot_holding("sent", 10).await;
