@@ -105,6 +105,9 @@ impl InProcessCluster {
     }
 
     /// Polls until one node is leader with its leases ready (a session can be opened there).
+    /// The leader, once it serves every kind of call: it commits a session and answers that
+    /// session's heartbeat, which only a leader whose promote applied does (before, it answers
+    /// `Contention`, and a test's first leader-local call would meet that).
     async fn leader(&self) -> RaftBackend {
         use lock_api::SessionRegistry;
         let deadline = Instant::now() + LEADER_WAIT;
@@ -116,8 +119,16 @@ impl InProcessCluster {
                         .open_session("leader-probe", conformance::SESSION_TTL_LONG)
                         .await
                 {
+                    let promoted = matches!(
+                        node.store
+                            .heartbeat(&s, conformance::SESSION_TTL_LONG)
+                            .await,
+                        Ok(true)
+                    );
                     let _ = node.store.close_session(&s).await;
-                    return node.store.clone();
+                    if promoted {
+                        return node.store.clone();
+                    }
                 }
             }
             assert!(
