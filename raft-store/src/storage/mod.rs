@@ -113,7 +113,7 @@ pub fn open_observed(
     storage: Option<Arc<dyn StorageObserver>>,
     background_from: Option<u64>,
 ) -> Result<(LogStore, StateMachineStore), StorageError> {
-    open_loading(
+    open_on(
         disk::Disk::Os,
         dir,
         fresh,
@@ -123,20 +123,8 @@ pub fn open_observed(
     )
 }
 
-/// [`open_with`] on `disk`: in tests a simulated one.
-#[cfg(test)]
+/// [`open_observed`] on `disk`: the operating system's, or in tests a simulated one.
 pub(crate) fn open_on(
-    disk: disk::Disk,
-    dir: &Path,
-    fresh: EngineKind,
-    observer: Option<Arc<dyn ApplyObserver>>,
-    storage: Option<Arc<dyn StorageObserver>>,
-) -> Result<(LogStore, StateMachineStore), StorageError> {
-    open_loading(disk, dir, fresh, observer, storage, None)
-}
-
-/// [`open_observed`] on `disk`.
-fn open_loading(
     disk: disk::Disk,
     dir: &Path,
     fresh: EngineKind,
@@ -154,13 +142,12 @@ fn open_loading(
     let log_store = LogStore::open_on(disk.clone(), dir, fresh, storage.clone(), written.clone())?;
     // The entries of the log as it opens were all proposed before this start, so no caller
     // waits for their answers: while a large snapshot loads, they may wait for it.
-    let mut own = state_machine::OwnSnapshot {
+    let own = state_machine::OwnSnapshot {
+        background_from: background_from.unwrap_or(own_load::BACKGROUND_LOAD_MIN_BYTES),
         queue_until: log_store.last_index()?,
-        ..Default::default()
+        #[cfg(test)]
+        gate: None,
     };
-    if let Some(from) = background_from {
-        own.background_from = from;
-    }
     let state_machine =
         StateMachineStore::open_on(disk, &dir.join(SNAPSHOT_DIR_NAME), observer, storage, own)?
             .with_log_bytes(written);

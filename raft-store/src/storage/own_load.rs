@@ -32,8 +32,10 @@ use tokio::sync::watch;
 use super::StorageError;
 use super::snapshot;
 use super::snapshot_data::SnapshotData;
-use super::state_machine::{ApplyObserver, Presence, SharedState, TableState, write_state};
-use crate::{Entry, EntryPayload, Request};
+use super::state_machine::{
+    ApplyObserver, Presence, SharedState, TableState, apply_to_table, write_state,
+};
+use crate::Entry;
 
 /// Snapshot data below this size is decoded as the node opens: a background load gains
 /// nothing on a decode of a few tens of milliseconds.
@@ -229,7 +231,7 @@ fn load(
     };
     let decoded_ms = started.elapsed().as_millis() as u64;
     let mut replayed = 0usize;
-    loop {
+    let (locks, sessions) = loop {
         let batch = {
             let mut state = write_state(&target.state);
             let TableState::Loading(replay) = &mut state.table_state else {
@@ -239,9 +241,10 @@ fn load(
             };
             let batch = replay.take();
             if batch.is_empty() {
+                let counts = (table.grant_count(), table.session_count());
                 state.table = std::mem::take(&mut table);
                 state.table_state = TableState::Present;
-                break;
+                break counts;
             }
             batch
         };
@@ -251,25 +254,19 @@ fn load(
         let last = batch.last().map(|e| e.log_id.index);
         let mut events = Vec::new();
         for entry in batch {
-            if let EntryPayload::Normal(Request {
-                stamp_ms, command, ..
-            }) = entry.payload
-            {
-                table.apply(stamp_ms, command, &mut events);
-            }
+            apply_to_table(&mut table, entry.payload, &mut events);
         }
         if let (Some(observer), Some(last)) = (&target.observer, last) {
             observer.applied(last, &events);
         }
-    }
+    };
     target.presence.send_replace(Presence::Present);
-    let state = target.state.read().ok();
     tracing::info!(
         path = %origin.display(),
         index,
         bytes,
-        locks = state.as_ref().map(|s| s.table.grant_count()),
-        sessions = state.as_ref().map(|s| s.table.session_count()),
+        locks,
+        sessions,
         took_ms = started.elapsed().as_millis() as u64,
         decoded_ms,
         replayed,

@@ -117,6 +117,7 @@ async fn open_and_check(
         EngineKind::Wal,
         None,
         None,
+        None,
     )
     .unwrap_or_else(|e| panic!("{context}: the storage must open after a power cut: {e}"));
     let state = log.get_log_state().await.expect("log state");
@@ -337,6 +338,7 @@ async fn t51_an_installed_snapshot_survives_a_power_cut() {
             Disk::PowerCut(disk.clone()),
             &dir,
             EngineKind::Wal,
+            None,
             None,
             None,
         )

@@ -127,6 +127,19 @@ impl AppliedState {
     }
 }
 
+/// What `payload` does to `table` ([`AppliedState::note_applied`] records the rest): a
+/// command's answer, [`Response::NoCommand`] for a blank or membership entry.
+pub(super) fn apply_to_table(
+    table: &mut LockTable,
+    payload: EntryPayload,
+    events: &mut Vec<Event>,
+) -> Response {
+    match payload {
+        EntryPayload::Normal(request) => table.apply(request.stamp_ms, request.command, events),
+        EntryPayload::Blank | EntryPayload::Membership(_) => Response::NoCommand,
+    }
+}
+
 /// The commands `entry` counts for the snapshot policy: a batch's commands, else one.
 fn commands_of(entry: &Entry) -> u64 {
     match &entry.payload {
@@ -435,14 +448,7 @@ impl StateMachineStore {
             for entry in entries {
                 last_index = Some(entry.log_id.index);
                 state.note_applied(&entry);
-                answers.push(match entry.payload {
-                    EntryPayload::Normal(request) => {
-                        state
-                            .table
-                            .apply(request.stamp_ms, request.command, &mut events)
-                    }
-                    EntryPayload::Blank | EntryPayload::Membership(_) => Response::NoCommand,
-                });
+                answers.push(apply_to_table(&mut state.table, entry.payload, &mut events));
             }
         }
         if let (Some(observer), Some(log_index)) = (&self.observer, last_index) {
@@ -736,9 +742,9 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             }
             let own = {
                 let mut state = write_state(&state);
-                // A start-up replay still queued goes with the table it was for: openraft
-                // installs only a snapshot past its committed index, and the replay ends at
-                // the committed index the log held at open.
+                // Entries still queued for a load go with the table they were for: openraft
+                // applied them, so they were committed, and it installs only a snapshot past
+                // its committed index.
                 state.table_state = TableState::Released;
                 presence.send_replace(Presence::Absent);
                 std::mem::take(&mut state.table)
