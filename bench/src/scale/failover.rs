@@ -25,6 +25,8 @@ const PROBE_MAX: Duration = Duration::from_secs(60);
 const PROBE_PAUSE: Duration = Duration::from_millis(10);
 /// Sampled keys checked at once.
 const CHECK_LANES: usize = 32;
+/// Attempts each probe keeps in its timeline (the last ones).
+pub const TIMELINE_KEPT: usize = 12;
 /// Seed of the key sample.
 const SAMPLE_SEED: u64 = 0x5ca1e;
 
@@ -41,6 +43,21 @@ pub struct Probe {
     pub refusals: BTreeMap<String, RefusalCount>,
     /// Set if an answer said a lock or session was lost (never expected).
     pub lost: Option<String>,
+    /// The last attempts ([`TIMELINE_KEPT`] at most), oldest first: where the time went.
+    pub timeline: Vec<Attempt>,
+}
+
+/// One attempt of a probe.
+#[derive(Debug, Clone, Serialize)]
+pub struct Attempt {
+    /// The node asked (index into the cluster's nodes).
+    pub node: usize,
+    /// From the kill to the call's start, in seconds.
+    pub start_secs: f64,
+    /// How long the call took, in milliseconds.
+    pub call_ms: f64,
+    /// `served`, or the refusal's kind.
+    pub answer: String,
 }
 
 /// What the failover measured.
@@ -169,6 +186,7 @@ async fn probe(kind: Kind, router: &Router, held: &Held, n: usize, killed_at: In
     while killed_at.elapsed() < PROBE_MAX {
         node = (node + 1) % router.node_count();
         out.attempts += 1;
+        let started = killed_at.elapsed();
         let answer: Result<bool, tonic::Status> = match kind {
             Kind::Grant => {
                 let request = TryAcquireRequest {
@@ -224,6 +242,19 @@ async fn probe(kind: Kind, router: &Router, held: &Held, n: usize, killed_at: In
                         .is_some_and(|i| i.fencing_token == held.token(n))
                 }),
         };
+        let mut attempt = Attempt {
+            node,
+            start_secs: started.as_secs_f64(),
+            call_ms: (killed_at.elapsed() - started).as_secs_f64() * 1e3,
+            answer: "served".to_owned(),
+        };
+        if let Err(status) = &answer {
+            attempt.answer = kind_of(status).0;
+        }
+        if out.timeline.len() == TIMELINE_KEPT {
+            out.timeline.remove(0);
+        }
+        out.timeline.push(attempt);
         match answer {
             Ok(true) => {
                 out.served_secs = Some(killed_at.elapsed().as_secs_f64());

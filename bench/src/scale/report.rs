@@ -150,6 +150,44 @@ fn probe_row(out: &mut String, name: &str, p: &Probe) {
     );
 }
 
+/// The last attempts of the kind of call served last after the failover: whether the time after
+/// the first grant went into refusals, into calls the new leader held, or into the probe's own
+/// rotation over the nodes.
+fn last_attempts(f: &Failover) -> String {
+    let kinds = [
+        ("the first grant", &f.grant),
+        ("the heartbeat", &f.heartbeat),
+        ("the renewal", &f.renew),
+        ("the confirmed read", &f.confirmed_read),
+    ];
+    let Some((name, last)) = kinds
+        .iter()
+        .filter(|(_, p)| p.served_secs.is_some())
+        .max_by(|a, b| {
+            a.1.served_secs
+                .partial_cmp(&b.1.served_secs)
+                .unwrap_or(std::cmp::Ordering::Equal)
+        })
+    else {
+        return String::new();
+    };
+    let attempts = last
+        .timeline
+        .iter()
+        .rev()
+        .take(4)
+        .rev()
+        .map(|a| {
+            format!(
+                "node index {} at {:.3} s: {} in {:.1} ms",
+                a.node, a.start_secs, a.answer, a.call_ms
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ");
+    format!("\nLast attempts of {name}, served last: {attempts}.\n")
+}
+
 /// The many-sessions step's paragraph. W1's costs are shown as W1's change (a cost of 5 % is
 /// "-5.0 %"), as the step's figure always was: combined, then each round's against the slices
 /// without the sessions on either side, and their median.
@@ -370,6 +408,7 @@ impl ScaleReport {
             for what in &f.not_kept {
                 let _ = writeln!(out, "- not kept: {what}");
             }
+            out.push_str(&last_attempts(f));
         }
         if let Some(m) = &self.many_sessions {
             out.push_str(&many_sessions_paragraph(m));

@@ -108,8 +108,13 @@ impl LeaseKeeper {
     /// (a lease may still carry a lease length older than the state's), and a renewal or
     /// heartbeat the keeper would refuse is first checked against the state
     /// ([`LeaseKeeper::adopt_grant`], [`LeaseKeeper::adopt_session`]).
-    pub fn begin_reconcile(&self) -> u32 {
+    ///
+    /// `grants` and `sessions` are the state's counts (the promote's answer): the keeper makes
+    /// room for them at once, so no step of the walk grows a map (see
+    /// [`LeaseTable::reserve`](super::LeaseTable::reserve)).
+    pub fn begin_reconcile(&self, grants: usize, sessions: usize) -> u32 {
         let state = &mut *self.lock();
+        state.table.reserve(grants, sessions);
         let seen = state.table.begin_reconcile();
         state.reconciling = Some(seen);
         state.principals.clear();
@@ -533,7 +538,7 @@ mod tests {
         clock.advance(Duration::from_millis(500));
         keeper.on_events(&[Event::Promoted { stamp_ms: 500 }]);
         let promoted = clock.now();
-        let seen = keeper.begin_reconcile();
+        let seen = keeper.begin_reconcile(0, 0);
         assert!(keeper.reconciling());
         // "k" restarted at the promote with 1 s and lapsed past the margin: the reaper still
         // waits for the walk, which may bring the state's lease length.
@@ -645,7 +650,7 @@ mod tests {
             keeper.session_principals(&reader, &[b.as_str()]),
             vec![None]
         );
-        keeper.begin_reconcile();
+        keeper.begin_reconcile(0, 0);
         assert!(memo(&keeper).is_empty());
         assert_eq!(
             keeper.session_principals(&reader, &[b.as_str()]),

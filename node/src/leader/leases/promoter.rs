@@ -22,10 +22,14 @@ use crate::leader::proposer::Proposer;
 use crate::log_limit::{LogLimit, Note};
 
 /// Most grants (or sessions) one step of the reconcile walk visits under the state's read lock
-/// and the keeper's lock. A step also skips the keys before it (the state offers no seek), so
-/// a step costs about 16k lookups plus a pass over up to every earlier key: a few milliseconds
-/// at a million locks, and 61 steps for all of them.
-const RECONCILE_STEP: usize = 16_384;
+/// and the keeper's lock. A step starts with one search and costs about a microsecond per
+/// entry it adds to the keeper (a node that installed a snapshot has every lease to add), so
+/// a step holds both locks for about a millisecond, and a million grants take ~1,000 steps.
+/// Everything that waits on those locks — the apply of each entry, every renewal and
+/// heartbeat — waits at most one step, and blocks the runtime's worker it runs on while it
+/// does. Steps of 16,384 (~21 ms) made each confirmation round after such a failover take
+/// 80–90 ms (issue 23, session 28).
+const RECONCILE_STEP: usize = 1_024;
 
 /// How often the promoter re-checks leadership when no metrics change arrives, so a failed
 /// promote is retried.
@@ -86,7 +90,7 @@ pub async fn run_promoter(
                     }
                     // The promote restarted every lease lazily (O(1)); the term serves now,
                     // and the reconcile walk runs behind it in bounded steps.
-                    let seen = keeper.begin_reconcile();
+                    let seen = keeper.begin_reconcile(grants as usize, sessions as usize);
                     let leading = || {
                         let m = server.borrow_watched();
                         m.state == ServerState::Leader && m.vote.leader_id.term == term
@@ -97,11 +101,13 @@ pub async fn run_promoter(
                     keeper.set_promoted(term);
                     tracing::info!(term, grants, sessions, "promoted: leases restarted");
                     let started = keeper.now();
-                    if reconcile(&keeper, &reader, seen, leading).await {
+                    if let Some(walk) = reconcile(&keeper, &reader, seen, leading).await {
                         keeper.finish_reconcile(seen);
                         tracing::info!(
                             term,
                             took_ms = (keeper.now() - started).as_millis() as u64,
+                            steps = walk.steps,
+                            longest_step_us = walk.longest.as_micros() as u64,
                             "leases reconciled with the replicated state"
                         );
                     }
@@ -137,30 +143,55 @@ pub async fn run_promoter(
     }
 }
 
+/// How a finished reconcile walk went, for its log line.
+struct Walk {
+    /// Steps taken.
+    steps: u64,
+    /// The longest step, locks held.
+    longest: Duration,
+}
+
+impl Walk {
+    /// Runs one step, timed by the machine's clock (not the keeper's, which tests drive).
+    fn step<T>(&mut self, step: impl FnOnce() -> T) -> T {
+        let started = Instant::now();
+        let out = step();
+        self.steps += 1;
+        self.longest = self.longest.max(started.elapsed());
+        out
+    }
+}
+
 /// Walks the replicated state's grants, then its sessions, in key order and in steps of
 /// [`RECONCILE_STEP`] (each step resumes after the last key of the one before with one search,
 /// so the walk is linear in the state, not quadratic), handing each step to the keeper under
 /// the state's read lock and yielding between steps, so neither the apply loop nor the
-/// renewals and heartbeats wait on more than one step. Returns `false` (the walk abandoned)
+/// renewals and heartbeats wait on more than one step. Returns `None` (the walk abandoned)
 /// once `leading` says this node no longer leads in the promoted term.
 async fn reconcile(
     keeper: &LeaseKeeper,
     reader: &StateReader,
     seen: u32,
     leading: impl Fn() -> bool,
-) -> bool {
+) -> Option<Walk> {
+    let mut walk = Walk {
+        steps: 0,
+        longest: Duration::ZERO,
+    };
     let mut after: Option<String> = None;
     loop {
         if !leading() {
-            return false;
+            return None;
         }
-        let last = reader.read(|table| {
-            let step: Vec<_> = table
-                .grants_after(after.as_deref())
-                .take(RECONCILE_STEP)
-                .collect();
-            keeper.reconcile_grants(seen, step.iter().map(|g| (g.key(), g.token, g.ttl_ms)));
-            (step.len() == RECONCILE_STEP).then(|| step.last().map(|g| g.key().to_owned()))
+        let last = walk.step(|| {
+            reader.read(|table| {
+                let step: Vec<_> = table
+                    .grants_after(after.as_deref())
+                    .take(RECONCILE_STEP)
+                    .collect();
+                keeper.reconcile_grants(seen, step.iter().map(|g| (g.key(), g.token, g.ttl_ms)));
+                (step.len() == RECONCILE_STEP).then(|| step.last().map(|g| g.key().to_owned()))
+            })
         });
         match last {
             Some(last) => after = last,
@@ -171,16 +202,18 @@ async fn reconcile(
     let mut after: Option<String> = None;
     loop {
         if !leading() {
-            return false;
+            return None;
         }
-        let last = reader.read(|table| {
-            let step: Vec<(&str, u64)> = table
-                .sessions_after(after.as_deref())
-                .take(RECONCILE_STEP)
-                .map(|(id, s)| (id, s.ttl_ms))
-                .collect();
-            keeper.reconcile_sessions(seen, step.iter().copied());
-            (step.len() == RECONCILE_STEP).then(|| step.last().map(|(id, _)| (*id).to_owned()))
+        let last = walk.step(|| {
+            reader.read(|table| {
+                let step: Vec<(&str, u64)> = table
+                    .sessions_after(after.as_deref())
+                    .take(RECONCILE_STEP)
+                    .map(|(id, s)| (id, s.ttl_ms))
+                    .collect();
+                keeper.reconcile_sessions(seen, step.iter().copied());
+                (step.len() == RECONCILE_STEP).then(|| step.last().map(|(id, _)| (*id).to_owned()))
+            })
         });
         match last {
             Some(last) => after = last,
@@ -188,7 +221,7 @@ async fn reconcile(
         }
         tokio::task::yield_now().await;
     }
-    true
+    Some(walk)
 }
 
 /// Logs a failed promote as `failing` says: the first of a run, then a summary a minute. The
