@@ -3,6 +3,7 @@
 //!
 //! Split by what each part owns:
 //! - [`table`]: the lease records and their deadline index; pure data, takes `now`.
+//! - [`shards`]: the table's map from key to record, split so that it grows in small steps.
 //! - [`keeper`]: [`LeaseKeeper`], the node's shared table behind a lock, with the clock and
 //!   the promoted term.
 //! - [`observer`]: [`Observer`], feeding applied events to the keeper and the waiters.
@@ -17,6 +18,7 @@ pub mod keeper;
 pub mod observer;
 pub mod promoter;
 pub mod reaper;
+pub mod shards;
 pub mod table;
 
 pub use keeper::LeaseKeeper;

@@ -37,12 +37,14 @@
 //! expiring lease has been handed to the reaper, so it leaves the index until its expiry fails
 //! and it may be taken again, or a promote gives it a fresh lease.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 #[cfg(test)]
 use lock_raft_store::Grant;
+
+use super::shards::ShardedMap;
 
 /// Most index entries one [`LeaseTable::take_lapsed`] call rewrites to the current epoch
 /// (materialises) or moves to the deadline a heartbeat gave its session, before it returns.
@@ -212,7 +214,7 @@ impl HasLife for SessionRecord {
 /// reaper (which are not in the index).
 #[derive(Debug)]
 struct Leases<R> {
-    records: HashMap<Arc<str>, R>,
+    records: ShardedMap<R>,
     index: DeadlineIndex,
     expiring: HashSet<Arc<str>>,
 }
@@ -220,7 +222,7 @@ struct Leases<R> {
 impl<R> Default for Leases<R> {
     fn default() -> Self {
         Self {
-            records: HashMap::new(),
+            records: ShardedMap::default(),
             index: DeadlineIndex::new(),
             expiring: HashSet::new(),
         }
@@ -403,7 +405,7 @@ impl<R: HasLife> Leases<R> {
                 "{what} {key:?} is expiring in an older epoch"
             );
         }
-        for (key, record) in &self.records {
+        for (key, record) in self.records.iter() {
             let life = record.life();
             assert!(
                 life.deadline <= promote.effective(life),
@@ -793,7 +795,7 @@ fn ms_ticks(ms: u32) -> Tick {
 
 #[cfg(test)]
 pub(super) mod tests {
-    use std::collections::BTreeMap;
+    use std::collections::{BTreeMap, HashMap};
 
     use rand::rngs::StdRng;
     use rand::{Rng, SeedableRng};
