@@ -144,6 +144,7 @@ pub async fn run_promoter(
 }
 
 /// How a finished reconcile walk went, for its log line.
+#[derive(Default)]
 struct Walk {
     /// Steps taken.
     steps: u64,
@@ -174,10 +175,7 @@ async fn reconcile(
     seen: u32,
     leading: impl Fn() -> bool,
 ) -> Option<Walk> {
-    let mut walk = Walk {
-        steps: 0,
-        longest: Duration::ZERO,
-    };
+    let mut walk = Walk::default();
     let mut after: Option<String> = None;
     loop {
         if !leading() {

@@ -4,10 +4,12 @@
 //! A `HashMap` grows by moving every entry into a table twice the size, in the one insert that
 //! found it full. The keeper's grant map grows from the apply path (each applied grant's event)
 //! with the keeper locked, on every node at nearly the same log index: measured in session 28,
-//! the insert that grew a one-map table past ~917,000 grants took 260 ms (a 1,024-key step of
-//! inserts otherwise takes about 1 ms), so the apply, every renewal and every heartbeat waited
-//! a quarter of a second on all three nodes at once. Split 64 ways, one growth moves about a
-//! 64th of the entries: ~4 ms at a million.
+//! the insert that grew a one-map table past ~917,000 grants took 220–260 ms (a 1,024-key
+//! step of inserts otherwise takes about 1 ms), so the apply, every renewal and every heartbeat
+//! waited a quarter of a second on all three nodes at once. Split 256 ways, one growth moves
+//! about a 256th of the entries, about a millisecond at a million. Keys spread evenly, so the
+//! shards grow at nearly the same total: the longest step of 1,024 inserts, which meets
+//! several of those growths, took 10–13 ms (64 shards: 26–44 ms; `examples/lease_growth.rs`).
 //!
 //! Owns the split only: which shard holds a key, a hash of the key fixed for the map's life.
 //! Keys are `Arc<str>`, looked up by `&str`.
@@ -18,7 +20,7 @@ use std::hash::BuildHasher;
 use std::sync::Arc;
 
 /// Shards in a map. A power of two, so a shard is picked by a mask.
-pub const SHARDS: usize = 64;
+pub const SHARDS: usize = 256;
 
 /// A map from key to `V` in [`SHARDS`] hash maps.
 #[derive(Debug)]
@@ -69,7 +71,7 @@ impl<V> ShardedMap<V> {
 
     /// Makes room for `additional` more entries, spread as keys spread: each shard gets room
     /// for its share and a quarter more plus 64, many standard deviations of how unevenly
-    /// random keys fall (at a million, a shard's share is 15,625 ± 125), so filling the map by
+    /// random keys fall (at a million, a shard's share is 3,906 ± 62), so filling the map by
     /// `additional` grows no shard.
     pub fn reserve(&mut self, additional: usize) {
         if additional == 0 {
@@ -174,7 +176,7 @@ mod tests {
         let after: Vec<usize> = map.shards.iter().map(HashMap::capacity).collect();
         assert_eq!(room, after, "no shard grew");
         assert!(
-            map.shards.iter().all(|s| s.len() > 200),
+            map.shards.iter().all(|s| s.len() > 20),
             "every shard took keys"
         );
         assert_eq!(map.len(), 20_000);
