@@ -11,7 +11,6 @@
 //! client's deadline is measured on its own monotonic clock from *before* it sent the request,
 //! so a leader deadline taken when the request arrives is never earlier than the client's.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -19,6 +18,7 @@ use lock_raft_store::Event;
 use lock_raft_store::limits::SESSIONS_MAX;
 use lock_raft_store::storage::StateReader;
 
+use super::shards::ShardedMap;
 use super::table::{GrantLease, Lapsed, LeaseTable, RenewCheck};
 use crate::clock::Clock;
 
@@ -36,8 +36,9 @@ struct State {
     /// bits), so a memoised answer stays the state's answer until the session ends, when the
     /// applied event removes it. Emptied whenever leadership is gained or lost, so a state
     /// replaced by a snapshot install is never answered from it; at most
-    /// [`PRINCIPAL_MEMO_MAX`] entries.
-    principals: HashMap<Box<str>, Option<Arc<str>>>,
+    /// [`PRINCIPAL_MEMO_MAX`] entries. Sharded as the lease table is, so filling it with a
+    /// hundred thousand sessions never grows one map of them all under the keeper's lock.
+    principals: ShardedMap<Option<Arc<str>>>,
 }
 
 /// Most sessions [`State::principals`] remembers: every live session, twice over. It only
@@ -63,7 +64,7 @@ impl LeaseKeeper {
                 table: LeaseTable::new(clock.now()),
                 promoted_term: None,
                 reconciling: None,
-                principals: HashMap::new(),
+                principals: ShardedMap::default(),
             }),
         }
     }
@@ -220,7 +221,11 @@ impl LeaseKeeper {
     pub fn clear_promoted(&self) {
         let state = &mut *self.lock();
         state.promoted_term = None;
-        state.principals = HashMap::new();
+        // A new map frees the old one's memory; the promoter calls this on every follower
+        // wake-up, so only when there is something to free.
+        if !state.principals.is_empty() {
+            state.principals = ShardedMap::default();
+        }
     }
 
     /// The term whose promote applied on this leader, if any.
@@ -258,7 +263,7 @@ impl LeaseKeeper {
             let state = self.lock();
             session_ids
                 .iter()
-                .map(|id| state.principals.get(*id).cloned())
+                .map(|id| state.principals.get(id).cloned())
                 .collect()
         };
         let unknown: Vec<usize> = (0..session_ids.len())
@@ -270,7 +275,7 @@ impl LeaseKeeper {
                 let sessions: Vec<_> = table.sessions_of(ids).collect();
                 let state = &mut *self.lock();
                 if state.principals.len() + unknown.len() > PRINCIPAL_MEMO_MAX {
-                    state.principals = HashMap::new();
+                    state.principals = ShardedMap::default();
                 }
                 for (&i, session) in unknown.iter().zip(sessions) {
                     let principal = session.and_then(|s| s.principal()).map(Arc::<str>::from);
@@ -617,8 +622,8 @@ mod tests {
             let mut ids: Vec<String> = keeper
                 .lock()
                 .principals
-                .keys()
-                .map(|k| k.to_string())
+                .iter()
+                .map(|(k, _)| k.to_string())
                 .collect();
             ids.sort();
             ids
