@@ -104,10 +104,9 @@ impl InProcessCluster {
         InProcessCluster { nodes, _dir: dir }
     }
 
-    /// Polls until one node is leader with its leases ready (a session can be opened there).
-    /// The leader, once it serves every kind of call: it commits a session and answers that
-    /// session's heartbeat, which only a leader whose promote applied does (before, it answers
-    /// `Contention`, and a test's first leader-local call would meet that).
+    /// Polls until one node leads and serves every kind of call: it commits a session and
+    /// answers that session's heartbeat, which only a leader whose promote applied does (before,
+    /// it answers `Contention`, and a test's first leader-local call would meet that).
     async fn leader(&self) -> RaftBackend {
         use lock_api::SessionRegistry;
         let deadline = Instant::now() + LEADER_WAIT;

@@ -242,19 +242,19 @@ async fn probe(kind: Kind, router: &Router, held: &Held, n: usize, killed_at: In
                         .is_some_and(|i| i.fencing_token == held.token(n))
                 }),
         };
-        let mut attempt = Attempt {
-            node,
-            start_secs: started.as_secs_f64(),
-            call_ms: (killed_at.elapsed() - started).as_secs_f64() * 1e3,
-            answer: "served".to_owned(),
-        };
-        if let Err(status) = &answer {
-            attempt.answer = kind_of(status).0;
-        }
+        let call_ms = (killed_at.elapsed() - started).as_secs_f64() * 1e3;
+        let refused = answer.as_ref().err().map(kind_of);
         if out.timeline.len() == TIMELINE_KEPT {
             out.timeline.remove(0);
         }
-        out.timeline.push(attempt);
+        out.timeline.push(Attempt {
+            node,
+            start_secs: started.as_secs_f64(),
+            call_ms,
+            answer: refused
+                .as_ref()
+                .map_or_else(|| "served".to_owned(), |(kind, _)| kind.clone()),
+        });
         match answer {
             Ok(true) => {
                 out.served_secs = Some(killed_at.elapsed().as_secs_f64());
@@ -271,9 +271,10 @@ async fn probe(kind: Kind, router: &Router, held: &Held, n: usize, killed_at: In
                 out.served_secs = Some(killed_at.elapsed().as_secs_f64());
                 break;
             }
-            Err(status) => {
-                let (kind, error) = kind_of(&status);
-                refusals.note(&kind, &error);
+            Err(_) => {
+                if let Some((kind, error)) = &refused {
+                    refusals.note(kind, error);
+                }
             }
         }
         tokio::time::sleep(PROBE_PAUSE).await;

@@ -160,14 +160,10 @@ fn last_attempts(f: &Failover) -> String {
         ("the renewal", &f.renew),
         ("the confirmed read", &f.confirmed_read),
     ];
-    let Some((name, last)) = kinds
+    let Some((name, last, _)) = kinds
         .iter()
-        .filter(|(_, p)| p.served_secs.is_some())
-        .max_by(|a, b| {
-            a.1.served_secs
-                .partial_cmp(&b.1.served_secs)
-                .unwrap_or(std::cmp::Ordering::Equal)
-        })
+        .filter_map(|&(name, p)| p.served_secs.map(|secs| (name, p, secs)))
+        .max_by(|a, b| a.2.total_cmp(&b.2))
     else {
         return String::new();
     };
