@@ -9,7 +9,9 @@
 //! ```
 //!
 //! The table is the one `LeaseKeeper` holds behind its mutex; the keeper adds one lock and one
-//! clock reading per batch. Session ids are 36-character UUIDs, as lockd makes them.
+//! clock reading per batch. Session ids are 36-character UUIDs, as lockd makes them; every
+//! session is bound to one principal and beats as it, so each beat also checks its caller, as
+//! on a node that authenticates its callers.
 
 use std::time::{Duration, Instant};
 
@@ -21,6 +23,8 @@ const TTL: Duration = Duration::from_secs(15);
 const BATCH: usize = 1_024;
 /// The reaper's safety margin past a deadline.
 const MARGIN: Duration = Duration::from_millis(100);
+/// The principal every session is bound to and beats as.
+const PRINCIPAL: &str = "client";
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
@@ -47,7 +51,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut table = LeaseTable::new(t0);
     let ttl_ms = TTL.as_millis() as u64;
     for id in &ids {
-        table.insert_session(id, ttl_ms, t0);
+        table.insert_session(id, ttl_ms, Some(PRINCIPAL), t0);
     }
     // Batches of sessions, each due every TTL/3 from its own offset within the first period.
     let period = TTL / 3;
@@ -65,7 +69,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 let at = t0 + *due;
                 let started = Instant::now();
                 for id in batches[b] {
-                    if table.restart_session(id, at).is_none() {
+                    if table.restart_session_as(id, Some(PRINCIPAL), at)?.is_none() {
                         return Err(format!("session {id} lapsed at {due:?}").into());
                     }
                 }

@@ -407,6 +407,10 @@ pub enum Event {
         session_id: String,
         /// Lease length.
         ttl_ms: u64,
+        /// The principal the session is bound to (`AsCaller`), `None` for an unbound one. It
+        /// never changes, so a node's lease keeper checks a heartbeat's caller against it
+        /// without reading the state.
+        principal: Option<String>,
     },
     /// A session ended (closed or expired).
     SessionEnded {

@@ -281,6 +281,7 @@ impl Model {
                 ev.push(Event::SessionOpened {
                     session_id: session_id.clone(),
                     ttl_ms,
+                    principal: None,
                 });
                 Response::SessionOpened { session_id, ttl_ms }
             }

@@ -429,9 +429,16 @@ fn event(e: &Event) -> String {
             request_id,
             key,
         } => format!("waiter-dropped session={session_id} req={request_id} key={key}"),
-        Event::SessionOpened { session_id, ttl_ms } => {
-            format!("session-opened {session_id} ttl={ttl_ms}")
-        }
+        Event::SessionOpened {
+            session_id,
+            ttl_ms,
+            principal: None,
+        } => format!("session-opened {session_id} ttl={ttl_ms}"),
+        Event::SessionOpened {
+            session_id,
+            ttl_ms,
+            principal: Some(principal),
+        } => format!("session-opened {session_id} ttl={ttl_ms} principal={principal}"),
         Event::SessionEnded {
             session_id,
             expired: false,

@@ -1386,11 +1386,13 @@ pub(super) mod tests {
                 vec![
                     Event::SessionOpened {
                         session_id: "s1".to_string(),
-                        ttl_ms: 5_000
+                        ttl_ms: 5_000,
+                        principal: None,
                     },
                     Event::SessionOpened {
                         session_id: "s2".to_string(),
-                        ttl_ms: 5_000
+                        ttl_ms: 5_000,
+                        principal: None,
                     },
                 ]
             )]

@@ -203,14 +203,15 @@ impl LockTable {
                 self.sessions.len()
             ));
         }
+        events.push(Event::SessionOpened {
+            session_id: session_id.clone(),
+            ttl_ms,
+            principal: principal.clone(),
+        });
         self.sessions.insert(
             Holder::new(session_id.clone(), owner_id.clone()),
             Session::new(owner_id, principal, ttl_ms, stamp_ms),
         );
-        events.push(Event::SessionOpened {
-            session_id: session_id.clone(),
-            ttl_ms,
-        });
         Response::SessionOpened { session_id, ttl_ms }
     }
 

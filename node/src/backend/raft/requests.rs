@@ -63,15 +63,34 @@ impl RaftBackend {
         }
     }
 
-    /// [`RaftBackend::renew_lease`] for a session's heartbeat.
-    fn heartbeat_lease(&self, session_id: &str) -> Option<u64> {
+    /// [`RaftBackend::renew_lease`] for a session's heartbeat by `caller`, whose principal the
+    /// keeper checks against the session's in the same lookup
+    /// ([`LeaseKeeper::heartbeat_session`](crate::leader::LeaseKeeper::heartbeat_session)).
+    fn heartbeat_lease(
+        &self,
+        caller: Option<&str>,
+        session_id: &str,
+    ) -> Result<Option<u64>, LockError> {
+        let answer = self.inner.keeper.heartbeat_session(caller, session_id);
+        self.or_adopted(caller, session_id, answer)
+    }
+
+    /// The keeper's `answer` to a heartbeat of `session_id`, or, when it found no live lease
+    /// while the promote's reconcile walk runs (the state may hold a session the keeper has
+    /// not met yet), its answer once more after adopting the session from the state.
+    fn or_adopted(
+        &self,
+        caller: Option<&str>,
+        session_id: &str,
+        answer: Result<Option<u64>, LockError>,
+    ) -> Result<Option<u64>, LockError> {
         let keeper = &self.inner.keeper;
-        keeper.heartbeat_session(session_id).or_else(|| {
-            keeper
-                .adopt_session(&self.inner.reader, session_id)
-                .then(|| keeper.heartbeat_session(session_id))
-                .flatten()
-        })
+        match answer {
+            Ok(None) if keeper.adopt_session(&self.inner.reader, session_id) => {
+                keeper.heartbeat_session(caller, session_id)
+            }
+            answer => answer,
+        }
     }
 
     /// Whether the applied state has `key` granted to a session other than `session_id`: an
@@ -139,8 +158,7 @@ impl Backend for RaftBackend {
     ) -> Result<Option<u64>, LockError> {
         validate::session_id(session_id)?;
         self.leases_ready()?;
-        self.check_session_owner(caller, session_id)?;
-        let ttl = self.heartbeat_lease(session_id);
+        let ttl = self.heartbeat_lease(caller, session_id)?;
         // Both answers need the proof that this node still leads: a restarted lease because a
         // deposed leader cannot hand out a deadline its successor will not honour, and "gone"
         // because a deposed leader that has not yet heard of its successor still passes
@@ -165,30 +183,17 @@ impl Backend for RaftBackend {
         session_ids: &[String],
     ) -> Result<Vec<Result<Option<u64>, LockError>>, LockError> {
         self.leases_ready()?;
-        // Another principal's session is that entry's own refusal, and its lease is left alone.
-        // The owners come from the keeper, which reads each session's from the applied state
-        // once while this node leads (`LeaseKeeper::session_principals`).
-        let mut checked: Vec<Result<(), LockError>> = session_ids
+        // Another principal's session is that entry's own refusal, and its lease is left alone;
+        // the keeper checks each session's principal in the lookup that restarts its lease.
+        let checked: Vec<Result<(), LockError>> = session_ids
             .iter()
             .map(|id| validate::session_id(id))
             .collect();
-        if caller.is_some() {
-            let order: Vec<usize> = (0..session_ids.len())
-                .filter(|&i| checked[i].is_ok())
-                .collect();
-            let ids: Vec<&str> = order.iter().map(|&i| session_ids[i].as_str()).collect();
-            let principals = self
-                .inner
-                .keeper
-                .session_principals(&self.inner.reader, &ids);
-            for (&i, principal) in order.iter().zip(principals) {
-                checked[i] = validate::session_principal(caller, principal.as_deref());
-            }
-        }
-        let mut ttls = self
+        let mut beats = self
             .inner
             .keeper
             .heartbeat_sessions(
+                caller,
                 session_ids
                     .iter()
                     .zip(&checked)
@@ -200,17 +205,10 @@ impl Backend for RaftBackend {
             .into_iter()
             .zip(session_ids)
             .map(|(ok, id)| {
-                ok.map(|()| {
-                    ttls.next().flatten().or_else(|| {
-                        // Refused by the keeper: while the promote's reconcile walk runs, the
-                        // state may hold a session the keeper has not met yet.
-                        self.inner
-                            .keeper
-                            .adopt_session(&self.inner.reader, id)
-                            .then(|| self.inner.keeper.heartbeat_session(id))
-                            .flatten()
-                    })
-                })
+                ok?;
+                // One answer per valid id, in order (`heartbeat_sessions`).
+                let beat = beats.next().unwrap_or(Ok(None));
+                self.or_adopted(caller, id, beat)
             })
             .collect();
         // As in `keep_alive`: the extensions above happened before the round, and every answer

@@ -14,11 +14,10 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use lock_api::LockError;
 use lock_raft_store::Event;
-use lock_raft_store::limits::SESSIONS_MAX;
 use lock_raft_store::storage::StateReader;
 
-use super::shards::ShardedMap;
 use super::table::{GrantLease, Lapsed, LeaseTable, RenewCheck};
 use crate::clock::Clock;
 
@@ -30,20 +29,7 @@ struct State {
     /// The generation of the reconcile walk in progress (see [`LeaseKeeper::begin_reconcile`]):
     /// while it runs, a lease the keeper lacks may still be in the state, and the reaper waits.
     reconciling: Option<u32>,
-    /// The principal each session checked by [`LeaseKeeper::session_principals`] while this
-    /// node leads is bound to (`None`: unbound), read from the replicated state once. A
-    /// session's principal is fixed when it opens and its id is never reused (random, 122
-    /// bits), so a memoised answer stays the state's answer until the session ends, when the
-    /// applied event removes it. Emptied whenever leadership is gained or lost, so a state
-    /// replaced by a snapshot install is never answered from it; at most
-    /// [`PRINCIPAL_MEMO_MAX`] entries. Sharded as the lease table is, so filling it with a
-    /// hundred thousand sessions never grows one map of them all under the keeper's lock.
-    principals: ShardedMap<Option<Arc<str>>>,
 }
-
-/// Most sessions [`State::principals`] remembers: every live session, twice over. It only
-/// ever holds live sessions; the bound is a backstop, and reaching it empties the memo.
-const PRINCIPAL_MEMO_MAX: usize = 2 * SESSIONS_MAX;
 
 /// The in-memory lease deadlines of one node, fed by applied events on every node and
 /// authoritative only on a promoted leader.
@@ -64,7 +50,6 @@ impl LeaseKeeper {
                 table: LeaseTable::new(clock.now()),
                 promoted_term: None,
                 reconciling: None,
-                principals: ShardedMap::default(),
             }),
         }
     }
@@ -83,21 +68,19 @@ impl LeaseKeeper {
     /// Tracks what an applied batch did.
     pub fn on_events(&self, events: &[Event]) {
         let now = self.clock.now();
-        let state = &mut *self.lock();
-        let (table, principals) = (&mut state.table, &mut state.principals);
+        let table = &mut self.lock().table;
         for event in events {
             match event {
                 Event::Granted {
                     grant, shared_key, ..
                 } => table.insert_grant(shared_key.clone(), grant.token, grant.ttl_ms, now),
                 Event::Freed { key, token, .. } => table.remove_grant(key, *token),
-                Event::SessionOpened { session_id, ttl_ms } => {
-                    table.insert_session(session_id, *ttl_ms, now)
-                }
-                Event::SessionEnded { session_id, .. } => {
-                    table.remove_session(session_id);
-                    principals.remove(session_id.as_str());
-                }
+                Event::SessionOpened {
+                    session_id,
+                    ttl_ms,
+                    principal,
+                } => table.insert_session(session_id, *ttl_ms, principal.as_deref(), now),
+                Event::SessionEnded { session_id, .. } => table.remove_session(session_id),
                 Event::Promoted { .. } => table.restart_all(now),
                 Event::WaiterDropped { .. } => {}
             }
@@ -118,7 +101,6 @@ impl LeaseKeeper {
         state.table.reserve(grants, sessions);
         let seen = state.table.begin_reconcile();
         state.reconciling = Some(seen);
-        state.principals.clear();
         seen
     }
 
@@ -146,18 +128,19 @@ impl LeaseKeeper {
         }
     }
 
-    /// [`LeaseKeeper::reconcile_grants`] for `(session id, lease length)` of the state's sessions.
+    /// [`LeaseKeeper::reconcile_grants`] for `(session id, lease length, principal)` of the
+    /// state's sessions.
     pub fn reconcile_sessions<'a>(
         &self,
         seen: u32,
-        sessions: impl IntoIterator<Item = (&'a str, u64)>,
+        sessions: impl IntoIterator<Item = (&'a str, u64, Option<&'a str>)>,
     ) {
         let state = &mut *self.lock();
         if state.reconciling != Some(seen) {
             return;
         }
-        for (id, ttl_ms) in sessions {
-            state.table.reconcile_session(id, ttl_ms);
+        for (id, ttl_ms, principal) in sessions {
+            state.table.reconcile_session(id, ttl_ms, principal);
         }
     }
 
@@ -207,7 +190,9 @@ impl LeaseKeeper {
             if state.reconciling.is_none() {
                 return false;
             }
-            state.table.reconcile_session(session_id, session.ttl_ms);
+            state
+                .table
+                .reconcile_session(session_id, session.ttl_ms, session.principal());
             true
         })
     }
@@ -219,13 +204,7 @@ impl LeaseKeeper {
 
     /// Records that this node does not lead (any more).
     pub fn clear_promoted(&self) {
-        let state = &mut *self.lock();
-        state.promoted_term = None;
-        // A new map frees the old one's memory; the promoter calls this on every follower
-        // wake-up, so only when there is something to free.
-        if !state.principals.is_empty() {
-            state.principals = ShardedMap::default();
-        }
+        self.lock().promoted_term = None;
     }
 
     /// The term whose promote applied on this leader, if any.
@@ -245,57 +224,20 @@ impl LeaseKeeper {
         self.lock().table.renew_grant(key, token, ttl_ms, now)
     }
 
-    /// The principal each of `session_ids` is bound to, in order: what
-    /// `reader`'s `table.session(id).and_then(|s| s.principal())` answers (`None` for an
-    /// unbound session and for one the state does not hold). Sessions already checked while
-    /// this node leads are answered from memory; the others are read from the state in one
-    /// read ([`lock_raft_store::table::LockTable::sessions_of`]), and
-    /// remembered under that read, so no apply ending one of them lands between the read and
-    /// the memo (the event that removes it follows the apply). A `HeartbeatBatch` of 1,024
-    /// among 100,000 sessions otherwise searched the state for every id of every beat, over
-    /// half of what the beats cost the leader (bench/PERFORMANCE.md, "Session 12–13").
-    pub fn session_principals(
+    /// Restarts session `session_id`'s lease for `caller` if it is alive, and returns its TTL;
+    /// `Ok(None)` if the session is gone, lapsed or expiring (terminal for the client), or this
+    /// keeper has no lease of it. `Err(PermissionDenied)`, and the lease untouched, when the
+    /// session is bound to another principal (docs/SECURITY.md §3): the keeper holds each
+    /// session's principal from the event that opened it, so checking it reads no state.
+    pub fn heartbeat_session(
         &self,
-        reader: &StateReader,
-        session_ids: &[&str],
-    ) -> Vec<Option<Arc<str>>> {
-        let mut known: Vec<Option<Option<Arc<str>>>> = {
-            let state = self.lock();
-            session_ids
-                .iter()
-                .map(|id| state.principals.get(id).cloned())
-                .collect()
-        };
-        let unknown: Vec<usize> = (0..session_ids.len())
-            .filter(|&i| known[i].is_none())
-            .collect();
-        if !unknown.is_empty() {
-            reader.read(|table| {
-                let ids = unknown.iter().map(|&i| session_ids[i]);
-                let sessions: Vec<_> = table.sessions_of(ids).collect();
-                let state = &mut *self.lock();
-                if state.principals.len() + unknown.len() > PRINCIPAL_MEMO_MAX {
-                    state.principals = ShardedMap::default();
-                }
-                for (&i, session) in unknown.iter().zip(sessions) {
-                    let principal = session.and_then(|s| s.principal()).map(Arc::<str>::from);
-                    if session.is_some() {
-                        state
-                            .principals
-                            .insert(session_ids[i].into(), principal.clone());
-                    }
-                    known[i] = Some(principal);
-                }
-            });
-        }
-        known.into_iter().map(Option::flatten).collect()
-    }
-
-    /// Restarts session `session_id`'s lease if it is alive; returns its TTL, or `None` if the
-    /// session is gone, lapsed or expiring (terminal for the client).
-    pub fn heartbeat_session(&self, session_id: &str) -> Option<u64> {
+        caller: Option<&str>,
+        session_id: &str,
+    ) -> Result<Option<u64>, LockError> {
         let now = self.clock.now();
-        self.lock().table.restart_session(session_id, now)
+        self.lock()
+            .table
+            .restart_session_as(session_id, caller, now)
     }
 
     /// [`LeaseKeeper::heartbeat_session`] for each of `session_ids`, in order, under one
@@ -305,13 +247,14 @@ impl LeaseKeeper {
     /// bounds how long the table stays locked.
     pub fn heartbeat_sessions<'a>(
         &self,
+        caller: Option<&str>,
         session_ids: impl IntoIterator<Item = &'a str>,
-    ) -> Vec<Option<u64>> {
+    ) -> Vec<Result<Option<u64>, LockError>> {
         let now = self.clock.now();
         let table = &mut self.lock().table;
         session_ids
             .into_iter()
-            .map(|id| table.restart_session(id, now))
+            .map(|id| table.restart_session_as(id, caller, now))
             .collect()
     }
 
@@ -465,6 +408,7 @@ mod tests {
         keeper.on_events(&[Event::SessionOpened {
             session_id: "s".into(),
             ttl_ms: 2_000,
+            principal: None,
         }]);
         clock.advance(Duration::from_millis(5_000));
         keeper.on_events(&[Event::Promoted { stamp_ms: 5_000 }]);
@@ -472,7 +416,7 @@ mod tests {
             keeper.renew_grant("k", 7, 1_000),
             RenewCheck::Extended { .. }
         ));
-        assert_eq!(keeper.heartbeat_session("s"), Some(2_000));
+        assert_eq!(keeper.heartbeat_session(None, "s"), Ok(Some(2_000)));
         keeper.on_events(&[Event::Freed {
             key: "k".into(),
             token: 6,
@@ -497,12 +441,13 @@ mod tests {
         keeper.on_events(&[Event::SessionOpened {
             session_id: "s".into(),
             ttl_ms: 1_000,
+            principal: None,
         }]);
         clock.advance(Duration::from_millis(999));
-        assert_eq!(keeper.heartbeat_session("s"), Some(1_000));
+        assert_eq!(keeper.heartbeat_session(None, "s"), Ok(Some(1_000)));
         clock.advance(Duration::from_millis(1_001));
-        assert_eq!(keeper.heartbeat_session("s"), None);
-        assert_eq!(keeper.heartbeat_session("unknown"), None);
+        assert_eq!(keeper.heartbeat_session(None, "s"), Ok(None));
+        assert_eq!(keeper.heartbeat_session(None, "unknown"), Ok(None));
     }
 
     #[test]
@@ -513,28 +458,37 @@ mod tests {
             Event::SessionOpened {
                 session_id: "live".into(),
                 ttl_ms: 1_000,
+                principal: None,
             },
             Event::SessionOpened {
                 session_id: "lapsed".into(),
                 ttl_ms: 500,
+                principal: None,
             },
             Event::SessionOpened {
                 session_id: "expiring".into(),
                 ttl_ms: 5_000,
+                principal: None,
             },
         ]);
         clock.advance(Duration::from_millis(600));
         keeper.lock().table.mark_session_expiring("expiring");
         assert_eq!(
-            keeper.heartbeat_sessions(["live", "unknown", "lapsed", "expiring", "live"]),
-            vec![Some(1_000), None, None, None, Some(1_000)]
+            keeper.heartbeat_sessions(None, ["live", "unknown", "lapsed", "expiring", "live"]),
+            vec![
+                Ok(Some(1_000)),
+                Ok(None),
+                Ok(None),
+                Ok(None),
+                Ok(Some(1_000))
+            ]
         );
         // The live session's lease restarted at the batch's instant: alive 999 ms later, and a
         // lapsed one stays lapsed.
         clock.advance(Duration::from_millis(999));
-        assert_eq!(keeper.heartbeat_session("live"), Some(1_000));
-        assert_eq!(keeper.heartbeat_sessions(["lapsed"]), vec![None]);
-        assert!(keeper.heartbeat_sessions([]).is_empty());
+        assert_eq!(keeper.heartbeat_session(None, "live"), Ok(Some(1_000)));
+        assert_eq!(keeper.heartbeat_sessions(None, ["lapsed"]), vec![Ok(None)]);
+        assert!(keeper.heartbeat_sessions(None, []).is_empty());
     }
 
     #[test]
@@ -550,7 +504,7 @@ mod tests {
         clock.advance(Duration::from_millis(2_000));
         assert_eq!(keeper.take_lapsed(REAP_PER_TICK_MAX), Lapsed::default());
         keeper.reconcile_grants(seen, [("other", 9, 3_000)]);
-        keeper.reconcile_sessions(seen, [("s2", 5_000)]);
+        keeper.reconcile_sessions(seen, [("s2", 5_000, None)]);
         // A stale generation changes nothing.
         keeper.reconcile_grants(seen.wrapping_sub(1), [("ghost", 1, 3_000)]);
         keeper.finish_reconcile(seen);
@@ -559,7 +513,7 @@ mod tests {
         assert!(keeper.grant_lease("ghost").is_none());
         let lease = keeper.grant_lease("other").expect("added from the state");
         assert_eq!(lease.deadline, promoted + Duration::from_millis(3_000));
-        assert_eq!(keeper.heartbeat_session("s2"), Some(5_000));
+        assert_eq!(keeper.heartbeat_session(None, "s2"), Ok(Some(5_000)));
         assert_eq!(keeper.counts(), (1, 1));
         // The reaper runs again.
         clock.advance(Duration::from_millis(1_200));
@@ -579,9 +533,10 @@ mod tests {
     }
 
     #[test]
-    fn session_principals_answer_what_the_state_answers_and_forget_ended_sessions() {
+    fn a_heartbeat_is_checked_against_the_principal_its_session_opened_with() {
+        use lock_api::SESSION_OWNER_ROLE;
         use lock_raft_store::{Command, Entry, EntryPayload, LeaderId, LogId, Request};
-        let (_clock, keeper) = keeper();
+        let (clock, keeper) = keeper();
         let keeper = Arc::new(keeper);
         let dir = tempfile::tempdir().expect("temp dir");
         let (_log, sm) =
@@ -609,59 +564,81 @@ mod tests {
             owner_id: format!("owner-{id}"),
             ttl_ms: 10_000,
         };
-        let a = "a".repeat(32);
-        let b = "b".repeat(32);
-        let c = "c".repeat(32);
+        let (a, b, c) = ("a".repeat(32), "b".repeat(32), "c".repeat(32));
         apply(Command::AsCaller {
-            principal: "spiffe://lockd/alice".to_owned(),
+            principal: "alice".to_owned(),
             command: Box::new(open(&a)),
         });
         apply(open(&b));
-        let reader = sm.reader();
-        let memo = |keeper: &LeaseKeeper| {
-            let mut ids: Vec<String> = keeper
-                .lock()
-                .principals
-                .iter()
-                .map(|(k, _)| k.to_string())
-                .collect();
-            ids.sort();
-            ids
+        let denied = |caller: &str| LockError::PermissionDenied {
+            principal: caller.to_owned(),
+            required_role: SESSION_OWNER_ROLE.to_owned(),
         };
-        let alice = Some(Arc::<str>::from("spiffe://lockd/alice"));
-        let ids = [c.as_str(), a.as_str(), b.as_str(), a.as_str()];
-        let expected = vec![None, alice.clone(), None, alice.clone()];
-        assert_eq!(keeper.session_principals(&reader, &ids), expected);
-        assert_eq!(
-            memo(&keeper),
-            vec![a.clone(), b.clone()],
-            "no memo of a missing session"
-        );
-        // Answered again, now from the memo, alike.
-        assert_eq!(keeper.session_principals(&reader, &ids), expected);
 
-        // An ended session is forgotten with its event, and then answered as the state does.
+        // The owner, an unchecked caller, and anyone on an unbound session are answered; a
+        // session the keeper does not hold is gone for anyone.
+        assert_eq!(
+            keeper.heartbeat_sessions(Some("alice"), [a.as_str(), b.as_str(), c.as_str()]),
+            vec![Ok(Some(10_000)), Ok(Some(10_000)), Ok(None)]
+        );
+        assert_eq!(keeper.heartbeat_session(None, &a), Ok(Some(10_000)));
+        assert_eq!(
+            keeper.heartbeat_session(Some("mallory"), &b),
+            Ok(Some(10_000))
+        );
+
+        // Another principal is refused, entry by entry, and its beats restart nothing: alice's
+        // lease lapses 10 s after her last beat however often mallory beats.
+        clock.advance(Duration::from_millis(6_000));
+        assert_eq!(
+            keeper.heartbeat_sessions(Some("mallory"), [a.as_str(), b.as_str()]),
+            vec![Err(denied("mallory")), Ok(Some(10_000))]
+        );
+        clock.advance(Duration::from_millis(4_001));
+        assert_eq!(
+            keeper.heartbeat_session(Some("mallory"), &a),
+            Err(denied("mallory"))
+        );
+        assert_eq!(
+            keeper.heartbeat_session(Some("alice"), &a),
+            Ok(None),
+            "lapsed"
+        );
+
+        // A keeper that never saw the opening (a snapshot install) takes the principal from the
+        // state when the reconcile walk or an adoption brings the session.
+        let fresh = LeaseKeeper::new(clock.clone(), Duration::from_millis(100));
+        fresh.on_events(&[Event::Promoted { stamp_ms: 2_000 }]);
+        let seen = fresh.begin_reconcile(0, 2);
+        let reader = sm.reader();
+        assert_eq!(
+            fresh.heartbeat_session(Some("mallory"), &a),
+            Ok(None),
+            "not met yet"
+        );
+        assert!(fresh.adopt_session(&reader, &a));
+        assert_eq!(
+            fresh.heartbeat_session(Some("mallory"), &a),
+            Err(denied("mallory"))
+        );
+        assert_eq!(fresh.heartbeat_session(Some("alice"), &a), Ok(Some(10_000)));
+        fresh.reconcile_sessions(
+            seen,
+            [
+                (b.as_str(), 10_000, None),
+                (c.as_str(), 10_000, Some("carol")),
+            ],
+        );
+        assert_eq!(
+            fresh.heartbeat_session(Some("mallory"), &c),
+            Err(denied("mallory"))
+        );
+        assert_eq!(fresh.heartbeat_session(Some("carol"), &c), Ok(Some(10_000)));
+
+        // An ended session's record goes with its event: gone for anyone.
         apply(Command::CloseSession {
-            session_id: a.clone(),
+            session_id: b.clone(),
         });
-        assert_eq!(memo(&keeper), vec![b.clone()]);
-        assert_eq!(
-            keeper.session_principals(&reader, &[a.as_str()]),
-            vec![None]
-        );
-
-        // Gaining or losing leadership empties the memo.
-        assert_eq!(
-            keeper.session_principals(&reader, &[b.as_str()]),
-            vec![None]
-        );
-        keeper.begin_reconcile(0, 0);
-        assert!(memo(&keeper).is_empty());
-        assert_eq!(
-            keeper.session_principals(&reader, &[b.as_str()]),
-            vec![None]
-        );
-        keeper.clear_promoted();
-        assert!(memo(&keeper).is_empty());
+        assert_eq!(keeper.heartbeat_session(Some("alice"), &b), Ok(None));
     }
 }

@@ -204,13 +204,14 @@ async fn reconcile(
         }
         let last = walk.step(|| {
             reader.read(|table| {
-                let step: Vec<(&str, u64)> = table
+                let step: Vec<(&str, u64, Option<&str>)> = table
                     .sessions_after(after.as_deref())
                     .take(RECONCILE_STEP)
-                    .map(|(id, s)| (id, s.ttl_ms))
+                    .map(|(id, s)| (id, s.ttl_ms, s.principal()))
                     .collect();
                 keeper.reconcile_sessions(seen, step.iter().copied());
-                (step.len() == RECONCILE_STEP).then(|| step.last().map(|(id, _)| (*id).to_owned()))
+                (step.len() == RECONCILE_STEP)
+                    .then(|| step.last().map(|(id, _, _)| (*id).to_owned()))
             })
         });
         match last {

@@ -27,6 +27,12 @@
 //! instead of at every beat, and a heartbeat is one hash lookup. A grant's renewal still moves
 //! its entry: renewals come once per half TTL, so nothing would be saved.
 //!
+//! A session's record also carries the principal it is bound to, from the event that opened it
+//! or the state the reconcile walk read, so that one lookup checks a heartbeat's caller
+//! ([`LeaseTable::restart_session_as`]) and restarts its lease. A session's principal is fixed
+//! when it opens and its id is never reused, so the record's copy is the state's answer for as
+//! long as the record lives.
+//!
 //! # Invariant ([`LeaseTable::check_invariants`])
 //!
 //! For each kind: a key is in the expiring set, or the index holds `(indexed, key)` with the
@@ -41,6 +47,7 @@ use std::collections::{BTreeSet, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use lock_api::LockError;
 #[cfg(test)]
 use lock_raft_store::Grant;
 
@@ -177,19 +184,21 @@ impl HasLife for GrantRecord {
     fn indexed_at_deadline(&mut self) {}
 }
 
-/// A session's record: its [`Life`] and where its index entry is, which a heartbeat leaves
-/// behind (32 bytes).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// A session's record: its [`Life`], where its index entry is, which a heartbeat leaves
+/// behind, and the principal it is bound to (`None`: unbound), 48 bytes.
+#[derive(Clone, Debug, PartialEq, Eq)]
 struct SessionRecord {
     life: Life,
     indexed: Tick,
+    principal: Option<Arc<str>>,
 }
 
 impl SessionRecord {
-    fn new(life: Life) -> Self {
+    fn new(life: Life, principal: Option<&str>) -> Self {
         SessionRecord {
             indexed: life.deadline,
             life,
+            principal: principal.map(Arc::from),
         }
     }
 }
@@ -507,11 +516,18 @@ impl LeaseTable {
         }
     }
 
-    /// Starts a full lease of session `session_id` at `now`, replacing any it had.
-    pub fn insert_session(&mut self, session_id: &str, ttl_ms: u64, now: Instant) {
+    /// Starts a full lease of session `session_id`, bound to `principal`, at `now`, replacing
+    /// any it had.
+    pub fn insert_session(
+        &mut self,
+        session_id: &str,
+        ttl_ms: u64,
+        principal: Option<&str>,
+        now: Instant,
+    ) {
         let life = self.fresh(ttl_ms, now);
         self.sessions
-            .insert(Arc::from(session_id), SessionRecord::new(life));
+            .insert(Arc::from(session_id), SessionRecord::new(life, principal));
     }
 
     /// Drops the lease of session `session_id`.
@@ -587,8 +603,9 @@ impl LeaseTable {
         }
     }
 
-    /// [`LeaseTable::reconcile_grant`] for session `session_id` with lease length `ttl_ms`.
-    pub fn reconcile_session(&mut self, session_id: &str, ttl_ms: u64) {
+    /// [`LeaseTable::reconcile_grant`] for session `session_id` with lease length `ttl_ms`,
+    /// bound to `principal` (a record the keeper already had keeps its own: the same one).
+    pub fn reconcile_session(&mut self, session_id: &str, ttl_ms: u64, principal: Option<&str>) {
         let promote = self.promote;
         let ttl_ms = ttl_u32(ttl_ms);
         let restarted = promote.at.saturating_add(ms_ticks(ttl_ms));
@@ -610,7 +627,7 @@ impl LeaseTable {
                     seen: self.seen,
                 };
                 self.sessions
-                    .insert(Arc::from(session_id), SessionRecord::new(life));
+                    .insert(Arc::from(session_id), SessionRecord::new(life, principal));
             }
         }
     }
@@ -657,18 +674,29 @@ impl LeaseTable {
 
     /// Restarts session `session_id`'s lease at `now` if it is alive (present, not expiring,
     /// its deadline not passed) and returns its TTL; a lapsed lease is never revived (D-lease).
+    /// `Err(PermissionDenied)` and nothing changed when the session is bound to another
+    /// principal than `caller` (`lock_api::validate::session_principal`; `None` is never
+    /// refused); `Ok(None)` when the table holds no lease of it.
     ///
     /// One hash lookup: the index entry stays behind the new deadline (see the module docs,
-    /// "The lazy heartbeat").
-    pub fn restart_session(&mut self, session_id: &str, now: Instant) -> Option<u64> {
+    /// "The lazy heartbeat"), and the principal is in the record.
+    pub fn restart_session_as(
+        &mut self,
+        session_id: &str,
+        caller: Option<&str>,
+        now: Instant,
+    ) -> Result<Option<u64>, LockError> {
         let now = self.tick(now);
         let promote = self.promote;
         let Leases {
             records, expiring, ..
         } = &mut self.sessions;
-        let record = records.get_mut(session_id)?;
+        let Some(record) = records.get_mut(session_id) else {
+            return Ok(None);
+        };
+        lock_api::validate::session_principal(caller, record.principal.as_deref())?;
         if now > promote.effective(&record.life) || expiring.contains(session_id) {
-            return None;
+            return Ok(None);
         }
         let ttl_ms = record.life.ttl_ms;
         let deadline = now.saturating_add(ms_ticks(ttl_ms));
@@ -676,7 +704,14 @@ impl LeaseTable {
         if let Some(old) = Leases::set_record_deadline(record, promote, deadline) {
             self.sessions.move_entry(session_id, old, deadline);
         }
-        Some(u64::from(ttl_ms))
+        Ok(Some(u64::from(ttl_ms)))
+    }
+
+    /// [`LeaseTable::restart_session_as`] for an unchecked caller (tests).
+    #[cfg(test)]
+    pub fn restart_session(&mut self, session_id: &str, now: Instant) -> Option<u64> {
+        self.restart_session_as(session_id, None, now)
+            .expect("no caller is never refused")
     }
 
     /// The lease of `key`, if any, with its effective deadline.
@@ -863,8 +898,8 @@ pub(super) mod tests {
         let t0 = Instant::now();
         let margin = ms(50);
         let mut table = LeaseTable::new(t0);
-        table.insert_session("s", 1_000, t0);
-        table.insert_session("t", 1_000, t0 + ms(10));
+        table.insert_session("s", 1_000, None, t0);
+        table.insert_session("t", 1_000, None, t0 + ms(10));
         assert_eq!(table.restart_session("s", t0 + ms(700)), Some(1_000));
         assert_eq!(table.restart_session("s", t0 + ms(900)), Some(1_000));
         assert_eq!(
@@ -914,7 +949,7 @@ pub(super) mod tests {
             table.reconcile_grant(&format!("k{i:05}"), i + 2, 1_000);
         }
         for i in 0..300 {
-            table.reconcile_session(&format!("s{i:03}"), 1_000);
+            table.reconcile_session(&format!("s{i:03}"), 1_000, None);
         }
         // (A removal may leave a tombstone that lowers the reported capacity by one, so the
         // capacities are compared before the sweep.)
@@ -946,10 +981,10 @@ pub(super) mod tests {
     fn a_heartbeat_that_shortens_a_lease_moves_its_entry_back() {
         let t0 = Instant::now();
         let mut table = LeaseTable::new(t0);
-        table.insert_session("s", 30_000, t0);
+        table.insert_session("s", 30_000, None, t0);
         table.restart_all(t0 + ms(100));
         table.begin_reconcile();
-        table.reconcile_session("s", 1_000);
+        table.reconcile_session("s", 1_000, None);
         table.check_invariants();
         assert_eq!(table.restart_session("s", t0 + ms(200)), Some(1_000));
         assert_eq!(
@@ -967,7 +1002,7 @@ pub(super) mod tests {
         let t0 = Instant::now();
         let mut table = LeaseTable::new(t0);
         table.insert_grant_copied(&grant("a", 1, 1_000), t0);
-        table.insert_session("s", 1_000, t0);
+        table.insert_session("s", 1_000, None, t0);
         table.remove_grant("a", 9);
         assert_eq!(table.grants.index.len(), 1, "another token's free keeps it");
         table.remove_grant("a", 1);
@@ -995,8 +1030,8 @@ pub(super) mod tests {
         table.insert_grant_copied(&grant("a", 1, 100), t0);
         table.insert_grant_copied(&grant("c", 3, 300), t0);
         table.insert_grant_copied(&grant("b", 2, 200), t0);
-        table.insert_session("s2", 150, t0);
-        table.insert_session("s1", 250, t0);
+        table.insert_session("s2", 150, None, t0);
+        table.insert_session("s1", 250, None, t0);
         let margin = ms(50);
         // At 351 ms, deadline + margin < now holds for a, b, c, d (300 + 50 < 351), not e.
         let now = t0 + ms(351);
@@ -1038,7 +1073,7 @@ pub(super) mod tests {
         table.insert_grant_copied(&grant("a", 1, 100), t0);
         table.insert_grant_copied(&grant("b", 2, 300), t0);
         table.insert_grant_copied(&grant("c", 3, 9_000), t0);
-        table.insert_session("s", 200, t0);
+        table.insert_session("s", 200, None, t0);
         assert_eq!(table.take_lapsed(10, ms(0), t0 + ms(1_000)).grants.len(), 2);
         let later = t0 + ms(5_000);
         table.restart_all(later);
@@ -1128,7 +1163,7 @@ pub(super) mod tests {
         table.insert_grant_copied(&grant("kept", 1, 100), t0);
         table.insert_grant_copied(&grant("stale", 2, 100), t0);
         table.insert_grant_copied(&grant("retoken", 3, 100), t0);
-        table.insert_session("gone", 100, t0);
+        table.insert_session("gone", 100, None, t0);
         let promote = t0 + ms(1_000);
         table.restart_all(promote);
         // Touched after the promote: its lease length is this leader's, not the state's.
@@ -1138,9 +1173,9 @@ pub(super) mod tests {
         table.reconcile_grant("retoken", 4, 200);
         table.reconcile_grant("missing", 5, 300);
         table.reconcile_grant("fresh", 9, 700);
-        table.reconcile_session("new", 400);
+        table.reconcile_session("new", 400, None);
         // An event during the walk counts as seen.
-        table.insert_session("opened", 100, promote + ms(20));
+        table.insert_session("opened", 100, None, promote + ms(20));
         table.finish_reconcile(seen);
         table.check_invariants();
         let deadline = |table: &LeaseTable, key: &str| table.grant_lease(key).map(|l| l.deadline);
@@ -1404,7 +1439,7 @@ pub(super) mod tests {
                         }
                     }
                     2 => {
-                        table.insert_session(&id, ttl, now);
+                        table.insert_session(&id, ttl, None, now);
                         let lease = Model::lease(0, ttl, now + ms(ttl));
                         model.sessions.insert(id.clone(), lease);
                     }
@@ -1434,7 +1469,7 @@ pub(super) mod tests {
                             table.reconcile_grant(&g.key, g.token, g.ttl_ms);
                         }
                         for (id, ttl_ms) in &sessions {
-                            table.reconcile_session(id, *ttl_ms);
+                            table.reconcile_session(id, *ttl_ms, None);
                         }
                         table.finish_reconcile(seen);
                         model.reconcile(&grants, &sessions);
@@ -1633,7 +1668,7 @@ pub(super) mod tests {
         }
         let grants = resident_bytes();
         for i in 0..sessions {
-            table.insert_session(&format!("{i:032x}"), 30_000, t0 + ms(i % 10_000));
+            table.insert_session(&format!("{i:032x}"), 30_000, None, t0 + ms(i % 10_000));
         }
         let all = resident_bytes();
         if let (Some(before), Some(grants), Some(all)) = (before, grants, all) {
