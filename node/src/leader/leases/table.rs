@@ -194,11 +194,11 @@ struct SessionRecord {
 }
 
 impl SessionRecord {
-    fn new(life: Life, principal: Option<&str>) -> Self {
+    fn new(life: Life, principal: Option<Arc<str>>) -> Self {
         SessionRecord {
             indexed: life.deadline,
             life,
-            principal: principal.map(Arc::from),
+            principal,
         }
     }
 }
@@ -447,6 +447,10 @@ pub struct LeaseTable {
     /// fills the rest of a tick with sessions, as it always has.
     grants: Leases<GrantRecord>,
     sessions: Leases<SessionRecord>,
+    /// The principal of the session recorded last, shared by the next one of the same
+    /// principal: a service's sessions are mostly opened by one principal, and then its
+    /// sessions hold one allocation of it, which every heartbeat's check reads from cache.
+    last_principal: Option<Arc<str>>,
 }
 
 impl Default for LeaseTable {
@@ -466,6 +470,16 @@ impl LeaseTable {
             seen: 0,
             grants: Leases::default(),
             sessions: Leases::default(),
+            last_principal: None,
+        }
+    }
+
+    /// `principal` as an `Arc`, the last one recorded when it is the same.
+    fn shared_principal(&mut self, principal: Option<&str>) -> Option<Arc<str>> {
+        let principal = principal?;
+        match &self.last_principal {
+            Some(last) if **last == *principal => Some(last.clone()),
+            _ => Some(self.last_principal.insert(Arc::from(principal)).clone()),
         }
     }
 
@@ -526,6 +540,7 @@ impl LeaseTable {
         now: Instant,
     ) {
         let life = self.fresh(ttl_ms, now);
+        let principal = self.shared_principal(principal);
         self.sessions
             .insert(Arc::from(session_id), SessionRecord::new(life, principal));
     }
@@ -626,6 +641,7 @@ impl LeaseTable {
                     epoch: promote.epoch,
                     seen: self.seen,
                 };
+                let principal = self.shared_principal(principal);
                 self.sessions
                     .insert(Arc::from(session_id), SessionRecord::new(life, principal));
             }
@@ -888,6 +904,83 @@ pub(super) mod tests {
             "the old entry is gone and the new one sorts after b"
         );
         table.check_invariants();
+    }
+
+    /// A heartbeat is checked against its session's principal in the lookup that restarts it:
+    /// another principal is refused and restarts nothing, and consecutive sessions of one
+    /// principal share one allocation of it.
+    #[test]
+    fn a_heartbeat_is_checked_against_the_sessions_principal() {
+        let t0 = Instant::now();
+        let mut table = LeaseTable::new(t0);
+        table.insert_session("a1", 1_000, Some("alice"), t0);
+        table.insert_session("a2", 1_000, Some("alice"), t0);
+        table.insert_session("b", 1_000, Some("bob"), t0);
+        table.insert_session("a3", 1_000, Some("alice"), t0);
+        table.insert_session("u", 1_000, None, t0);
+        let denied = |caller: &str| LockError::PermissionDenied {
+            principal: caller.to_owned(),
+            required_role: lock_api::SESSION_OWNER_ROLE.to_owned(),
+        };
+        let at = t0 + ms(600);
+        assert_eq!(
+            table.restart_session_as("a1", Some("alice"), at),
+            Ok(Some(1_000))
+        );
+        assert_eq!(
+            table.restart_session_as("a2", Some("bob"), at),
+            Err(denied("bob"))
+        );
+        assert_eq!(
+            table.restart_session_as("b", Some("bob"), at),
+            Ok(Some(1_000))
+        );
+        assert_eq!(table.restart_session_as("a3", None, at), Ok(Some(1_000)));
+        assert_eq!(
+            table.restart_session_as("u", Some("carol"), at),
+            Ok(Some(1_000))
+        );
+        assert_eq!(
+            table.restart_session_as("gone", Some("carol"), at),
+            Ok(None)
+        );
+        // Bob's beat left a2's lease where alice's last one put it: lapsed after 1 s.
+        let later = t0 + ms(1_001);
+        assert_eq!(
+            table.restart_session_as("a2", Some("alice"), later),
+            Ok(None)
+        );
+        assert_eq!(
+            table.restart_session_as("a1", Some("alice"), later),
+            Ok(Some(1_000))
+        );
+        table.check_invariants();
+
+        let principal = |id: &str| {
+            table
+                .sessions
+                .records
+                .get(id)
+                .and_then(|r| r.principal.clone())
+        };
+        let (a1, a2, b, a3) = (
+            principal("a1"),
+            principal("a2"),
+            principal("b"),
+            principal("a3"),
+        );
+        let shared = |x: &Option<Arc<str>>, y: &Option<Arc<str>>| match (x, y) {
+            (Some(x), Some(y)) => Arc::ptr_eq(x, y),
+            _ => false,
+        };
+        assert!(
+            shared(&a1, &a2),
+            "consecutive sessions of one principal share it"
+        );
+        assert!(!shared(&a2, &b));
+        assert_eq!(a3.as_deref(), Some("alice"));
+        assert_eq!(b.as_deref(), Some("bob"));
+        assert_eq!(principal("u"), None);
     }
 
     /// A heartbeat moves a session's deadline and leaves its index entry behind it; the
