@@ -164,8 +164,10 @@ pub struct NodeStatus {
 /// `PermissionDenied { required_role: SESSION_OWNER_ROLE }` before it changes or answers
 /// anything (`lock_api::validate::session_principal`, docs/SECURITY.md §3). Each
 /// implementation makes the check where it is airtight: the Raft backend in the state machine
-/// at apply and against the applied state for its leader-local calls, a stateless one against
-/// the store, whose record of a session's principal never changes.
+/// at apply, and for its leader-local calls against the applied state or, for heartbeats, the
+/// lease keeper's record of the session (which carries the principal its applied opening
+/// bound); a stateless one against the store, whose record of a session's principal never
+/// changes.
 pub trait Backend: Clone + Send + Sync + 'static {
     /// Opens a session for `owner_id` with a lease of `ttl_ms`; returns its id and the TTL the
     /// backend keeps, which every heartbeat renews it by.

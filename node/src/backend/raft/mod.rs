@@ -193,7 +193,8 @@ fn as_caller(caller: Option<&str>, command: Command) -> Command {
 
 impl RaftBackend {
     /// Refuses `caller` on `session_id` if the applied state binds that session to another
-    /// principal. For the calls served leader-locally (heartbeats, renewals, `LocksOf`), which
+    /// principal. For the calls served leader-locally (renewals, `LocksOf`; a heartbeat is
+    /// checked by the lease keeper, whose record of the session carries its principal), which
     /// never reach the state machine's own check: a session's principal is written by the
     /// entry that opens it and never changes, so any applied state that holds the session
     /// holds its principal; one that does not yet hold it knows no lease of it either, and the
