@@ -66,9 +66,10 @@ const ERROR_DETAIL_TYPE_NAME: &str = "lockd.v1.ErrorDetail";
 /// `Contention`.
 pub fn status_from_lock_error(err: &LockError) -> Status {
     // `LockError` is #[non_exhaustive]; a new variant needs a new detail.
-    let Some((code, kind)) = code_and_kind(err) else {
+    let Some(kind) = kind_of(err) else {
         return Status::unknown(err.to_string());
     };
+    let code = code_of(err);
     let message = err.to_string();
     let detail = ErrorDetail { kind: Some(kind) };
     let envelope = RpcStatus {
@@ -88,8 +89,8 @@ pub fn status_from_lock_error(err: &LockError) -> Status {
 /// [`LockError`] after this crate was written becomes `Contention` carrying its text (retry-safe,
 /// never a loss), as it does through a status.
 pub fn error_detail_from_lock_error(err: &LockError) -> ErrorDetail {
-    let kind = match code_and_kind(err) {
-        Some((_, kind)) => kind,
+    let kind = match kind_of(err) {
+        Some(kind) => kind,
         None => Kind::Contention(v1::Contention {
             message: err.to_string(),
         }),
@@ -107,66 +108,59 @@ pub fn lock_error_from_detail(detail: ErrorDetail) -> LockError {
     }
 }
 
-/// The status code and detail kind of `err`; `None` for a variant this crate does not know.
-fn code_and_kind(err: &LockError) -> Option<(Code, Kind)> {
-    let pair = match err {
+/// The status code a server answers for `err` (the table of this module): what
+/// [`status_from_lock_error`] gives the status, without building it. `Unknown` for a variant
+/// this crate does not know.
+pub fn code_of(err: &LockError) -> Code {
+    match err {
+        LockError::NotLeader { .. } | LockError::Contention { .. } => Code::Unavailable,
+        LockError::InvalidArgument { .. } => Code::InvalidArgument,
+        LockError::LockLost { .. } | LockError::FencedOut { .. } => Code::FailedPrecondition,
+        LockError::Unauthenticated { .. } => Code::Unauthenticated,
+        LockError::PermissionDenied { .. } => Code::PermissionDenied,
+        _ => Code::Unknown,
+    }
+}
+
+/// The detail kind of `err`; `None` for a variant this crate does not know.
+fn kind_of(err: &LockError) -> Option<Kind> {
+    let kind = match err {
         LockError::NotLeader {
             leader_id,
             leader_addr,
-        } => (
-            Code::Unavailable,
-            Kind::NotLeader(v1::NotLeader {
-                leader_id: *leader_id,
-                leader_addr: leader_addr.clone(),
-            }),
-        ),
-        LockError::Contention { message } => (
-            Code::Unavailable,
-            Kind::Contention(v1::Contention {
-                message: message.clone(),
-            }),
-        ),
-        LockError::InvalidArgument { message } => (
-            Code::InvalidArgument,
-            Kind::InvalidArgument(v1::InvalidArgument {
-                message: message.clone(),
-            }),
-        ),
-        LockError::LockLost { key } => (
-            Code::FailedPrecondition,
-            Kind::LockLost(v1::LockLost { key: key.clone() }),
-        ),
+        } => Kind::NotLeader(v1::NotLeader {
+            leader_id: *leader_id,
+            leader_addr: leader_addr.clone(),
+        }),
+        LockError::Contention { message } => Kind::Contention(v1::Contention {
+            message: message.clone(),
+        }),
+        LockError::InvalidArgument { message } => Kind::InvalidArgument(v1::InvalidArgument {
+            message: message.clone(),
+        }),
+        LockError::LockLost { key } => Kind::LockLost(v1::LockLost { key: key.clone() }),
         LockError::FencedOut {
             key,
             presented,
             stored,
-        } => (
-            Code::FailedPrecondition,
-            Kind::FencedOut(v1::FencedOut {
-                key: key.clone(),
-                presented: *presented,
-                stored: *stored,
-            }),
-        ),
-        LockError::Unauthenticated { message } => (
-            Code::Unauthenticated,
-            Kind::Unauthenticated(v1::Unauthenticated {
-                message: message.clone(),
-            }),
-        ),
+        } => Kind::FencedOut(v1::FencedOut {
+            key: key.clone(),
+            presented: *presented,
+            stored: *stored,
+        }),
+        LockError::Unauthenticated { message } => Kind::Unauthenticated(v1::Unauthenticated {
+            message: message.clone(),
+        }),
         LockError::PermissionDenied {
             principal,
             required_role,
-        } => (
-            Code::PermissionDenied,
-            Kind::PermissionDenied(v1::PermissionDenied {
-                principal: principal.clone(),
-                required_role: required_role.clone(),
-            }),
-        ),
+        } => Kind::PermissionDenied(v1::PermissionDenied {
+            principal: principal.clone(),
+            required_role: required_role.clone(),
+        }),
         _ => return None,
     };
-    Some(pair)
+    Some(kind)
 }
 
 /// Reads the [`LockError`] a lockd server (or anything on the way) answered.
@@ -352,6 +346,7 @@ mod tests {
         for (err, code) in every_variant() {
             let status = status_from_lock_error(&err);
             assert_eq!(status.code(), code, "{err}");
+            assert_eq!(code_of(&err), code, "{err}");
             assert_eq!(status.message(), err.to_string());
             assert!(!status.details().is_empty(), "{err}: no details");
             assert_eq!(lock_error_from_status(&status), err);

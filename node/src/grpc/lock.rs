@@ -3,11 +3,14 @@
 //!
 //! Owns request unpacking and answer packing only; every rule lives in the backend, every
 //! conversion in `convert`, every error status in `lock_proto::error`. A dropped call (the
-//! client disconnected) drops the backend's future, which cancels a waiting acquire. The calls of
-//! a `Pipeline` stream run through these same unary methods (`grpc::pipeline`). The caller's
+//! client disconnected) drops the backend's future, which cancels a waiting acquire. The five
+//! calls a `Pipeline` stream carries run the same work as their unary methods
+//! (`LockApi::acquire_as` and the like, which answer a `LockError`; `grpc::pipeline`), without
+//! a `tonic::Request` or a status in between. The caller's
 //! principal (`peer::Caller`) goes to the backend with every call that presents a session, and
 //! a force-revoke's operator is the authenticated caller where there is one (`grpc::revoke`).
 
+use lock_api::LockError;
 use lock_proto::status_from_lock_error;
 use lock_proto::v1::lock_service_server::LockService;
 use lock_proto::v1::{
@@ -43,8 +46,103 @@ impl<B: Backend> LockApi<B> {
     }
 }
 
-fn status(err: lock_api::LockError) -> Status {
+fn status(err: LockError) -> Status {
     status_from_lock_error(&err)
+}
+
+/// A unary call's answer: its message, or the status of its error.
+fn unary<M>(answer: Result<M, LockError>) -> Result<Response<M>, Status> {
+    answer.map(Response::new).map_err(status)
+}
+
+/// The five calls a `Pipeline` stream carries, each as `caller` (`None` on an `--insecure`
+/// node) with its failure as the [`LockError`] itself: the unary methods answer it as a status,
+/// the stream as an `ErrorDetail` (`grpc::pipeline`), each converting it once.
+impl<B: Backend> LockApi<B> {
+    /// `Acquire`.
+    pub async fn acquire_as(
+        &self,
+        caller: Option<&str>,
+        r: AcquireRequest,
+    ) -> Result<AcquireResponse, LockError> {
+        let grant = self
+            .backend
+            .acquire(
+                caller,
+                &r.session_id,
+                r.request_id,
+                &r.key,
+                r.ttl_ms,
+                r.max_wait_ms,
+            )
+            .await?;
+        Ok(AcquireResponse {
+            grant: grant.map(convert::grant),
+        })
+    }
+
+    /// `TryAcquire`.
+    pub async fn try_acquire_as(
+        &self,
+        caller: Option<&str>,
+        r: TryAcquireRequest,
+    ) -> Result<AcquireResponse, LockError> {
+        let grant = self
+            .backend
+            .try_acquire(caller, &r.session_id, r.request_id, &r.key, r.ttl_ms)
+            .await?;
+        Ok(AcquireResponse {
+            grant: grant.map(convert::grant),
+        })
+    }
+
+    /// `CancelAcquire`.
+    pub async fn cancel_acquire_as(
+        &self,
+        caller: Option<&str>,
+        r: CancelAcquireRequest,
+    ) -> Result<CancelAcquireResponse, LockError> {
+        let released_grant = self
+            .backend
+            .cancel_acquire(caller, &r.session_id, r.request_id, &r.key)
+            .await?;
+        Ok(CancelAcquireResponse { released_grant })
+    }
+
+    /// `Renew`.
+    pub async fn renew_as(
+        &self,
+        caller: Option<&str>,
+        r: RenewRequest,
+    ) -> Result<RenewResponse, LockError> {
+        let grant = self
+            .backend
+            .renew(
+                caller,
+                &r.session_id,
+                r.request_id,
+                &r.key,
+                r.fencing_token,
+                r.ttl_ms,
+            )
+            .await?;
+        Ok(RenewResponse {
+            grant: grant.map(convert::grant),
+        })
+    }
+
+    /// `Release`.
+    pub async fn release_as(
+        &self,
+        caller: Option<&str>,
+        r: ReleaseRequest,
+    ) -> Result<ReleaseResponse, LockError> {
+        let released = self
+            .backend
+            .release(caller, &r.session_id, r.request_id, &r.key, r.fencing_token)
+            .await?;
+        Ok(ReleaseResponse { released })
+    }
 }
 
 #[tonic::async_trait]
@@ -54,22 +152,10 @@ impl<B: Backend + std::fmt::Debug> LockService for LockApi<B> {
         request: Request<AcquireRequest>,
     ) -> Result<Response<AcquireResponse>, Status> {
         let caller = caller_of(&request);
-        let r = request.into_inner();
-        let grant = self
-            .backend
-            .acquire(
-                caller.as_deref(),
-                &r.session_id,
-                r.request_id,
-                &r.key,
-                r.ttl_ms,
-                r.max_wait_ms,
-            )
-            .await
-            .map_err(status)?;
-        Ok(Response::new(AcquireResponse {
-            grant: grant.map(convert::grant),
-        }))
+        unary(
+            self.acquire_as(caller.as_deref(), request.into_inner())
+                .await,
+        )
     }
 
     async fn try_acquire(
@@ -77,21 +163,10 @@ impl<B: Backend + std::fmt::Debug> LockService for LockApi<B> {
         request: Request<TryAcquireRequest>,
     ) -> Result<Response<AcquireResponse>, Status> {
         let caller = caller_of(&request);
-        let r = request.into_inner();
-        let grant = self
-            .backend
-            .try_acquire(
-                caller.as_deref(),
-                &r.session_id,
-                r.request_id,
-                &r.key,
-                r.ttl_ms,
-            )
-            .await
-            .map_err(status)?;
-        Ok(Response::new(AcquireResponse {
-            grant: grant.map(convert::grant),
-        }))
+        unary(
+            self.try_acquire_as(caller.as_deref(), request.into_inner())
+                .await,
+        )
     }
 
     async fn cancel_acquire(
@@ -99,13 +174,10 @@ impl<B: Backend + std::fmt::Debug> LockService for LockApi<B> {
         request: Request<CancelAcquireRequest>,
     ) -> Result<Response<CancelAcquireResponse>, Status> {
         let caller = caller_of(&request);
-        let r = request.into_inner();
-        let released_grant = self
-            .backend
-            .cancel_acquire(caller.as_deref(), &r.session_id, r.request_id, &r.key)
-            .await
-            .map_err(status)?;
-        Ok(Response::new(CancelAcquireResponse { released_grant }))
+        unary(
+            self.cancel_acquire_as(caller.as_deref(), request.into_inner())
+                .await,
+        )
     }
 
     async fn renew(
@@ -113,22 +185,7 @@ impl<B: Backend + std::fmt::Debug> LockService for LockApi<B> {
         request: Request<RenewRequest>,
     ) -> Result<Response<RenewResponse>, Status> {
         let caller = caller_of(&request);
-        let r = request.into_inner();
-        let grant = self
-            .backend
-            .renew(
-                caller.as_deref(),
-                &r.session_id,
-                r.request_id,
-                &r.key,
-                r.fencing_token,
-                r.ttl_ms,
-            )
-            .await
-            .map_err(status)?;
-        Ok(Response::new(RenewResponse {
-            grant: grant.map(convert::grant),
-        }))
+        unary(self.renew_as(caller.as_deref(), request.into_inner()).await)
     }
 
     async fn release(
@@ -136,19 +193,10 @@ impl<B: Backend + std::fmt::Debug> LockService for LockApi<B> {
         request: Request<ReleaseRequest>,
     ) -> Result<Response<ReleaseResponse>, Status> {
         let caller = caller_of(&request);
-        let r = request.into_inner();
-        let released = self
-            .backend
-            .release(
-                caller.as_deref(),
-                &r.session_id,
-                r.request_id,
-                &r.key,
-                r.fencing_token,
-            )
-            .await
-            .map_err(status)?;
-        Ok(Response::new(ReleaseResponse { released }))
+        unary(
+            self.release_as(caller.as_deref(), request.into_inner())
+                .await,
+        )
     }
 
     async fn inspect(

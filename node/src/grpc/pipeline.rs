@@ -3,9 +3,10 @@
 //!
 //! Owns the stream's bookkeeping only: reading calls while fewer than
 //! [`PIPELINE_CALLS_IN_FLIGHT_MAX`] run, and handing back whichever finishes first. A call is
-//! run by the service's own unary method ([`run_call`]), so it means exactly what the unary
-//! call means, on the Raft node and on a stateless one alike; a failure travels as the
-//! `ErrorDetail` its status carries.
+//! run by the work its unary method does ([`run_call`]: `LockApi::acquire_as` and the like),
+//! so it means exactly what the unary call means, on the Raft node and on a stateless one
+//! alike; a failure travels as the `ErrorDetail` of its `LockError`, converted once, and is
+//! counted with the status code the unary call would have answered.
 //!
 //! Lifetime: when the client closes its side, or the node starts shutting down, no new call is
 //! read, the running calls finish and then the stream ends: a stopping node takes no new call
@@ -20,55 +21,56 @@ use std::time::{Duration, Instant};
 
 use futures::stream::{FuturesUnordered, Stream, StreamExt};
 use lock_api::LockError;
-use lock_proto::error::{error_detail_from_lock_error, lock_error_from_status};
+use lock_proto::error::{code_of, error_detail_from_lock_error};
 use lock_proto::pipeline::PIPELINE_CALLS_IN_FLIGHT_MAX;
-use lock_proto::v1::lock_service_server::LockService;
 use lock_proto::v1::pipeline_request::Call;
 use lock_proto::v1::pipeline_response::Answer;
 use lock_proto::v1::{PipelineRequest, PipelineResponse};
 use tokio::sync::watch;
-use tonic::{Code, Request, Response, Status};
+use tonic::{Code, Status};
 
+use super::lock::LockApi;
+use crate::backend::Backend;
 use crate::metrics::grpc::CallMeters;
-
 use crate::peer::Caller;
 
 /// The answers of one `Pipeline` stream, in completion order.
 pub type PipelineAnswers = Pin<Box<dyn Stream<Item = Result<PipelineResponse, Status>> + Send>>;
 
-/// Serves the calls arriving on `incoming` with `service`'s unary methods, until the client
+/// Serves the calls arriving on `incoming` with `service`'s lock calls, until the client
 /// closes its side or `stop` turns `true` (the node is shutting down). Each call carries the
 /// stream's `caller` (`None` on an `--insecure` node), as a unary call carries its own, and is
 /// counted under its unary method's name in `meters` (the stream itself is counted by the
 /// serve loop's layer as `Pipeline`).
-pub fn serve_pipeline<T, S>(
-    service: T,
+pub fn serve_pipeline<B, S>(
+    service: LockApi<B>,
     incoming: S,
     stop: watch::Receiver<bool>,
     meters: Option<CallMeters>,
     caller: Option<Caller>,
 ) -> PipelineAnswers
 where
-    T: LockService + Clone,
+    B: Backend,
     S: Stream<Item = Result<PipelineRequest, Status>> + Send + Unpin + 'static,
 {
     let run = move |call| {
         let service = service.clone();
         let meters = meters.clone();
         let caller = caller.clone();
-        async move { run_call(&service, call, meters.as_ref(), caller).await }
+        async move { run_call(&service, call, meters.as_ref(), caller.as_ref()).await }
     };
     Box::pin(Pipeline::new(incoming, run).until(stop))
 }
 
-/// Runs one pipeline call through `service`'s unary method for it, as `caller`, within the
-/// call's `timeout_ms` if it set one, and answers it with its `call_id`; counts it in `meters`
-/// under the unary method's name with the status code the unary call would have answered.
-pub async fn run_call<T: LockService>(
-    service: &T,
+/// Runs one pipeline call through `service`'s work for its unary method, as `caller`, within
+/// the call's `timeout_ms` if it set one, and answers it with its `call_id`; counts it in
+/// `meters` under the unary method's name with the status code the unary call would have
+/// answered.
+pub async fn run_call<B: Backend>(
+    service: &LockApi<B>,
     request: PipelineRequest,
     meters: Option<&CallMeters>,
-    caller: Option<Caller>,
+    caller: Option<&Caller>,
 ) -> PipelineResponse {
     let PipelineRequest {
         call_id,
@@ -84,23 +86,19 @@ pub async fn run_call<T: LockService>(
         Some(Call::Release(_)) => "Release",
         None => "PipelineEmpty",
     };
+    let caller = caller.map(|c| c.principal.as_str());
     let work = async {
         match call {
-            Some(Call::Acquire(r)) => {
-                answer(service.acquire(unary(r, &caller)).await, Answer::Acquire)
+            Some(Call::Acquire(r)) => answer(service.acquire_as(caller, r).await, Answer::Acquire),
+            Some(Call::TryAcquire(r)) => {
+                answer(service.try_acquire_as(caller, r).await, Answer::Acquire)
             }
-            Some(Call::TryAcquire(r)) => answer(
-                service.try_acquire(unary(r, &caller)).await,
-                Answer::Acquire,
-            ),
             Some(Call::CancelAcquire(r)) => answer(
-                service.cancel_acquire(unary(r, &caller)).await,
+                service.cancel_acquire_as(caller, r).await,
                 Answer::CancelAcquire,
             ),
-            Some(Call::Renew(r)) => answer(service.renew(unary(r, &caller)).await, Answer::Renew),
-            Some(Call::Release(r)) => {
-                answer(service.release(unary(r, &caller)).await, Answer::Release)
-            }
+            Some(Call::Renew(r)) => answer(service.renew_as(caller, r).await, Answer::Renew),
+            Some(Call::Release(r)) => answer(service.release_as(caller, r).await, Answer::Release),
             None => refused(&LockError::invalid(format!(
                 "pipeline call {call_id} carries no call \
                  (acquire, try_acquire, cancel_acquire, renew or release)"
@@ -126,36 +124,20 @@ pub async fn run_call<T: LockService>(
     }
 }
 
-/// The unary request of one pipeline call, with the stream's caller where the authorization
-/// layer puts a unary call's.
-fn unary<M>(message: M, caller: &Option<Caller>) -> Request<M> {
-    let mut request = Request::new(message);
-    if let Some(caller) = caller.clone() {
-        request.extensions_mut().insert(caller);
-    }
-    request
-}
-
-/// The answer of a unary method as a pipeline answer, with its status code: its message, or
-/// the `ErrorDetail` its status carries.
-fn answer<M>(result: Result<Response<M>, Status>, variant: fn(M) -> Answer) -> (Answer, Code) {
+/// A lock call's outcome as a pipeline answer, with the status code the unary call would have
+/// answered.
+fn answer<M>(result: Result<M, LockError>, variant: fn(M) -> Answer) -> (Answer, Code) {
     match result {
-        Ok(response) => (variant(response.into_inner()), Code::Ok),
-        Err(status) => (
-            Answer::Error(error_detail_from_lock_error(&lock_error_from_status(
-                &status,
-            ))),
-            status.code(),
-        ),
+        Ok(message) => (variant(message), Code::Ok),
+        Err(err) => refused(&err),
     }
 }
 
-/// A call refused here rather than by the unary method: its error detail and the code the
-/// unary call would have answered.
+/// A refused call's error detail and the code the unary call would have answered.
 fn refused(err: &LockError) -> (Answer, Code) {
     (
         Answer::Error(error_detail_from_lock_error(err)),
-        lock_proto::status_from_lock_error(err).code(),
+        code_of(err),
     )
 }
 
