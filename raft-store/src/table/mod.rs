@@ -326,15 +326,6 @@ impl LockTable {
         self.sessions.get(session_id)
     }
 
-    /// The live sessions under `session_ids`, in the order given: [`LockTable::session`] for
-    /// each, one hash probe apiece whatever the number of sessions.
-    pub fn sessions_of<'a, 'k>(
-        &'a self,
-        session_ids: impl IntoIterator<Item = &'k str>,
-    ) -> impl Iterator<Item = Option<&'a Session>> {
-        session_ids.into_iter().map(|id| self.sessions.get(id))
-    }
-
     /// Every live session, in id order.
     pub fn sessions(&self) -> impl Iterator<Item = (&str, &Session)> {
         self.sessions_after(None)

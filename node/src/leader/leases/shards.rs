@@ -109,18 +109,6 @@ impl<V> ShardedMap<V> {
         self.shard_mut(key).remove_entry(key)
     }
 
-    /// Takes `key`'s value out.
-    pub fn remove(&mut self, key: &str) -> Option<V> {
-        self.shard_mut(key).remove(key)
-    }
-
-    /// Removes every entry, keeping the room the shards have.
-    pub fn clear(&mut self) {
-        for shard in self.shards.iter_mut() {
-            shard.clear();
-        }
-    }
-
     /// Keeps only the entries `keep` answers `true` for.
     pub fn retain(&mut self, mut keep: impl FnMut(&Arc<str>, &mut V) -> bool) {
         for shard in self.shards.iter_mut() {
@@ -157,10 +145,6 @@ mod tests {
                 model.remove(key.as_str()).map(|v| (key.clone(), v))
             );
         }
-        for i in (3..2_000).step_by(11) {
-            let key = format!("k{i}");
-            assert_eq!(map.remove(&key), model.remove(key.as_str()));
-        }
         *map.get_mut("k1").expect("present") += 1;
         *model.get_mut("k1").expect("present") += 1;
         map.retain(|_, v| *v % 3 != 0);
@@ -177,8 +161,6 @@ mod tests {
         }
         let all: BTreeMap<_, _> = map.iter().map(|(k, v)| (k.clone(), *v)).collect();
         assert_eq!(all, model);
-        map.clear();
-        assert!(map.is_empty() && map.get("k1").is_none());
     }
 
     /// Keys spread over every shard, and a reserve leaves room for the keys it was made for:
