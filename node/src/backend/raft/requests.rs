@@ -183,33 +183,19 @@ impl Backend for RaftBackend {
         session_ids: &[String],
     ) -> Result<Vec<Result<Option<u64>, LockError>>, LockError> {
         self.leases_ready()?;
-        // Another principal's session is that entry's own refusal, and its lease is left alone;
-        // the keeper checks each session's principal in the lookup that restarts its lease.
-        let checked: Vec<Result<(), LockError>> = session_ids
-            .iter()
-            .map(|id| validate::session_id(id))
-            .collect();
-        let mut beats = self
-            .inner
-            .keeper
-            .heartbeat_sessions(
-                caller,
-                session_ids
-                    .iter()
-                    .zip(&checked)
-                    .filter(|(_, ok)| ok.is_ok())
-                    .map(|(id, _)| id.as_str()),
-            )
-            .into_iter();
-        let answers: Vec<Result<Option<u64>, LockError>> = checked
+        // A malformed id and another principal's session are that entry's own refusal, and its
+        // lease is left alone; the keeper checks each session's principal in the lookup that
+        // restarts its lease.
+        let beats = self.inner.keeper.heartbeat_sessions(
+            caller,
+            session_ids
+                .iter()
+                .map(|id| validate::session_id(id).map(|()| id.as_str())),
+        );
+        let answers: Vec<Result<Option<u64>, LockError>> = beats
             .into_iter()
             .zip(session_ids)
-            .map(|(ok, id)| {
-                ok?;
-                // One answer per valid id, in order (`heartbeat_sessions`).
-                let beat = beats.next().unwrap_or(Ok(None));
-                self.or_adopted(caller, id, beat)
-            })
+            .map(|(beat, id)| self.or_adopted(caller, id, beat))
             .collect();
         // As in `keep_alive`: the extensions above happened before the round, and every answer
         // (alive or gone) needs the proof that this node still leads; only a batch refused

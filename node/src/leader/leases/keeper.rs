@@ -242,19 +242,20 @@ impl LeaseKeeper {
 
     /// [`LeaseKeeper::heartbeat_session`] for each of `session_ids`, in order, under one
     /// acquisition of the lease table and one clock reading (`HeartbeatBatch`). Each answer is
-    /// exactly what `heartbeat_session` would have answered for that id at that instant; the
+    /// exactly what `heartbeat_session` would have answered for that id at that instant; an id
+    /// the caller already refused (`Err`: a malformed one) is answered with that refusal. The
     /// caller bounds the batch (`lock_proto::session::HEARTBEAT_BATCH_SESSIONS_MAX`), which
     /// bounds how long the table stays locked.
     pub fn heartbeat_sessions<'a>(
         &self,
         caller: Option<&str>,
-        session_ids: impl IntoIterator<Item = &'a str>,
+        session_ids: impl IntoIterator<Item = Result<&'a str, LockError>>,
     ) -> Vec<Result<Option<u64>, LockError>> {
         let now = self.clock.now();
         let table = &mut self.lock().table;
         session_ids
             .into_iter()
-            .map(|id| table.restart_session_as(id, caller, now))
+            .map(|id| table.restart_session_as(id?, caller, now))
             .collect()
     }
 
@@ -474,7 +475,10 @@ mod tests {
         clock.advance(Duration::from_millis(600));
         keeper.lock().table.mark_session_expiring("expiring");
         assert_eq!(
-            keeper.heartbeat_sessions(None, ["live", "unknown", "lapsed", "expiring", "live"]),
+            keeper.heartbeat_sessions(
+                None,
+                ["live", "unknown", "lapsed", "expiring", "live"].map(Ok)
+            ),
             vec![
                 Ok(Some(1_000)),
                 Ok(None),
@@ -487,7 +491,10 @@ mod tests {
         // lapsed one stays lapsed.
         clock.advance(Duration::from_millis(999));
         assert_eq!(keeper.heartbeat_session(None, "live"), Ok(Some(1_000)));
-        assert_eq!(keeper.heartbeat_sessions(None, ["lapsed"]), vec![Ok(None)]);
+        assert_eq!(
+            keeper.heartbeat_sessions(None, ["lapsed"].map(Ok)),
+            vec![Ok(None)]
+        );
         assert!(keeper.heartbeat_sessions(None, []).is_empty());
     }
 
@@ -578,7 +585,7 @@ mod tests {
         // The owner, an unchecked caller, and anyone on an unbound session are answered; a
         // session the keeper does not hold is gone for anyone.
         assert_eq!(
-            keeper.heartbeat_sessions(Some("alice"), [a.as_str(), b.as_str(), c.as_str()]),
+            keeper.heartbeat_sessions(Some("alice"), [a.as_str(), b.as_str(), c.as_str()].map(Ok)),
             vec![Ok(Some(10_000)), Ok(Some(10_000)), Ok(None)]
         );
         assert_eq!(keeper.heartbeat_session(None, &a), Ok(Some(10_000)));
@@ -591,7 +598,7 @@ mod tests {
         // lease lapses 10 s after her last beat however often mallory beats.
         clock.advance(Duration::from_millis(6_000));
         assert_eq!(
-            keeper.heartbeat_sessions(Some("mallory"), [a.as_str(), b.as_str()]),
+            keeper.heartbeat_sessions(Some("mallory"), [a.as_str(), b.as_str()].map(Ok)),
             vec![Err(denied("mallory")), Ok(Some(10_000))]
         );
         clock.advance(Duration::from_millis(4_001));
