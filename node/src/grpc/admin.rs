@@ -10,7 +10,6 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use lock_api::LockError;
 use lock_proto::audit::{PageToken, page_size};
-use lock_proto::status_from_lock_error;
 use lock_proto::v1::admin_service_server::AdminService;
 use lock_proto::v1::{
     AddLearnerRequest, AddLearnerResponse, ChangeMembershipRequest, ChangeMembershipResponse,
@@ -20,6 +19,7 @@ use lock_proto::v1::{
 use tonic::{Request, Response, Status};
 
 use super::convert;
+use super::status;
 use crate::backend::Backend;
 
 /// The admin service of one node.
@@ -37,10 +37,6 @@ impl<B: Backend> AdminApi<B> {
             cluster_name,
         }
     }
-}
-
-fn status(err: LockError) -> Status {
-    status_from_lock_error(&err)
 }
 
 #[tonic::async_trait]

@@ -11,7 +11,6 @@
 //! a force-revoke's operator is the authenticated caller where there is one (`grpc::revoke`).
 
 use lock_api::LockError;
-use lock_proto::status_from_lock_error;
 use lock_proto::v1::lock_service_server::LockService;
 use lock_proto::v1::{
     AcquireRequest, AcquireResponse, CancelAcquireRequest, CancelAcquireResponse,
@@ -23,6 +22,7 @@ use tonic::{Request, Response, Status, Streaming};
 use super::convert;
 use super::pipeline::{PipelineAnswers, serve_pipeline};
 use super::revoke;
+use super::status;
 use crate::backend::Backend;
 use crate::metrics::grpc::CallMeters;
 use crate::peer::Caller;
@@ -44,10 +44,6 @@ impl<B: Backend> LockApi<B> {
     pub fn new(backend: B) -> Self {
         Self { backend }
     }
-}
-
-fn status(err: LockError) -> Status {
-    status_from_lock_error(&err)
 }
 
 /// A unary call's answer: its message, or the status of its error.

@@ -17,6 +17,12 @@ pub mod session;
 #[cfg(test)]
 mod audit_tests;
 
+/// A backend's error as the status its call answers, through the one error map
+/// (`lock_proto::error`); every service's `map_err`.
+fn status(err: lock_api::LockError) -> tonic::Status {
+    lock_proto::status_from_lock_error(&err)
+}
+
 /// Largest client API message, in bytes, either way. The largest request is a force-revoke
 /// (key 256 B + operator 128 B + reason 1 KiB); the largest answer a `LocksOf` of
 /// `LOCKS_PER_SESSION_MAX` keys of `KEY_LEN_MAX` bytes (256 KiB). 1 MiB covers both with room.

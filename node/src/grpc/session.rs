@@ -6,7 +6,6 @@
 
 use lock_proto::error::error_detail_from_lock_error;
 use lock_proto::session::{HEARTBEAT_BATCH_REQUEST_BYTES_MAX, check_heartbeat_batch_len};
-use lock_proto::status_from_lock_error;
 use lock_proto::v1::heartbeat_batch_result::Outcome;
 use lock_proto::v1::session_service_server::SessionService;
 use lock_proto::v1::{
@@ -17,6 +16,7 @@ use lock_proto::v1::{
 use tonic::{Request, Response, Status};
 
 use super::lock::caller_of;
+use super::status;
 use crate::backend::Backend;
 use crate::grpc::CLIENT_MESSAGE_BYTES_MAX;
 
@@ -43,10 +43,6 @@ impl<B: Backend> SessionApi<B> {
     pub fn new(backend: B) -> Self {
         Self { backend }
     }
-}
-
-fn status(err: lock_api::LockError) -> Status {
-    status_from_lock_error(&err)
 }
 
 #[tonic::async_trait]
